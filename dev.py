@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Set up the project in .venv (once, and again whenever pyproject.toml changes) and run a task.
+
+    python3 dev.py demo    the embedded stack + a demo evaluation, ending with its results table
+    python3 dev.py test    lint, type check and the whole test suite (real components included)
+    python3 dev.py up      the embedded stack and every service, until Ctrl-C
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+BIN = VENV / "bin"
+STAMP = VENV / ".installed-from"
+
+
+def ensure_environment() -> None:
+    wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if STAMP.exists() and STAMP.read_text() == wanted:
+        return
+    if not (BIN / "python").exists():
+        print("creating .venv ...", flush=True)
+        venv.create(VENV, with_pip=True)
+    print("installing the project and its pinned dependencies ...", flush=True)
+    pip = [str(BIN / "python"), "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "install", "--upgrade", "pip"], check=True)
+    subprocess.run([*pip, "install", "-e", ".[embedded,dev]"], check=True, cwd=ROOT)
+    STAMP.write_text(wanted)
+
+
+def run(*argv: str) -> int:
+    return subprocess.run(list(argv), cwd=ROOT).returncode
+
+
+def main() -> int:
+    task = sys.argv[1] if len(sys.argv) > 1 else ""
+    extra = sys.argv[2:]
+    if task not in {"demo", "test", "up"}:
+        print(__doc__)
+        return 2
+    if sys.version_info < (3, 11):
+        print("Python 3.11 or newer is needed", file=sys.stderr)
+        return 2
+    ensure_environment()
+    os.environ.setdefault("AML_DATASETS_ROOT", str(ROOT.parent / "shared" / "datasets"))
+    if task in {"demo", "up"}:
+        return run(str(BIN / "aml"), task, *extra)
+    for step in (
+        [str(BIN / "ruff"), "check", "."],
+        [str(BIN / "mypy"), "libs"],
+        [str(BIN / "pytest"), "-q", "-rs", *extra],
+    ):
+        code = run(*step)
+        if code:
+            return code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""The participant contract (SPEC R-4.4 - R-4.8): what AML sends to a memory system and what it
+accepts back. Request models are strict about what AML may send (nothing beyond the contract);
+response models accept extra fields, which the contract says are ignored."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StringConstraints
+
+NonEmptyStr = Annotated[str, StringConstraints(min_length=1)]
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: str
+
+
+class ImageUrl(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    url: NonEmptyStr
+
+
+class ImageUrlPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+ContentPart = Annotated[TextPart | ImageUrlPart, Field(discriminator="type")]
+# Text and code content is a string; multimodal content may be an ordered array of parts.
+Content = NonEmptyStr | Annotated[list[ContentPart], Field(min_length=1)]
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: NonEmptyStr
+    content: Content
+    timestamp: StrictInt | None = Field(default=None, description="Unix time in milliseconds")
+
+
+class AddRequest(BaseModel):
+    """R-4.4. Never carries metadata, app_id, agent_id or async_mode."""
+
+    model_config = ConfigDict(extra="forbid")
+    request_id: NonEmptyStr
+    messages: Annotated[list[Message], Field(min_length=1)]
+    user_id: NonEmptyStr
+    session_id: NonEmptyStr
+
+
+class AddResponse(BaseModel):
+    """R-4.6, the synchronous form: HTTP 200 once the memory is persisted and searchable."""
+
+    model_config = ConfigDict(extra="allow")
+    success: bool
+    request_id: str
+    user_id: str
+    session_id: str
+
+
+class AddAccepted(BaseModel):
+    """R-4.6, the asynchronous form: HTTP 202, allowed only with a bound Add-status URL."""
+
+    model_config = ConfigDict(extra="allow")
+    task_id: NonEmptyStr
+
+
+class SearchRequest(BaseModel):
+    """R-4.7. Never carries filters, rerank or keyword_search."""
+
+    model_config = ConfigDict(extra="forbid")
+    query: Content
+    user_id: NonEmptyStr
+    top_k: Annotated[int, Field(ge=1)]
+    options: list[str] | None = Field(default=None, description="multiple choice only")
+
+
+class SearchItem(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: NonEmptyStr
+    content: Content
+    score: StrictFloat | StrictInt | None = None
+    created_at: str | StrictInt | StrictFloat | None = None
+
+
+class SearchResponse(BaseModel):
+    """R-4.8: `data` ordered by relevance. Other top-level fields are ignored."""
+
+    model_config = ConfigDict(extra="allow")
+    data: list[SearchItem]
+
+
+def add_request_id(run: str, dataset: str, conversation: str, chunk: int) -> str:
+    return f"eval:{run}:{dataset}:{conversation}:chunk-{chunk}"
+
+
+def memory_user_id(run: str, dataset: str, conversation: str) -> str:
+    return f"eval:{run}:{dataset}:{conversation}"
+
+
+def memory_session_id(run: str, sample: str, session: str) -> str:
+    return f"eval:{run}:{sample}:{session}"
+
+
+def encode(body: AddRequest | SearchRequest) -> bytes:
+    """The exact bytes AML sends for a request: built once, stored, and re-sent unchanged on every
+    retry (R-4.10). Compact, UTF-8, and without the optional fields that are not set."""
+    return body.model_dump_json(exclude_none=True).encode()

@@ -1,0 +1,366 @@
+"""Benchmark datasets: domain models, the LoCoMo loader and hash-checked dataset bundles.
+
+**Session date rule (LoCoMo).** LoCoMo stamps each session with a wall-clock string such as
+``"1:56 pm on 8 May, 2023"`` or ``"10:37 am on 27 June, 2023"`` and gives no time zone. AML reads
+it as ``H:MM am|pm on D Month, YYYY`` (12-hour clock, English month name, case-insensitive
+``am``/``pm`` and month, any run of spaces between tokens), takes that wall-clock time **as UTC**,
+and stores ``Session.timestamp_ms`` = Unix milliseconds of that instant (seconds and milliseconds
+are 0). ``12:xx am`` is just after midnight and ``12:xx pm`` just after noon. Parsing is done by
+hand rather than with ``strptime`` so the result never depends on the process locale. A string
+that does not match raises ``ValueError`` naming the sample and the session.
+
+**Question ids.** LoCoMo repeats question strings within a sample, so a question is identified by
+its position in the sample's ``qa`` list: ``f"{sample_id}:q{index:04d}"``, ``index`` 0-based.
+Ids are stable for a given file; a file that removes a question (the dial481 fix) shifts the ids
+after it, which is fine because ids are only compared within one dataset bundle.
+
+**Answers.** Some answers are integers in the source and become strings. Category 5
+(adversarial) items usually carry only ``adversarial_answer``; two items in locomo10 carry both
+``answer`` and ``adversarial_answer`` and there ``answer`` is the one the transcript supports,
+so ``answer`` wins whenever present and ``adversarial_answer`` is the fallback.
+
+**Bundles.** A dataset bundle is a JSON manifest (:class:`DatasetManifest`) listing data files with
+their sha256. :func:`load_bundle` refuses to load a file whose bytes differ from the manifest, and
+:func:`bundle_hash` fingerprints the manifest itself (and so, through the listed hashes, the data).
+"""
+
+from __future__ import annotations
+
+import calendar
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+LOCOMO_CATEGORIES: Final[Mapping[int, str]] = {
+    1: "multi-hop",
+    2: "temporal",
+    3: "open-domain",
+    4: "single-hop",
+    5: "adversarial",
+}
+LOCOMO_ADVERSARIAL_CATEGORY: Final = 5
+DEFAULT_SCORER: Final = "llm_judge+token_f1"
+
+PACKAGE_DATA_DIR: Final = Path(__file__).resolve().parent / "data"
+MANIFESTS_DIR: Final = PACKAGE_DATA_DIR / "manifests"
+
+_SESSION_KEY = re.compile(r"session_(\d+)")
+_LOCOMO_DATE = re.compile(
+    r"\s*(\d{1,2}):(\d{2})\s+(am|pm)\s+on\s+(\d{1,2})\s+([A-Za-z]+),\s*(\d{4})\s*",
+    re.IGNORECASE,
+)
+# Spelled out rather than taken from calendar.month_name, which follows the process locale.
+_MONTHS: Final[Mapping[str, int]] = {
+    "january": 1,
+    "february": 2,
+    "march": 3,
+    "april": 4,
+    "may": 5,
+    "june": 6,
+    "july": 7,
+    "august": 8,
+    "september": 9,
+    "october": 10,
+    "november": 11,
+    "december": 12,
+}
+_DATASET_ID = re.compile(r"[a-z0-9][a-z0-9_.-]*")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Turn(_Frozen):
+    turn_id: str = Field(description='LoCoMo dia_id, e.g. "D1:3"')
+    speaker: str
+    text: str
+    image_caption: str | None = None
+
+
+class Session(_Frozen):
+    session_key: str = Field(description='e.g. "session_1"')
+    index: int
+    date_text: str
+    timestamp_ms: int
+    turns: list[Turn]
+
+
+class Conversation(_Frozen):
+    conversation_id: str = Field(description="LoCoMo sample_id")
+    speakers: tuple[str, str]
+    sessions: list[Session]
+
+
+class Question(_Frozen):
+    question_id: str
+    conversation_id: str
+    question: str
+    answer: str
+    category: int
+    category_name: str
+    evidence: list[str]
+    adversarial: bool
+    options: list[str] | None = None
+
+
+class Dataset(_Frozen):
+    dataset_id: str
+    version: str
+    categories: dict[int, str]
+    scorer: str
+    conversations: list[Conversation]
+    questions: list[Question]
+
+
+class ManifestFile(_Frozen):
+    path: str = Field(description="relative to the bundle root, POSIX separators")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class DatasetManifest(_Frozen):
+    dataset_id: str
+    version: str
+    format: Literal["locomo"]
+    scorer: str
+    categories: dict[int, str]
+    excluded_from_overall: list[int] = Field(default_factory=list)
+    # Where `files` are resolved by load_dataset: inside this package, or under the operator's
+    # datasets root (licensed data that the repository must not carry).
+    location: Literal["package", "datasets_root"] = "datasets_root"
+    files: list[ManifestFile] = Field(min_length=1)
+
+
+# --- LoCoMo parsing -------------------------------------------------------------------------
+
+
+def parse_locomo_datetime(text: str) -> int:
+    """Unix ms of a LoCoMo date string read as UTC wall-clock time (see the module docstring)."""
+    match = _LOCOMO_DATE.fullmatch(text)
+    if match is None:
+        raise ValueError(f"not a LoCoMo date: {text!r}")
+    hour_text, minute_text, meridiem, day_text, month_text, year_text = match.groups()
+    hour, minute = int(hour_text), int(minute_text)
+    month = _MONTHS.get(month_text.lower())
+    if month is None or not 1 <= hour <= 12 or minute > 59:
+        raise ValueError(f"not a LoCoMo date: {text!r}")
+    hour24 = hour % 12 + (12 if meridiem.lower() == "pm" else 0)
+    year, day = int(year_text), int(day_text)
+    if not 1 <= day <= calendar.monthrange(year, month)[1]:
+        raise ValueError(f"not a LoCoMo date: {text!r}")
+    seconds = calendar.timegm((year, month, day, hour24, minute, 0, 0, 0, 0))
+    return seconds * 1000
+
+
+def _turn(raw: Mapping[str, Any]) -> Turn:
+    caption = raw.get("blip_caption")
+    return Turn(
+        turn_id=str(raw["dia_id"]),
+        speaker=str(raw["speaker"]),
+        text=str(raw["text"]),
+        image_caption=caption if isinstance(caption, str) and caption.strip() else None,
+    )
+
+
+def _sessions(sample_id: str, conversation: Mapping[str, Any]) -> list[Session]:
+    numbered: list[tuple[int, str]] = []
+    for key in conversation:
+        match = _SESSION_KEY.fullmatch(key)
+        if match is not None:
+            numbered.append((int(match.group(1)), key))
+    sessions: list[Session] = []
+    # Numeric order: lexical order would put session_10 before session_2.
+    for index, key in sorted(numbered):
+        raw_turns = conversation[key]
+        if not raw_turns:
+            continue
+        date_text = conversation.get(f"{key}_date_time")
+        if not isinstance(date_text, str):
+            raise ValueError(f"sample {sample_id!r} {key}: missing {key}_date_time")
+        try:
+            timestamp_ms = parse_locomo_datetime(date_text)
+        except ValueError as error:
+            raise ValueError(f"sample {sample_id!r} {key}: {error}") from None
+        sessions.append(
+            Session(
+                session_key=key,
+                index=index,
+                date_text=date_text,
+                timestamp_ms=timestamp_ms,
+                turns=[_turn(raw) for raw in raw_turns],
+            )
+        )
+    return sessions
+
+
+def _answer(sample_id: str, index: int, raw: Mapping[str, Any]) -> str:
+    value = raw.get("answer")
+    if value is None:
+        value = raw.get("adversarial_answer")
+    if value is None:
+        raise ValueError(f"sample {sample_id!r} qa[{index}]: no answer nor adversarial_answer")
+    return str(value)
+
+
+def question_id(sample_id: str, index: int) -> str:
+    return f"{sample_id}:q{index:04d}"
+
+
+def _question(
+    sample_id: str, index: int, raw: Mapping[str, Any], categories: Mapping[int, str]
+) -> Question:
+    category = int(raw["category"])
+    if category not in categories:
+        raise ValueError(f"sample {sample_id!r} qa[{index}]: unknown category {category}")
+    return Question(
+        question_id=question_id(sample_id, index),
+        conversation_id=sample_id,
+        question=str(raw["question"]),
+        answer=_answer(sample_id, index, raw),
+        category=category,
+        category_name=categories[category],
+        evidence=[str(item) for item in raw.get("evidence", [])],
+        adversarial=category == LOCOMO_ADVERSARIAL_CATEGORY,
+    )
+
+
+def _sample(
+    raw: Mapping[str, Any], categories: Mapping[int, str]
+) -> tuple[Conversation, list[Question]]:
+    sample_id = str(raw["sample_id"])
+    conversation = raw["conversation"]
+    parsed = Conversation(
+        conversation_id=sample_id,
+        speakers=(str(conversation["speaker_a"]), str(conversation["speaker_b"])),
+        sessions=_sessions(sample_id, conversation),
+    )
+    questions = [
+        _question(sample_id, index, item, categories) for index, item in enumerate(raw["qa"])
+    ]
+    return parsed, questions
+
+
+def parse_locomo(
+    samples: Sequence[Mapping[str, Any]],
+    dataset_id: str,
+    version: str,
+    *,
+    categories: Mapping[int, str] = LOCOMO_CATEGORIES,
+    scorer: str = DEFAULT_SCORER,
+) -> Dataset:
+    conversations: list[Conversation] = []
+    questions: list[Question] = []
+    for raw in samples:
+        conversation, sample_questions = _sample(raw, categories)
+        conversations.append(conversation)
+        questions.extend(sample_questions)
+    ids = [conversation.conversation_id for conversation in conversations]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"dataset {dataset_id!r}: duplicate sample_id")
+    return Dataset(
+        dataset_id=dataset_id,
+        version=version,
+        categories=dict(categories),
+        scorer=scorer,
+        conversations=conversations,
+        questions=questions,
+    )
+
+
+def load_locomo(
+    path: Path,
+    dataset_id: str,
+    version: str,
+    *,
+    categories: Mapping[int, str] = LOCOMO_CATEGORIES,
+    scorer: str = DEFAULT_SCORER,
+) -> Dataset:
+    samples = json.loads(path.read_bytes())
+    if not isinstance(samples, list):
+        raise ValueError(f"{path}: a LoCoMo file is a JSON list of samples")
+    return parse_locomo(samples, dataset_id, version, categories=categories, scorer=scorer)
+
+
+# --- bundles --------------------------------------------------------------------------------
+
+
+def read_manifest(path: Path) -> DatasetManifest:
+    return DatasetManifest.model_validate_json(path.read_bytes())
+
+
+def canonical_manifest_json(manifest: DatasetManifest) -> bytes:
+    payload = manifest.model_dump(mode="json")
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode(
+        "utf-8"
+    )
+
+
+def bundle_hash(manifest: DatasetManifest) -> str:
+    """sha256 of the canonical manifest; the data files enter through their listed hashes."""
+    return hashlib.sha256(canonical_manifest_json(manifest)).hexdigest()
+
+
+class DatasetFileError(ValueError):
+    """A bundle file is missing or its bytes differ from the manifest."""
+
+
+def read_verified(root: Path, entry: ManifestFile) -> bytes:
+    """The file's bytes, hashed and parsed from the same read so nothing can swap in between."""
+    path = root / entry.path
+    try:
+        content = path.read_bytes()
+    except OSError as error:
+        raise DatasetFileError(
+            f"dataset file {entry.path!r} cannot be read at {path}: {error.strerror}"
+        ) from None
+    actual = hashlib.sha256(content).hexdigest()
+    if actual != entry.sha256:
+        raise DatasetFileError(
+            f"dataset file {entry.path!r} at {path} has sha256 {actual}, "
+            f"manifest expects {entry.sha256}"
+        )
+    return content
+
+
+def load_bundle(manifest_path: Path, root: Path | None = None) -> Dataset:
+    """Verify every listed file, then load the bundle; ``root`` defaults to the manifest's dir."""
+    manifest = read_manifest(manifest_path)
+    base = manifest_path.resolve().parent if root is None else root
+    contents = [(entry.path, read_verified(base, entry)) for entry in manifest.files]
+    samples: list[Mapping[str, Any]] = []
+    for name, content in contents:
+        parsed = json.loads(content)
+        if not isinstance(parsed, list):
+            raise DatasetFileError(f"dataset file {name!r}: a LoCoMo file is a JSON list")
+        samples.extend(parsed)
+    return parse_locomo(
+        samples,
+        manifest.dataset_id,
+        manifest.version,
+        categories=manifest.categories,
+        scorer=manifest.scorer,
+    )
+
+
+def manifest_path(dataset_id: str) -> Path:
+    # The id becomes a file name: refuse anything that could step out of the manifests dir.
+    if _DATASET_ID.fullmatch(dataset_id) is None:
+        raise KeyError(f"invalid dataset id {dataset_id!r}")
+    path = MANIFESTS_DIR / f"{dataset_id}.json"
+    if not path.is_file():
+        known = sorted(item.stem for item in MANIFESTS_DIR.glob("*.json"))
+        raise KeyError(f"unknown dataset {dataset_id!r}; known: {', '.join(known)}")
+    return path
+
+
+def load_dataset(dataset_id: str, datasets_root: Path) -> Dataset:
+    """Load a shipped bundle; package-located files ignore ``datasets_root``."""
+    path = manifest_path(dataset_id)
+    manifest = read_manifest(path)
+    root = PACKAGE_DATA_DIR if manifest.location == "package" else datasets_root
+    return load_bundle(path, root)

@@ -1,0 +1,71 @@
+"""The fixed prompts of a release (SPEC R-6.1, R-6.4), shipped as package data in `prompts/`.
+Each prompt is identified by its file name (`answer_v1`) and its sha256, which the evaluation
+spec records so that a changed prompt changes the spec hash."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import string
+from collections.abc import Sequence
+from importlib.resources import files
+
+from pydantic import BaseModel, ConfigDict
+
+# `<name>_v<n>`: the version is part of the file name, so an edited prompt gets a new file
+# and old results keep pointing at the text they were produced with. The pattern also keeps
+# the name from escaping the prompts directory.
+_PROMPT_NAME = re.compile(r"[a-z][a-z0-9_]*_(v[0-9]+)")
+_NO_MEMORIES = "(none)"
+
+
+class Prompt(BaseModel):
+    """`text` is a str.format template; `sha256` is over the file's exact bytes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str
+    version: str
+    text: str
+    sha256: str
+
+    @property
+    def fields(self) -> frozenset[str]:
+        """The placeholders the template expects, to check callers against."""
+        return template_fields(self.text)
+
+
+def template_fields(text: str) -> frozenset[str]:
+    return frozenset(
+        field for _, field, _, _ in string.Formatter().parse(text) if field is not None
+    )
+
+
+def load_prompt(name: str) -> Prompt:
+    """The prompt `prompts/<name>.txt` of this package, e.g. `load_prompt("judge_v1")` gives
+    name "judge_v1", version "v1". Raises ValueError for a malformed name and
+    FileNotFoundError for an unknown one."""
+    matched = _PROMPT_NAME.fullmatch(name)
+    if matched is None:
+        raise ValueError(f"prompt name {name!r} is not of the form <name>_v<n>")
+    data = (files("aml_evaluation") / "prompts" / f"{name}.txt").read_bytes()
+    return Prompt(
+        name=name,
+        version=matched.group(1),
+        text=data.decode("utf-8"),
+        sha256=hashlib.sha256(data).hexdigest(),
+    )
+
+
+def format_memories(candidates: Sequence[tuple[str, str | None]]) -> str:
+    """The `{memories}` block of the answer prompt: one `- [created_at] content` line per
+    (content, created_at) candidate, in the order given (the participant's relevance order,
+    SPEC R-6.1), without brackets when there is no created_at. Continuation lines of a
+    multi-line memory are indented so each memory stays one list item. No candidates gives
+    "(none)", so the prompt never shows an empty section."""
+    if not candidates:
+        return _NO_MEMORIES
+    lines = []
+    for content, created_at in candidates:
+        prefix = f"- [{created_at}] " if created_at else "- "
+        lines.append(prefix + content.replace("\n", "\n  "))
+    return "\n".join(lines)

@@ -1,0 +1,152 @@
+"""NATS JetStream plumbing shared by the services: the streams, durable pull consumers with
+manual acknowledgement, de-duplicated publishes, and the delivery policy for one work item."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+from faststream import AckPolicy
+from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
+from nats.js.api import ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import BadRequestError
+from pydantic import BaseModel
+
+from aml_contract import subjects
+from aml_runtime.settings import CommonSettings
+
+log = structlog.get_logger()
+
+# Long enough to absorb a re-publish after any realistic crash-and-restart of a service.
+DUPLICATE_WINDOW_SECONDS = 3600.0
+
+_STREAMS = (
+    StreamConfig(
+        name=subjects.WORK_STREAM,
+        subjects=list(subjects.WORK_SUBJECTS),
+        retention=RetentionPolicy.WORK_QUEUE,
+        storage=StorageType.FILE,
+        duplicate_window=DUPLICATE_WINDOW_SECONDS,
+    ),
+    StreamConfig(
+        name=subjects.EVENTS_STREAM,
+        subjects=list(subjects.EVENT_SUBJECTS),
+        retention=RetentionPolicy.WORK_QUEUE,
+        storage=StorageType.FILE,
+        duplicate_window=DUPLICATE_WINDOW_SECONDS,
+    ),
+    StreamConfig(
+        name=subjects.FINISHED_STREAM,
+        subjects=[subjects.JOB_FINISHED],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        duplicate_window=DUPLICATE_WINDOW_SECONDS,
+    ),
+)
+_STREAM_OF: dict[str, str] = {
+    subject: str(config.name) for config in _STREAMS for subject in config.subjects or ()
+}
+
+
+def make_broker(settings: CommonSettings) -> NatsBroker:
+    return NatsBroker(settings.nats_url, logger=None)
+
+
+async def declare_streams(broker: NatsBroker) -> None:
+    """Create the streams if absent, so publishers never race the consumers' start-up."""
+    js = broker.connection.jetstream()
+    for config in _STREAMS:
+        try:
+            await js.add_stream(config=config)
+        except BadRequestError:
+            # Exists with another configuration (an older release): bring it up to date.
+            await js.update_stream(config=config)
+
+
+def subscriber_options(
+    settings: CommonSettings, subject: str, durable: str, concurrency: int
+) -> dict[str, Any]:
+    """Durable pull consumer, manual acks, bounded deliveries: see `run_delivery`."""
+    return {
+        "subject": subject,
+        "stream": JStream(name=_STREAM_OF[subject], declare=False),
+        "durable": durable,
+        "pull_sub": PullSub(batch_size=concurrency, timeout=1.0),
+        "ack_policy": AckPolicy.MANUAL,
+        "max_workers": concurrency,
+        "config": ConsumerConfig(
+            # Unlimited at the broker: `run_delivery` enforces the budget itself, so that recording
+            # the failure can itself be retried if the database is briefly away.
+            max_deliver=-1,
+            ack_wait=settings.ack_wait_seconds,
+            max_ack_pending=max(concurrency * 4, 16),
+        ),
+    }
+
+
+async def publish(broker: NatsBroker, subject: str, message: BaseModel, msg_id: str) -> None:
+    await broker.publish(
+        message.model_dump(mode="json"),
+        subject,
+        stream=_STREAM_OF[subject],
+        headers={"Nats-Msg-Id": msg_id},
+    )
+
+
+class Exhausted(Exception):
+    """Raised by a handler to give up on an item at once (e.g. a contract violation)."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+        self.reason = reason
+
+
+GiveUp = Callable[[str, str], Awaitable[None]]
+
+
+async def run_delivery(
+    msg: NatsMessage,
+    settings: CommonSettings,
+    work: Callable[[], Awaitable[None]],
+    give_up: GiveUp,
+) -> None:
+    """At-least-once processing of one delivery.
+
+    `work` must be idempotent. A transient failure is NACKed with a growing delay and comes back;
+    the last allowed delivery (or an `Exhausted` error) calls `give_up` with a kind and reason,
+    which records the item as failed, so a job never waits on a message that will not come back.
+    While `work` runs, progress heartbeats keep the broker from redelivering a long call elsewhere.
+    """
+    delivered = msg.raw_message.metadata.num_delivered
+    if delivered > settings.max_deliver:
+        # The previous delivery ran out of budget but could not record it (or crashed the worker).
+        await give_up("platform_error", f"gave up after {delivered - 1} deliveries")
+        await msg.ack()
+        return
+    heartbeat = asyncio.create_task(_heartbeat(msg, settings.ack_wait_seconds / 3))
+    try:
+        await work()
+    except Exhausted as exc:
+        await give_up(exc.kind, exc.reason)
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+        if delivered >= settings.max_deliver:
+            log.warning("delivery.exhausted", subject=msg.raw_message.subject, reason=reason)
+            await give_up("platform_error", f"gave up after {delivered} deliveries: {reason}")
+        else:
+            log.warning("delivery.retry", subject=msg.raw_message.subject, reason=reason)
+            heartbeat.cancel()
+            await msg.nack(delay=settings.redelivery_delay_seconds * 2 ** (delivered - 1))
+            return
+    finally:
+        heartbeat.cancel()
+    await msg.ack()
+
+
+async def _heartbeat(msg: NatsMessage, every: float) -> None:
+    while True:
+        await asyncio.sleep(every)
+        await msg.in_progress()

@@ -1,0 +1,52 @@
+"""MongoDB access (PyMongo's native async API) and the indexes every collection relies on."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from pymongo import ASCENDING, AsyncMongoClient
+from pymongo.asynchronous.database import AsyncDatabase
+
+from aml_runtime.settings import CommonSettings
+
+Document = dict[str, Any]
+
+# Natural keys are the documents' `_id`s (unique by construction); these are the lookups.
+_INDEXES: dict[str, list[list[tuple[str, int]]]] = {
+    "jobs": [[("team_id", ASCENDING), ("created_at", ASCENDING)]],
+    "add_chunks": [
+        [("job_id", ASCENDING), ("user_id", ASCENDING), ("seq", ASCENDING)],
+        [("job_id", ASCENDING), ("state", ASCENDING)],
+    ],
+    "questions": [[("job_id", ASCENDING), ("conversation_id", ASCENDING)]],
+    "searches": [[("job_id", ASCENDING), ("state", ASCENDING)]],
+    "answers": [[("job_id", ASCENDING), ("state", ASCENDING)]],
+    "scores": [[("job_id", ASCENDING), ("state", ASCENDING)]],
+    "calls": [[("job_id", ASCENDING), ("request_id", ASCENDING), ("attempt", ASCENDING)]],
+    "job_errors": [[("job_id", ASCENDING)]],
+    "versions": [[("team_id", ASCENDING)]],
+}
+
+
+def connect(settings: CommonSettings) -> tuple[AsyncMongoClient[Document], AsyncDatabase[Document]]:
+    client: AsyncMongoClient[Document] = AsyncMongoClient(settings.mongo_url, tz_aware=True)
+    return client, client[settings.mongo_db]
+
+
+async def ensure_indexes(db: AsyncDatabase[Document]) -> None:
+    for collection, indexes in _INDEXES.items():
+        for keys in indexes:
+            await db[collection].create_index(keys)
+    await db["teams"].create_index([("key_hash", ASCENDING)], unique=True)
+
+
+def read_time(value: object) -> datetime | None:
+    """A stored timestamp as an aware UTC datetime. The embedded wire server (nx-27017) keeps a
+    datetime written through `$set` as a naive ISO string; MongoDB keeps a BSON date."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    parsed = datetime.fromisoformat(str(value))
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)

@@ -1,0 +1,93 @@
+"""Job state transitions and look-ups that several services share. Every transition is a guarded
+update (it names the state it leaves), so concurrent or repeated callers change a job once."""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import UTC, datetime
+
+from faststream.nats import NatsBroker
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import DuplicateKeyError
+
+from aml_contract import subjects
+from aml_contract.api import Stage
+from aml_contract.messages import JobFinished, message_id
+from aml_runtime.broker import publish
+from aml_runtime.db import Document
+from aml_runtime.participants import Endpoint
+from aml_runtime.secrets import SecretBox
+
+ACTIVE = ("queued", "running")
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+async def record_error(
+    db: AsyncDatabase[Document], job_id: str, stage: Stage, kind: str, item: str | None, reason: str
+) -> None:
+    """One error-summary entry per failed item (keyed, so a redelivery records it once)."""
+    key = f"{job_id}/{stage}/{item or '-'}"
+    with contextlib.suppress(DuplicateKeyError):
+        await db.job_errors.insert_one(
+            {
+                "_id": key,
+                "job_id": job_id,
+                "stage": stage,
+                "kind": kind,
+                "item": item,
+                "reason": reason,
+                "at": now(),
+            }
+        )
+
+
+async def fail_job(
+    db: AsyncDatabase[Document], broker: NatsBroker, job_id: str, stage: Stage, reason: str
+) -> None:
+    """Stop a job at once (R-4.9): no further work is released and workers skip what is queued."""
+    result = await db.jobs.update_one(
+        {"_id": job_id, "state": {"$in": list(ACTIVE)}},
+        {
+            "$set": {
+                "state": "failed",
+                "failed_stage": stage,
+                "failure": reason,
+                "finished_at": now(),
+            }
+        },
+    )
+    if result.modified_count:
+        await publish_finished(broker, job_id, "failed")
+
+
+async def publish_finished(broker: NatsBroker, job_id: str, state: str) -> None:
+    message = JobFinished(job_id=job_id, state="completed" if state == "completed" else "failed")
+    await publish(broker, subjects.JOB_FINISHED, message, message_id("finished", job_id))
+
+
+async def job_is_active(db: AsyncDatabase[Document], job_id: str) -> bool:
+    job = await db.jobs.find_one({"_id": job_id}, {"state": 1})
+    return job is not None and job["state"] in ACTIVE
+
+
+async def load_endpoint(db: AsyncDatabase[Document], box: SecretBox, version_id: str) -> Endpoint:
+    version = await db.versions.find_one({"_id": version_id})
+    if version is None:
+        raise LookupError(f"version {version_id} is not registered")
+    secret = None
+    if version.get("secret_ref"):
+        stored = await db.secrets.find_one({"_id": version["secret_ref"]})
+        if stored is None:
+            raise LookupError(f"secret of version {version_id} is missing")
+        secret = box.open(stored["sealed"])
+    return Endpoint(
+        add_url=version["add_url"],
+        search_url=version["search_url"],
+        health_url=version["health_url"],
+        add_status_url_template=version.get("add_status_url_template"),
+        auth_method=version["auth_method"],
+        secret=secret,
+    )

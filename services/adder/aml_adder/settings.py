@@ -1,0 +1,5 @@
+from aml_runtime.settings import ParticipantCallSettings
+
+
+class AdderSettings(ParticipantCallSettings):
+    pass

@@ -1,0 +1,1 @@
+"""answerer: the fixed answer model over the participant's candidates."""

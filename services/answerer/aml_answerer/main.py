@@ -1,0 +1,33 @@
+"""Composition root of the answerer: `python -m aml_answerer`."""
+
+from __future__ import annotations
+
+from faststream import FastStream
+from faststream.nats import NatsMessage
+
+from aml_answerer.handlers import AnswerQuestion
+from aml_answerer.settings import AnswererSettings
+from aml_contract import subjects
+from aml_contract.messages import QuestionWork
+from aml_evaluation.prompts import load_prompt
+from aml_runtime.broker import subscriber_options
+from aml_runtime.llm import make_llm_client
+from aml_runtime.question_stage import QuestionStageWorker
+from aml_runtime.service import open_runtime, serve
+
+
+def create_app(settings: AnswererSettings | None = None) -> FastStream:
+    settings = settings or AnswererSettings()
+    rt = open_runtime("answerer", settings)
+    llm = make_llm_client(settings)
+    compute = AnswerQuestion(settings, rt.db, llm, load_prompt(settings.answer_prompt))
+    worker = QuestionStageWorker("answer", settings, rt.db, rt.broker, compute)
+    options = subscriber_options(
+        settings, subjects.WORK_ANSWER, "answerer", settings.llm_concurrency
+    )
+
+    @rt.broker.subscriber(**options)
+    async def on_answer_work(work: QuestionWork, msg: NatsMessage) -> None:
+        await worker.handle(work, msg)
+
+    return serve(rt, on_stop=llm.close)

@@ -1,0 +1,5 @@
+from aml_runtime.settings import LLMSettings
+
+
+class AnswererSettings(LLMSettings):
+    pass

@@ -1,0 +1,1 @@
+"""gateway: the platform's REST API for participants and admins."""

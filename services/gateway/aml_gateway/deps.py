@@ -1,0 +1,64 @@
+"""Request-scoped dependencies: the stores, the broker and who is calling."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Header, HTTPException, Request
+from faststream.nats import NatsBroker
+from pymongo.asynchronous.database import AsyncDatabase
+
+from aml_gateway.settings import GatewaySettings
+from aml_runtime.db import Document
+from aml_runtime.secrets import SecretBox
+
+
+@dataclass
+class Services:
+    settings: GatewaySettings
+    db: AsyncDatabase[Document]
+    broker: NatsBroker
+    box: SecretBox
+
+
+def key_hash(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def services(request: Request) -> Services:
+    found: Services = request.app.state.services
+    return found
+
+
+ServicesDep = Annotated[Services, Depends(services)]
+
+
+def _bearer(authorization: str | None) -> str:
+    if not authorization or not authorization.lower().startswith("bearer "):
+        raise HTTPException(401, {"reason": "send the Leaderboard API Key as a Bearer token"})
+    return authorization[7:].strip()
+
+
+async def current_team(
+    svc: ServicesDep, authorization: Annotated[str | None, Header()] = None
+) -> Document:
+    team = await svc.db.teams.find_one({"key_hash": key_hash(_bearer(authorization))})
+    if team is None:
+        raise HTTPException(401, {"reason": "unknown Leaderboard API Key"})
+    return team
+
+
+async def require_admin(
+    svc: ServicesDep, authorization: Annotated[str | None, Header()] = None
+) -> None:
+    expected = svc.settings.admin_token.get_secret_value()
+    given = _bearer(authorization)
+    if not expected or not hmac.compare_digest(given.encode(), expected.encode()):
+        raise HTTPException(403, {"reason": "admin access required"})
+
+
+TeamDep = Annotated[Document, Depends(current_team)]
+AdminDep = Annotated[None, Depends(require_admin)]

@@ -1,0 +1,45 @@
+"""Composition root of the gateway: `python -m aml_gateway` (uvicorn)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from pymongo import ASCENDING
+
+from aml_gateway.deps import Services
+from aml_gateway.routes import admin, jobs
+from aml_gateway.settings import GatewaySettings
+from aml_runtime.broker import declare_streams, make_broker
+from aml_runtime.db import connect, ensure_indexes
+from aml_runtime.logging import configure_logging
+from aml_runtime.secrets import SecretBox
+
+
+def create_app(settings: GatewaySettings | None = None) -> FastAPI:
+    settings = settings or GatewaySettings()
+    configure_logging("gateway", settings.log_level)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        client, db = connect(settings)
+        broker = make_broker(settings)
+        await broker.connect()
+        await declare_streams(broker)
+        await ensure_indexes(db)
+        await db.jobs.create_index([("run_label_key", ASCENDING)], unique=True)
+        app.state.services = Services(settings, db, broker, SecretBox(settings.secret_keys))
+        yield
+        await broker.stop()
+        await client.close()
+
+    app = FastAPI(title="AML gateway", version="0.1.0", lifespan=lifespan)
+    app.include_router(admin.router)
+    app.include_router(jobs.router)
+
+    @app.get("/health", tags=["ops"])
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app

@@ -1,0 +1,75 @@
+"""A job's progress and status as the API shows it (R-3.6), derived from the stage documents
+rather than kept in counters, so a redelivered message can never count twice."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from pymongo.asynchronous.database import AsyncDatabase
+
+from aml_contract.api import STAGES, JobError, JobStatus, Stage, StageProgress
+from aml_runtime.db import Document, read_time
+
+_STAGE_COLLECTION: dict[Stage, str] = {
+    "add": "add_chunks",
+    "search": "searches",
+    "answer": "answers",
+    "score": "scores",
+}
+
+
+def current_stage(state: str, stages: dict[Stage, StageProgress]) -> Stage | None:
+    if state in ("completed", "failed"):
+        return None
+    for stage in STAGES:
+        progress = stages[stage]
+        if progress.total == 0 or progress.done + progress.failed < progress.total:
+            return stage
+    return "aggregate"
+
+
+async def job_status(db: AsyncDatabase[Document], job: Document) -> JobStatus:
+    job_id = job["_id"]
+    totals = job.get("totals", {})
+    stages: dict[Stage, StageProgress] = {}
+    for stage, collection in _STAGE_COLLECTION.items():
+        total = totals.get("add" if stage == "add" else "questions", 0)
+        done = await db[collection].count_documents({"job_id": job_id, "state": "done"})
+        failed = await db[collection].count_documents({"job_id": job_id, "state": "failed"})
+        stages[stage] = StageProgress(total=total, done=done, failed=failed)
+    stages["aggregate"] = StageProgress(
+        total=1, done=int(job["state"] == "completed"), failed=int(job["state"] == "failed")
+    )
+    errors = [
+        JobError(stage=e["stage"], kind=e["kind"], item=e.get("item"), reason=e["reason"])
+        async for e in db.job_errors.find({"job_id": job_id}).sort("at", 1).limit(100)
+    ]
+    if job["state"] == "failed" and not errors:
+        errors.append(
+            JobError(
+                stage=job.get("failed_stage", "add"),
+                kind="job_failed",
+                item=None,
+                reason=job.get("failure", "the job failed"),
+            )
+        )
+    started = read_time(job.get("started_at"))
+    finished = read_time(job.get("finished_at"))
+    end = finished or datetime.now(UTC)
+    return JobStatus(
+        job_id=job_id,
+        state=job["state"],
+        stage=current_stage(job["state"], stages),
+        mode=job["mode"],
+        track=job["track"],
+        version_id=job["version_id"],
+        run_label=job["run_label"],
+        datasets=job["datasets"],
+        created_at=read_time(job["created_at"]),
+        started_at=started,
+        finished_at=finished,
+        elapsed_seconds=round((end - started).total_seconds(), 3) if started else 0.0,
+        stages=stages,
+        errors=errors,
+        spec=job.get("spec", {}),
+    )

@@ -1,0 +1,1 @@
+"""scheduler: plans jobs, releases work in order, notices completion and aggregates."""

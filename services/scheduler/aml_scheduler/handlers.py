@@ -1,0 +1,215 @@
+"""The scheduler's reactions. Each one is safe to repeat: `release` and `complete_if_done` look at
+the stored state and publish or write only what is missing, with de-duplicated publishes and
+guarded updates, so a redelivered event or the periodic reconciliation changes nothing twice."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import structlog
+from faststream.nats import NatsBroker
+from pymongo import ASCENDING
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import BulkWriteError
+
+from aml_contract import subjects
+from aml_contract.messages import (
+    AddDone,
+    AddWork,
+    JobSubmitted,
+    QuestionDone,
+    QuestionWork,
+    message_id,
+)
+from aml_evaluation.aggregate import QuestionOutcome, aggregate
+from aml_evaluation.datasets import DatasetManifest, load_dataset, manifest_path
+from aml_runtime.broker import publish
+from aml_runtime.db import Document
+from aml_runtime.jobs import fail_job, load_endpoint, now, publish_finished, record_error
+from aml_runtime.participants import ParticipantClient
+from aml_runtime.secrets import SecretBox
+from aml_scheduler.planning import evaluation_spec, plan_chunks, plan_questions
+from aml_scheduler.settings import SchedulerSettings
+
+log = structlog.get_logger()
+_DUPLICATE_KEY = 11000
+
+
+@dataclass
+class Scheduler:
+    settings: SchedulerSettings
+    db: AsyncDatabase[Document]
+    broker: NatsBroker
+    client: ParticipantClient
+    box: SecretBox
+
+    # -- events -----------------------------------------------------------------------------
+
+    async def on_job_submitted(self, event: JobSubmitted) -> None:
+        job = await self.db.jobs.find_one({"_id": event.job_id})
+        if job is None or job["state"] not in ("queued", "running"):
+            return
+        if not job.get("planned"):
+            if not await self._participant_healthy(job):
+                reason = "the participant's Health endpoint did not answer 2xx before the start"
+                await record_error(self.db, job["_id"], "add", "participant_outage", None, reason)
+                await fail_job(self.db, self.broker, job["_id"], "add", reason)
+                return
+            await self._plan(job)
+        await self.release(event.job_id)
+
+    async def on_add_done(self, event: AddDone) -> None:
+        chunk = await self.db.add_chunks.find_one({"_id": event.request_id})
+        if chunk is None:
+            return
+        if event.outcome == "failed":
+            reason = chunk.get("failure", "an Add request failed")
+            await fail_job(
+                self.db, self.broker, event.job_id, "add", f"{event.request_id}: {reason}"
+            )
+            return
+        await self.release(event.job_id, chunk["user_id"])
+
+    async def on_question_done(self, event: QuestionDone) -> None:
+        await self.complete_if_done(event.job_id)
+
+    async def reconcile(self) -> None:
+        """Re-drive every unfinished job from its stored state (after a crash of anything)."""
+        async for job in self.db.jobs.find({"state": {"$in": ["queued", "running"]}}, {"_id": 1}):
+            try:
+                await self.on_job_submitted(JobSubmitted(job_id=job["_id"]))
+                await self.complete_if_done(job["_id"])
+            except Exception:
+                log.exception("reconcile.failed", job_id=job["_id"])
+
+    # -- steps ------------------------------------------------------------------------------
+
+    async def _participant_healthy(self, job: Document) -> bool:
+        endpoint = await load_endpoint(self.db, self.box, job["version_id"])
+        return await self.client.health(endpoint)
+
+    async def _plan(self, job: Document) -> None:
+        job_id = job["_id"]
+        chunks: list[Document] = []
+        questions: list[Document] = []
+        excluded: dict[str, list[str]] = {}
+        for dataset_id in job["datasets"]:
+            dataset = load_dataset(dataset_id, self.settings.datasets_root)
+            manifest = DatasetManifest.model_validate_json(manifest_path(dataset_id).read_text())
+            excluded[dataset_id] = [manifest.categories[c] for c in manifest.excluded_from_overall]
+            chunks += plan_chunks(job_id, dataset)
+            questions += plan_questions(job_id, dataset, self.settings.top_k)
+        await _insert_once(self.db, "add_chunks", chunks)
+        await _insert_once(self.db, "questions", questions)
+        await self.db.jobs.update_one(
+            {"_id": job_id, "planned": False},
+            {
+                "$set": {
+                    "planned": True,
+                    "state": "running",
+                    "started_at": now(),
+                    "top_k": self.settings.top_k,
+                    "spec": evaluation_spec(self.settings),
+                    "users": sorted({chunk["user_id"] for chunk in chunks}),
+                    "excluded_categories": excluded,
+                    "totals": {"add": len(chunks), "questions": len(questions)},
+                }
+            },
+        )
+        log.info("job.planned", job_id=job_id, chunks=len(chunks), questions=len(questions))
+
+    async def release(self, job_id: str, user_id: str | None = None) -> None:
+        """Per user, publish the first Add not yet confirmed, or, once all are, the questions.
+
+        Only one Add per user is ever outstanding because the next is published only after the
+        previous one is confirmed; users progress independently of each other."""
+        job = await self.db.jobs.find_one({"_id": job_id}, {"state": 1, "users": 1})
+        if job is None or job["state"] != "running":
+            return
+        for user in [user_id] if user_id else job.get("users", []):
+            pending = await self.db.add_chunks.find_one(
+                {"job_id": job_id, "user_id": user, "state": {"$ne": "done"}},
+                sort=[("seq", ASCENDING)],
+            )
+            if pending is None:
+                await self._release_questions(job_id, user)
+            elif pending["state"] == "pending":
+                work = AddWork(job_id=job_id, request_id=pending["_id"])
+                await publish(
+                    self.broker, subjects.WORK_ADD, work, message_id("add", pending["_id"])
+                )
+
+    async def _release_questions(self, job_id: str, user_id: str) -> None:
+        marker = f"{job_id}/{user_id}"
+        if await self.db.question_releases.find_one({"_id": marker}) is not None:
+            return
+        async for question in self.db.questions.find(
+            {"job_id": job_id, "user_id": user_id}, {"_id": 1}
+        ):
+            work = QuestionWork(job_id=job_id, item_id=question["_id"])
+            await publish(
+                self.broker,
+                subjects.WORK_SEARCH,
+                work,
+                message_id(subjects.WORK_SEARCH, question["_id"]),
+            )
+        # Written only after every publish went out: a crash before it re-publishes (harmless).
+        await _insert_once(self.db, "question_releases", [{"_id": marker, "job_id": job_id}])
+
+    async def complete_if_done(self, job_id: str) -> None:
+        job = await self.db.jobs.find_one({"_id": job_id})
+        if job is None or job["state"] != "running" or not job.get("planned"):
+            return
+        finished = (
+            await self.db.scores.count_documents({"job_id": job_id})
+            + await self.db.searches.count_documents({"job_id": job_id, "state": "failed"})
+            + await self.db.answers.count_documents({"job_id": job_id, "state": "failed"})
+        )
+        if finished < job["totals"]["questions"]:
+            return
+        results = aggregate(
+            job_id, "completed", await self.outcomes(job_id), job.get("excluded_categories", {})
+        )
+        updated = await self.db.jobs.update_one(
+            {"_id": job_id, "state": "running"},
+            {
+                "$set": {
+                    "state": "completed",
+                    "finished_at": now(),
+                    "results": results.model_dump(mode="json"),
+                }
+            },
+        )
+        if updated.modified_count:
+            log.info("job.completed", job_id=job_id, overall=results.overall.judge_accuracy)
+            await publish_finished(self.broker, job_id, "completed")
+
+    async def outcomes(self, job_id: str) -> list[QuestionOutcome]:
+        scores = {doc["_id"]: doc async for doc in self.db.scores.find({"job_id": job_id})}
+        outcomes = []
+        async for question in self.db.questions.find(
+            {"job_id": job_id}, {"dataset_id": 1, "category_name": 1}
+        ):
+            score = scores.get(question["_id"])
+            scored = score is not None and score["state"] == "done"
+            outcomes.append(
+                QuestionOutcome(
+                    dataset_id=question["dataset_id"],
+                    category_name=question["category_name"],
+                    scored=scored,
+                    judge_label=score.get("judge_label") if score and scored else None,
+                    f1=score.get("f1") if score and scored else None,
+                )
+            )
+        return outcomes
+
+
+async def _insert_once(db: AsyncDatabase[Document], collection: str, docs: list[Document]) -> None:
+    """Insert plan documents; ones that already exist (an earlier, interrupted plan) are kept."""
+    if not docs:
+        return
+    try:
+        await db[collection].insert_many(docs, ordered=False)
+    except BulkWriteError as exc:
+        if any(e.get("code") != _DUPLICATE_KEY for e in exc.details.get("writeErrors", [])):
+            raise

@@ -1,0 +1,65 @@
+"""Composition root of the scheduler: `python -m aml_scheduler`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from faststream import FastStream
+from faststream.nats import NatsMessage
+
+from aml_contract import subjects
+from aml_contract.messages import AddDone, JobSubmitted, QuestionDone
+from aml_runtime.broker import run_delivery, subscriber_options
+from aml_runtime.participants import ParticipantClient
+from aml_runtime.secrets import SecretBox
+from aml_runtime.service import open_runtime, serve
+from aml_scheduler.handlers import Scheduler
+from aml_scheduler.settings import SchedulerSettings
+
+
+async def _dropped(kind: str, reason: str) -> None:
+    """Scheduler events only re-drive stored state; the periodic reconciliation covers an event
+    that ran out of deliveries, so nothing is lost by dropping it."""
+
+
+def create_app(settings: SchedulerSettings | None = None) -> FastStream:
+    settings = settings or SchedulerSettings()
+    rt = open_runtime("scheduler", settings)
+    client = ParticipantClient.from_settings(settings)
+    scheduler = Scheduler(settings, rt.db, rt.broker, client, SecretBox(settings.secret_keys))
+
+    def options(subject: str) -> dict[str, Any]:
+        return subscriber_options(settings, subject, f"scheduler-{subject.split('.')[-1]}", 4)
+
+    @rt.broker.subscriber(**options(subjects.JOB_SUBMITTED))
+    async def on_job_submitted(event: JobSubmitted, msg: NatsMessage) -> None:
+        await run_delivery(msg, settings, lambda: scheduler.on_job_submitted(event), _dropped)
+
+    @rt.broker.subscriber(**options(subjects.ADD_DONE))
+    async def on_add_done(event: AddDone, msg: NatsMessage) -> None:
+        await run_delivery(msg, settings, lambda: scheduler.on_add_done(event), _dropped)
+
+    @rt.broker.subscriber(**options(subjects.QUESTION_DONE))
+    async def on_question_done(event: QuestionDone, msg: NatsMessage) -> None:
+        await run_delivery(msg, settings, lambda: scheduler.on_question_done(event), _dropped)
+
+    async def reconcile_forever() -> None:
+        while True:
+            await scheduler.reconcile()
+            await asyncio.sleep(settings.reconcile_interval_seconds)
+
+    background: list[asyncio.Task[None]] = []
+
+    async def start() -> None:
+        background.append(asyncio.create_task(reconcile_forever()))
+
+    async def stop() -> None:
+        for task in background:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await client.aclose()
+
+    return serve(rt, on_start=start, on_stop=stop)

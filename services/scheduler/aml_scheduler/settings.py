@@ -1,0 +1,14 @@
+from pathlib import Path
+
+from pydantic import Field
+
+from aml_runtime.settings import ParticipantCallSettings, SpecSettings
+
+
+class SchedulerSettings(ParticipantCallSettings, SpecSettings):
+    # Where the benchmark files named by the bundle manifests live (licences keep them out of
+    # the repository); the shipped synthetic dataset needs none.
+    datasets_root: Path = Path("../shared/datasets")
+    # Every running job is re-checked this often, so a crash between a database write and a
+    # publish can delay a job but never strand it.
+    reconcile_interval_seconds: float = Field(default=20.0, gt=0)

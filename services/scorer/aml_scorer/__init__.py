@@ -1,0 +1,1 @@
+"""scorer: the LLM judge and token F1 for each answered question."""

@@ -1,0 +1,1 @@
+"""searcher: asks the participant's Search endpoint every benchmark question."""

@@ -1,0 +1,40 @@
+"""Search one question with the body planned for it and keep the candidates exactly as the
+participant returned them, in its order (they are what the answer model will see)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pymongo.asynchronous.database import AsyncDatabase
+
+from aml_contract.messages import QuestionWork
+from aml_runtime.audit import call_recorder
+from aml_runtime.broker import Exhausted
+from aml_runtime.db import Document
+from aml_runtime.jobs import load_endpoint
+from aml_runtime.participants import CallFailed, ParticipantClient
+from aml_runtime.secrets import SecretBox
+
+
+@dataclass
+class SearchQuestion:
+    db: AsyncDatabase[Document]
+    client: ParticipantClient
+    box: SecretBox
+
+    async def __call__(self, work: QuestionWork, question: Document, delivery: int) -> Document:
+        job = await self.db.jobs.find_one({"_id": work.job_id}, {"version_id": 1, "top_k": 1})
+        if job is None:
+            raise Exhausted("platform_error", f"job {work.job_id} is missing")
+        endpoint = await load_endpoint(self.db, self.box, job["version_id"])
+        observe = call_recorder(self.db, work.job_id, "search", work.item_id, delivery)
+        try:
+            items = await self.client.search(
+                endpoint, question["search_body"], job["top_k"], observe
+            )
+        except CallFailed as exc:
+            raise Exhausted(exc.kind, exc.reason) from None
+        return {
+            "candidates": [item.model_dump(mode="json", exclude_none=True) for item in items],
+            "n_candidates": len(items),
+        }

@@ -1,0 +1,5 @@
+from aml_runtime.settings import ParticipantCallSettings
+
+
+class SearcherSettings(ParticipantCallSettings):
+    pass

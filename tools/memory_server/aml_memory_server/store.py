@@ -1,0 +1,213 @@
+"""SQLite + FTS5 storage of memories, scoped by user_id.
+
+One connection guarded by a lock: SQLite serialises writers anyway, and a single connection
+makes "committed before responding" trivially true for every later search. The handlers that
+call in are sync, so FastAPI runs them in its thread pool and the lock never blocks the event
+loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import sqlite3
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from aml_contract.participant import AddRequest, Content, SearchItem, TextPart
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MAX_LIMIT = 2**62
+# Words for the FTS query: letters/digits/underscore runs. Everything else (quotes, operators,
+# parentheses, column filters) is dropped, which is what makes arbitrary text safe for MATCH.
+_WORD = re.compile(r"\w+")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS add_requests (
+    request_id TEXT PRIMARY KEY,
+    user_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    body_sha256 TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS memories (
+    rowid INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    request_id TEXT NOT NULL,
+    user_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    role TEXT NOT NULL,
+    content TEXT NOT NULL,
+    created_at TEXT
+);
+CREATE INDEX IF NOT EXISTS memories_user ON memories(user_id);
+CREATE VIRTUAL TABLE IF NOT EXISTS memories_fts USING fts5(
+    content, tokenize = 'porter unicode61 remove_diacritics 2'
+);
+"""
+
+
+class TimestampOutOfRange(ValueError):
+    """A message timestamp that no datetime can represent: a malformed request."""
+
+
+class RequestIdConflict(Exception):
+    """The request_id was already stored with a different body: not a retry but a client bug."""
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    id: str
+    request_id: str
+    user_id: str
+    session_id: str
+    role: str
+    content: str
+    created_at: str | None
+
+
+def content_text(content: Content) -> str:
+    """The searchable text of a message: the string itself, or the text parts joined by newlines
+    (image parts carry no text this server can index)."""
+    if isinstance(content, str):
+        return content
+    return "\n".join(part.text for part in content if isinstance(part, TextPart))
+
+
+def iso_utc_from_ms(timestamp_ms: int | None) -> str | None:
+    """ISO-8601 UTC with millisecond precision. Integer arithmetic on timedelta, so no float
+    rounding of large millisecond values. Raises TimestampOutOfRange outside datetime's range."""
+    if timestamp_ms is None:
+        return None
+    try:
+        moment = _EPOCH + timedelta(milliseconds=timestamp_ms)
+    except OverflowError as exc:
+        raise TimestampOutOfRange(f"timestamp {timestamp_ms} ms is out of range") from exc
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def rows_from_add(request: AddRequest) -> list[MemoryRow]:
+    """One row per message, id `<request_id>#<index>` with the index in the request, so ids stay
+    stable even though messages without indexable text (blank, image-only) are skipped: they
+    could never be found and the contract forbids returning empty content."""
+    rows: list[MemoryRow] = []
+    for index, message in enumerate(request.messages):
+        text = content_text(message.content)
+        if not text.strip():
+            continue
+        rows.append(
+            MemoryRow(
+                id=f"{request.request_id}#{index}",
+                request_id=request.request_id,
+                user_id=request.user_id,
+                session_id=request.session_id,
+                role=message.role,
+                content=text,
+                created_at=iso_utc_from_ms(message.timestamp),
+            )
+        )
+    return rows
+
+
+def request_fingerprint(request: AddRequest) -> str:
+    """Hash of the parsed request, to tell a retry (same body) from a reused request_id."""
+    return hashlib.sha256(request.model_dump_json().encode()).hexdigest()
+
+
+def fts_match_query(query: str) -> str | None:
+    """An FTS5 MATCH expression that ORs every distinct word of `query`, each as a quoted string
+    so that FTS5 keywords (AND, NOT, NEAR) and syntax characters lose their meaning. None when
+    the query has no words: there is nothing to match."""
+    words = dict.fromkeys(word.lower() for word in _WORD.findall(query))
+    if not words:
+        return None
+    return " OR ".join('"' + word.replace('"', '""') + '"' for word in words)
+
+
+class MemoryStore:
+    def __init__(self, db_path: Path) -> None:
+        self._lock = threading.Lock()
+        # check_same_thread=False: the thread pool serves requests from several threads; the
+        # lock, not thread affinity, is what keeps access serial.
+        self._conn = sqlite3.connect(db_path, check_same_thread=False, isolation_level=None)
+        with self._lock:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            # FULL: a 200 on Add promises the memory is persisted, also across a power loss.
+            self._conn.execute("PRAGMA synchronous=FULL")
+            self._conn.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def add(self, request: AddRequest) -> None:
+        """Store the request's messages unless this request_id was stored before (a retry).
+        Committed before returning, so the memory is immediately searchable (SPEC R-4.6).
+        Raises RequestIdConflict when the request_id was stored with a different body."""
+        rows = rows_from_add(request)
+        fingerprint = request_fingerprint(request)
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                stored = self._conn.execute(
+                    "SELECT body_sha256 FROM add_requests WHERE request_id = ?",
+                    (request.request_id,),
+                ).fetchone()
+                if stored is None:
+                    self._insert(request, rows, fingerprint)
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+        if stored is not None and stored[0] != fingerprint:
+            raise RequestIdConflict(request.request_id)
+
+    def _insert(self, request: AddRequest, rows: list[MemoryRow], fingerprint: str) -> None:
+        """Caller holds the lock and an open transaction."""
+        self._conn.execute(
+            "INSERT INTO add_requests VALUES (?, ?, ?, ?)",
+            (request.request_id, request.user_id, request.session_id, fingerprint),
+        )
+        for row in rows:
+            cursor = self._conn.execute(
+                "INSERT INTO memories (id, request_id, user_id, session_id, role, content,"
+                " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    row.id,
+                    row.request_id,
+                    row.user_id,
+                    row.session_id,
+                    row.role,
+                    row.content,
+                    row.created_at,
+                ),
+            )
+            self._conn.execute(
+                "INSERT INTO memories_fts (rowid, content) VALUES (?, ?)",
+                (cursor.lastrowid, row.content),
+            )
+
+    def search(self, user_id: str, query: str, top_k: int) -> list[SearchItem]:
+        """BM25 over `user_id`'s memories only, best first; ties broken by id so equal-scoring
+        results come back in the same order every time. score = -bm25() since FTS5's bm25 is
+        lower-is-better and the contract's score is higher-is-better.
+
+        BM25's term statistics are those of the whole table, so a score depends a little on
+        other users' memories; which memories are returned never does."""
+        match = fts_match_query(query)
+        if match is None:
+            return []
+        with self._lock:
+            found = self._conn.execute(
+                "SELECT m.id, m.content, m.created_at, bm25(memories_fts) AS rank"
+                " FROM memories_fts JOIN memories AS m ON m.rowid = memories_fts.rowid"
+                " WHERE memories_fts MATCH ? AND m.user_id = ?"
+                " ORDER BY rank ASC, m.id ASC LIMIT ?",
+                # Clamped: the contract puts no upper bound on top_k, SQLite's LIMIT is 64-bit.
+                (match, user_id, min(top_k, _MAX_LIMIT)),
+            ).fetchall()
+        return [
+            SearchItem(id=memory_id, content=content, score=-float(rank), created_at=created_at)
+            for memory_id, content, created_at, rank in found
+        ]
