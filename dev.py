@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Set up the project in .venv (once, and again whenever pyproject.toml changes) and run a task.
 
-    python3 dev.py demo    the embedded stack + a demo evaluation, ending with its results table
-    python3 dev.py test    lint, type check and the whole test suite (real components included)
-    python3 dev.py up      the embedded stack and every service, until Ctrl-C
+python3 dev.py demo    the embedded stack + a demo evaluation, ending with its results table
+python3 dev.py test    lint, type check and the whole test suite (real components included)
+python3 dev.py up      the embedded stack and every service, until Ctrl-C
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def main() -> int:
     if task not in {"demo", "test", "up"}:
         print(__doc__)
         return 2
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # noqa: UP036 (this file may be run by an older python3)
         print("Python 3.11 or newer is needed", file=sys.stderr)
         return 2
     ensure_environment()

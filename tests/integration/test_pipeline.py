@@ -6,6 +6,7 @@ is deterministic on this machine (checked by tests/integration/test_embedded_sta
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Iterator
@@ -101,7 +102,9 @@ def _results(platform: Platform, job_id: str, key: str) -> dict[str, Any]:
     return body
 
 
-def _recompute(questions: list[dict[str, Any]], scores: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _recompute(
+    questions: list[dict[str, Any]], scores: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
     """The results table recomputed independently from the per-question records."""
     cells: dict[str, Counter[str]] = defaultdict(Counter)
     f1: dict[str, list[float]] = defaultdict(list)
@@ -166,7 +169,7 @@ async def _assert_exactly_once(db: Any, job_id: str) -> None:
     for calls in by_user.values():
         calls.sort(key=lambda c: c[1])
         assert [n for n, _, _ in calls] == list(range(1, len(calls) + 1))
-        for (_, start, latency), (_, next_start, _) in zip(calls, calls[1:], strict=False):
+        for (_, start, latency), (_, next_start, _) in itertools.pairwise(calls):
             assert (next_start - start).total_seconds() * 1000 >= latency - 1
 
     # Every question was searched (one successful call), answered and scored exactly once.
@@ -184,8 +187,9 @@ async def _assert_exactly_once(db: Any, job_id: str) -> None:
     last_add = {}
     for call in ok_adds:
         user = seq[call["request_id"]][0]
-        last_add[user] = max(last_add.get(user, read_time(call["started_at"])),
-                             read_time(call["started_at"]))
+        last_add[user] = max(
+            last_add.get(user, read_time(call["started_at"])), read_time(call["started_at"])
+        )
     user_of = {q["_id"]: q["user_id"] for q in questions}
     for call in ok_searches:
         assert read_time(call["started_at"]) > last_add[user_of[call["request_id"]]]
@@ -205,8 +209,12 @@ def baseline(platform: Platform) -> dict[str, Any]:
     job_id, key = _submit(platform, memory, "team-baseline", "baseline")
     status = _wait(platform, job_id, key)
     assert status["state"] == "completed", status
-    return {"job_id": job_id, "key": key, "status": status,
-            "results": _results(platform, job_id, key)}
+    return {
+        "job_id": job_id,
+        "key": key,
+        "status": status,
+        "results": _results(platform, job_id, key),
+    }
 
 
 async def test_job_runs_every_stage_exactly_once(

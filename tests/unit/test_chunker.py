@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from aml_contract.participant import AddRequest, ImageUrl, ImageUrlPart, Message, TextPart
+from aml_contract.participant import AddRequest, ImageUrl, ImageUrlPart, Message, TextPart, encode
 from aml_evaluation.chunker import (
     CHUNKER_VERSION,
     AddChunk,
-    canonical_body,
     chunk_messages,
     conversation_messages,
     message_words,
@@ -242,7 +241,7 @@ def test_canonical_body_bytes() -> None:
         user_id="eval:r:ds:c",
         session_id="eval:r:c:session_1",
     )
-    body = canonical_body(request)
+    body = encode(request)
     expected = (
         '{"messages":[{"content":"Wen: 日本語 ok","role":"user","timestamp":7},'
         '{"content":"Kaito: “hi”","role":"assistant"}],'
@@ -250,7 +249,7 @@ def test_canonical_body_bytes() -> None:
         '"user_id":"eval:r:ds:c"}'
     ).encode()
     assert body == expected
-    assert canonical_body(AddRequest.model_validate_json(body)) == body
+    assert encode(AddRequest.model_validate_json(body)) == body
     assert json.loads(body) == request.model_dump(exclude_none=True)
 
 

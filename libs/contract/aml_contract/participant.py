@@ -4,9 +4,18 @@ response models accept extra fields, which the contract says are ignored."""
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StringConstraints
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StringConstraints,
+)
 
 NonEmptyStr = Annotated[str, StringConstraints(min_length=1)]
 
@@ -54,7 +63,8 @@ class AddResponse(BaseModel):
     """R-4.6, the synchronous form: HTTP 200 once the memory is persisted and searchable."""
 
     model_config = ConfigDict(extra="allow")
-    success: bool
+    # Strict: only JSON `true` is success; 1 or "true" are contract errors, never repaired.
+    success: StrictBool
     request_id: str
     user_id: str
     session_id: str
@@ -106,5 +116,8 @@ def memory_session_id(run: str, sample: str, session: str) -> str:
 
 def encode(body: AddRequest | SearchRequest) -> bytes:
     """The exact bytes AML sends for a request: built once, stored, and re-sent unchanged on every
-    retry (R-4.10). Compact, UTF-8, and without the optional fields that are not set."""
-    return body.model_dump_json(exclude_none=True).encode()
+    retry (R-4.10). Compact UTF-8 JSON with sorted keys and without unset optional fields, so the
+    bytes do not depend on the field order of these models."""
+    payload = body.model_dump(mode="json", exclude_none=True)
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return text.encode("utf-8")

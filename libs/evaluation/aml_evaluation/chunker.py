@@ -19,12 +19,11 @@ words being counted on each message's ``content`` as sent, with the frozen count
 
 **Add requests.** Per conversation, chunks are numbered ``seq`` = 1, 2, ... across its sessions
 in session order; ids come from the contract helpers. The request body is serialised once by
-:func:`canonical_body` and those bytes are what every retry re-sends (R-4.10).
+``aml_contract.participant.encode`` and those bytes are what every retry re-sends (R-4.10).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Final
 
@@ -146,14 +145,3 @@ def plan_adds(dataset: Dataset, run: str) -> list[AddChunk]:
         for conversation in dataset.conversations
         for add in _conversation_adds(dataset.dataset_id, conversation, run)
     ]
-
-
-def canonical_body(request: AddRequest) -> bytes:
-    """The exact bytes AML POSTs for ``request``; stored once and re-sent verbatim on retries.
-
-    Keys are sorted so the bytes do not depend on the field order of the contract models.
-    """
-    payload = request.model_dump(mode="json", exclude_none=True)
-    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode(
-        "utf-8"
-    )

@@ -1,25 +1,46 @@
-"""structlog JSON logs for every service, with secrets redacted before anything is written."""
+"""structlog JSON logs for every service, with credentials redacted before anything is written."""
 
 from __future__ import annotations
 
 import logging
-import re
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import structlog
 
-_SENSITIVE = re.compile(
-    r"(authorization|secret|password|api[_-]?key|token|memory_system_key)", re.I
-)
+# Names of fields that hold credentials, compared after lower-casing and `-` -> `_`.
+_SENSITIVE = frozenset(
+    {
+        "authorization", "proxy_authorization", "x_api_key", "api_key", "secret", "secrets",
+        "secret_keys", "password", "token", "admin_token", "access_token", "memory_system_key",
+        "leaderboard_api_key", "llm_api_key", "key",
+    }
+)  # fmt: skip
 REDACTED = "[redacted]"
 
 
+_SENSITIVE_SUFFIXES = ("_token", "_key", "apikey", "_secret", "password")
+
+
+def _is_sensitive(key: object) -> bool:
+    # Suffixes, not substrings: `max_tokens` or `prompt_tokens` are not credentials.
+    name = str(key).lower().replace("-", "_")
+    return name in _SENSITIVE or name.endswith(_SENSITIVE_SUFFIXES)
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: REDACTED if _is_sensitive(k) else _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
 def redact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Replaces the value of every credential-named field, nested ones included."""
     for key in list(event):
-        if _SENSITIVE.search(key):
-            event[key] = REDACTED
+        event[key] = REDACTED if _is_sensitive(key) else _clean(event[key])
     return event
 
 

@@ -98,12 +98,15 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, IndexError):
         return None
+    if when.tzinfo is None:
+        # The asctime and "-0000" forms carry no zone; HTTP dates are always GMT.
+        when = when.replace(tzinfo=UTC)
     return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
@@ -218,9 +221,16 @@ class ParticipantClient:
     async def _poll(self, endpoint: Endpoint, task_id: str, observe: Observer) -> Any:
         template = endpoint.add_status_url_template or ""
         url = template.replace("{task_id}", task_id)
+        # A task may take as long as one Add request may; after that it is an outage.
+        deadline = time.monotonic() + self._timeout
         attempt = 0
         while True:
             attempt += 1
+            if time.monotonic() > deadline:
+                raise CallFailed(
+                    "participant_outage",
+                    f"add task {task_id} not finished within {self._timeout:.0f}s",
+                )
             started, t0 = datetime.now(UTC), time.monotonic()
             try:
                 response = await self._http.get(

@@ -1,0 +1,60 @@
+"""`current_stage`: the earliest stage of a job that has not finished (R-3.6)."""
+
+from __future__ import annotations
+
+import pytest
+
+from aml_contract.api import STAGES, Stage, StageProgress
+from aml_gateway.progress import current_stage
+
+
+def _stages(**progress: tuple[int, int, int]) -> dict[Stage, StageProgress]:
+    """Every stage finished (10 of 10, aggregate 1 of 1) unless given as (total, done, failed)."""
+    stages: dict[Stage, StageProgress] = {}
+    for stage in STAGES:
+        default = (1, 0, 0) if stage == "aggregate" else (10, 10, 0)
+        total, done, failed = progress.get(stage, default)
+        stages[stage] = StageProgress(total=total, done=done, failed=failed)
+    return stages
+
+
+@pytest.mark.parametrize("state", ["completed", "failed"])
+def test_finished_jobs_have_no_stage(state: str) -> None:
+    assert current_stage(state, _stages(add=(10, 0, 0))) is None
+    assert current_stage(state, _stages()) is None
+
+
+def test_fresh_job_is_at_add() -> None:
+    empty = {stage: StageProgress(total=0, done=0, failed=0) for stage in STAGES}
+    assert current_stage("queued", empty) == "add"
+    assert current_stage("running", _stages(add=(10, 0, 0), search=(5, 0, 0))) == "add"
+
+
+def test_add_in_progress() -> None:
+    assert current_stage("running", _stages(add=(10, 9, 0))) == "add"
+
+
+def test_failed_items_count_as_finished() -> None:
+    assert current_stage("running", _stages(add=(10, 7, 3), search=(4, 1, 0))) == "search"
+    all_failed = _stages(add=(10, 0, 10), search=(4, 0, 4), answer=(4, 0, 0))
+    assert current_stage("running", all_failed) == "answer"
+
+
+def test_earliest_unfinished_stage_wins() -> None:
+    # Later stages may already move (pipelining); the earliest unfinished one is reported.
+    stages = _stages(add=(10, 10, 0), search=(4, 3, 0), answer=(4, 2, 0), score=(4, 1, 0))
+    assert current_stage("running", stages) == "search"
+    assert current_stage("running", _stages(score=(10, 9, 0))) == "score"
+
+
+def test_stage_with_unknown_total_is_current() -> None:
+    # A total of 0 means the stage has not been planned yet, not that it is done.
+    assert current_stage("running", _stages(search=(0, 0, 0))) == "search"
+
+
+def test_all_item_stages_done_is_aggregate() -> None:
+    assert current_stage("running", _stages()) == "aggregate"
+
+
+def test_aggregate_done_but_state_not_yet_completed() -> None:
+    assert current_stage("running", _stages(aggregate=(1, 1, 0))) == "aggregate"

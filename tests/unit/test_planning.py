@@ -1,0 +1,221 @@
+"""Work planning of the scheduler on the shipped synthetic dataset: ids, seq, bodies, and the
+evaluation spec."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from importlib.resources import files
+from pathlib import Path
+
+import pytest
+
+from aml_contract.participant import AddRequest, SearchRequest
+from aml_evaluation.chunker import plan_adds
+from aml_evaluation.datasets import Dataset, load_dataset, parse_locomo
+from aml_runtime.settings import SpecSettings
+from aml_scheduler.planning import (
+    evaluation_spec,
+    plan_chunks,
+    plan_questions,
+    question_item_id,
+)
+
+JOB = "job-42"
+CHUNK_ID = re.compile(rf"eval:{JOB}:synthetic:(?P<conv>[^:]+):chunk-(?P<n>\d+)")
+
+
+@pytest.fixture(scope="module")
+def dataset() -> Dataset:
+    return load_dataset("synthetic", Path("/nonexistent"))
+
+
+@pytest.fixture(scope="module")
+def chunks(dataset: Dataset) -> list[dict[str, object]]:
+    return plan_chunks(JOB, dataset)
+
+
+@pytest.fixture(scope="module")
+def questions(dataset: Dataset) -> list[dict[str, object]]:
+    return plan_questions(JOB, dataset, top_k=100)
+
+
+# --- chunks ---------------------------------------------------------------------------------
+
+
+def test_chunk_ids_unique_and_well_formed(
+    dataset: Dataset, chunks: list[dict[str, object]]
+) -> None:
+    assert chunks
+    ids = [doc["_id"] for doc in chunks]
+    assert len(set(ids)) == len(ids)
+    conversations = {c.conversation_id for c in dataset.conversations}
+    for doc in chunks:
+        match = CHUNK_ID.fullmatch(str(doc["_id"]))
+        assert match is not None, doc["_id"]
+        assert match["conv"] == doc["conversation_id"]
+        assert match["conv"] in conversations
+        assert int(match["n"]) == doc["seq"]
+        assert doc["job_id"] == JOB
+        assert doc["dataset_id"] == "synthetic"
+        assert doc["state"] == "pending"
+    assert {doc["conversation_id"] for doc in chunks} == conversations
+
+
+def test_chunk_seq_contiguous_per_user(chunks: list[dict[str, object]]) -> None:
+    per_user: dict[str, list[int]] = defaultdict(list)
+    for doc in chunks:
+        per_user[str(doc["user_id"])].append(int(doc["seq"]))  # type: ignore[call-overload]
+    for user_id, seqs in per_user.items():
+        assert seqs == list(range(1, len(seqs) + 1)), user_id
+        assert user_id.startswith(f"eval:{JOB}:synthetic:")
+
+
+def test_chunk_body_decodes_to_the_planned_request(
+    dataset: Dataset, chunks: list[dict[str, object]]
+) -> None:
+    planned = plan_adds(dataset, JOB)
+    assert len(planned) == len(chunks)
+    for doc, add in zip(chunks, planned, strict=True):
+        body = doc["body"]
+        assert isinstance(body, bytes)
+        request = AddRequest.model_validate_json(body)
+        assert request == add.request
+        assert request.request_id == doc["_id"]
+        assert request.user_id == doc["user_id"]
+        assert request.session_id == doc["session_id"]
+        assert len(request.messages) == doc["messages"]
+        payload = json.loads(body)
+        assert set(payload) == {"request_id", "messages", "user_id", "session_id"}
+
+
+def test_chunk_planning_is_deterministic(dataset: Dataset, chunks: list[dict[str, object]]) -> None:
+    assert plan_chunks(JOB, dataset) == chunks
+
+
+def test_chunk_ids_differ_between_jobs(dataset: Dataset, chunks: list[dict[str, object]]) -> None:
+    other = plan_chunks("job-43", dataset)
+    assert not {d["_id"] for d in other} & {d["_id"] for d in chunks}
+    assert not {d["user_id"] for d in other} & {d["user_id"] for d in chunks}
+
+
+# --- questions ------------------------------------------------------------------------------
+
+
+def test_questions_one_document_each(dataset: Dataset, questions: list[dict[str, object]]) -> None:
+    assert len(questions) == len(dataset.questions)
+    for doc, question in zip(questions, dataset.questions, strict=True):
+        assert doc["_id"] == question_item_id(JOB, "synthetic", question.question_id)
+        assert doc["question_id"] == question.question_id
+        assert doc["gold_answer"] == question.answer
+        assert doc["category_name"] == question.category_name
+        assert doc["question"] == question.question
+
+
+def test_search_body_never_carries_the_gold_answer(
+    dataset: Dataset, questions: list[dict[str, object]]
+) -> None:
+    for doc, question in zip(questions, dataset.questions, strict=True):
+        body = doc["search_body"]
+        assert isinstance(body, bytes)
+        payload = json.loads(body)
+        assert set(payload) <= {"query", "user_id", "top_k", "options"}
+        assert "answer" not in payload and "gold_answer" not in payload
+        assert payload["query"] == question.question
+        assert payload["top_k"] == 100
+        # Exactly the question, its scope and top_k: nothing else can hide in the bytes.
+        expected = {"query": question.question, "user_id": doc["user_id"], "top_k": 100}
+        assert (
+            body
+            == json.dumps(
+                expected, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+            ).encode()
+        )
+        if question.answer.lower() not in question.question.lower():
+            assert question.answer.lower() not in payload["query"].lower(), question.question_id
+
+
+def test_search_user_matches_the_conversations_chunks(
+    chunks: list[dict[str, object]], questions: list[dict[str, object]]
+) -> None:
+    chunk_users = defaultdict(set)
+    for doc in chunks:
+        chunk_users[doc["conversation_id"]].add(doc["user_id"])
+    for users in chunk_users.values():
+        assert len(users) == 1
+    for doc in questions:
+        request = SearchRequest.model_validate_json(doc["search_body"])  # type: ignore[arg-type]
+        assert request.user_id == doc["user_id"]
+        assert chunk_users[doc["conversation_id"]] == {request.user_id}
+
+
+def test_question_ids_unique_even_when_texts_repeat() -> None:
+    raw = json.loads(
+        (files("aml_evaluation") / "data" / "synthetic" / "synthetic_v1.json").read_bytes()
+    )
+    first = raw[0]["qa"][0]
+    raw[0]["qa"].append(dict(first))
+    raw[1]["qa"].append(dict(first))  # the same text in another conversation, too
+    dataset = parse_locomo(raw, "synthetic", "test")
+    documents = plan_questions(JOB, dataset, top_k=10)
+    ids = [doc["_id"] for doc in documents]
+    assert len(set(ids)) == len(ids)
+    repeated = [doc for doc in documents if doc["question"] == first["question"]]
+    assert len(repeated) == 3
+    assert len({doc["_id"] for doc in repeated}) == 3
+
+
+def test_multiple_choice_options_go_out_but_not_the_answer(dataset: Dataset) -> None:
+    question = dataset.questions[0].model_copy(
+        update={"options": ["Lisbon", "Berlin", "Oslo"], "answer": "Berlin (option b)"}
+    )
+    mc = dataset.model_copy(update={"questions": [question]})
+    (doc,) = plan_questions(JOB, mc, top_k=5)
+    payload = json.loads(doc["search_body"])
+    assert payload["options"] == ["Lisbon", "Berlin", "Oslo"]
+    assert "Berlin (option b)" not in doc["search_body"].decode()
+
+
+# --- evaluation spec ------------------------------------------------------------------------
+
+
+def _spec_settings(**overrides: object) -> SpecSettings:
+    return SpecSettings(**overrides)  # type: ignore[arg-type]
+
+
+def test_evaluation_spec_is_stable() -> None:
+    spec = evaluation_spec(_spec_settings())
+    assert spec == evaluation_spec(_spec_settings())
+    assert spec["answer_prompt"].startswith("answer_v1@")
+    assert spec["judge_prompt"].startswith("judge_v1@")
+    assert all(isinstance(value, str) for value in spec.values())
+
+
+def test_evaluation_spec_changes_with_prompt_name() -> None:
+    base = evaluation_spec(_spec_settings(answer_prompt="answer_v1", judge_prompt="judge_v1"))
+    swapped = evaluation_spec(_spec_settings(answer_prompt="judge_v1", judge_prompt="judge_v1"))
+    assert swapped != base
+    assert swapped["answer_prompt"] != base["answer_prompt"]
+    assert swapped["judge_prompt"] == base["judge_prompt"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "key"),
+    [
+        ("top_k", 10, "top_k"),
+        ("answer_model", "other-model", "answer_model"),
+        ("judge_model", "other-judge", "judge_model"),
+        ("answer_context_chars", 1234, "answer_context_chars"),
+    ],
+)
+def test_evaluation_spec_changes_with_settings(field: str, value: object, key: str) -> None:
+    base = evaluation_spec(_spec_settings())
+    changed = evaluation_spec(_spec_settings(**{field: value}))
+    assert changed[key] == str(value)
+    assert changed != base
+
+
+def test_evaluation_spec_unknown_prompt_fails() -> None:
+    with pytest.raises(FileNotFoundError):
+        evaluation_spec(_spec_settings(answer_prompt="answer_v999"))
