@@ -27,7 +27,7 @@ from aml_runtime.platform import (
     start_memory_server,
     start_platform,
 )
-from aml_runtime.processes import find_executable
+from aml_runtime.processes import find_executable, free_port
 from aml_runtime.stack import EmbeddedStack, StackConfig
 
 pytestmark = pytest.mark.integration
@@ -268,3 +268,53 @@ async def test_results_of_another_team_are_not_visible(
         )
         assert response.status_code == 404
         assert "reason" in response.json()["detail"]
+
+
+def test_gateway_rejects_bad_requests_with_reasons(platform: Platform) -> None:
+    # A participant whose Health endpoint is down: the job must fail at once, with its reason.
+    down = MemoryServer(url=f"http://127.0.0.1:{free_port()}", key="unused-key")
+    version_id, key = register_memory_server(platform, down, team="team-api")
+    auth = {"Authorization": f"Bearer {key}"}
+    with httpx.Client(base_url=platform.gateway_url, timeout=30) as api:
+        job = {"version_id": version_id, "mode": "smoke", "run_label": "api-1"}
+        assert api.post("/v1/jobs", json=job).status_code == 401
+        wrong = api.post("/v1/jobs", json=job, headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401 and wrong.json()["detail"]["reason"]
+
+        unknown = api.post("/v1/jobs", json={**job, "datasets": ["nope"]}, headers=auth)
+        assert unknown.status_code == 422 and "nope" in unknown.json()["detail"]["reason"]
+        extra = api.post("/v1/jobs", json={**job, "top_k": 5}, headers=auth)
+        assert extra.status_code == 422
+        foreign = api.post("/v1/jobs", json={**job, "version_id": "ver-x"}, headers=auth)
+        assert foreign.status_code == 404
+
+        first = api.post("/v1/jobs", json=job, headers=auth)
+        assert first.status_code == 201
+        body = first.json()
+        assert body["state"] == "queued" and body["run_label"] == "api-1"
+        again = api.post("/v1/jobs", json=job, headers=auth)
+        assert again.status_code == 409 and "api-1" in again.json()["detail"]["reason"]
+        listed = api.get("/v1/jobs", headers=auth).json()
+        assert [j["job_id"] for j in listed] == [body["job_id"]]
+
+        # Admin endpoints refuse participant keys.
+        assert api.post("/v1/admin/versions", json={}, headers=auth).status_code == 403
+
+    status = _wait(platform, body["job_id"], key)
+    assert status["state"] == "failed"
+    assert [e["kind"] for e in status["errors"]] == ["participant_outage"]
+    assert "Health" in status["errors"][0]["reason"]
+    early = httpx.get(
+        f"{platform.gateway_url}/v1/jobs/{body['job_id']}/results", headers=auth, timeout=30
+    )
+    assert early.status_code == 409
+
+
+def test_secret_is_not_stored_in_the_clear(platform: Platform) -> None:
+    memory = start_memory_server(platform.stack, name="memory-secret")
+    register_memory_server(platform, memory, team="team-secret")
+    # The database files (the job documents, audit records and versions) and every log.
+    for folder in ("mongo", "logs"):
+        for path in (platform.stack.data_dir / folder).rglob("*"):
+            if path.is_file():
+                assert memory.key.encode() not in path.read_bytes(), path

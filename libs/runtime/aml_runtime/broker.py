@@ -19,8 +19,9 @@ from aml_runtime.settings import CommonSettings
 
 log = structlog.get_logger()
 
-# Long enough to absorb a re-publish after any realistic crash-and-restart of a service.
-DUPLICATE_WINDOW_SECONDS = 3600.0
+# Longer than the longest Add with all its retries (5 attempts of up to 30 minutes), so a
+# re-publish of work still in flight is always dropped by the broker.
+DUPLICATE_WINDOW_SECONDS = 6 * 3600.0
 
 _STREAMS = (
     StreamConfig(

@@ -30,7 +30,7 @@ class PlatformConfig(BaseModel):
     participant_max_attempts: int = 5
     # The local model is small and slow on CPU: a shorter context and answer keep a smoke run
     # at a few seconds per question. Production uses the release's spec defaults.
-    answer_context_chars: int = 1200
+    answer_context_chars: int = 800
     answer_max_tokens: int = 32
     judge_max_tokens: int = 24
     extra_env: dict[str, str] = {}
@@ -105,7 +105,7 @@ def start_memory_server(
     key = secrets.token_urlsafe(24)
     url = f"http://{HOST}:{port}"
     stack.start_process(
-        MEMORY_SERVER,
+        name,
         [
             sys.executable,
             "-m",
@@ -115,7 +115,7 @@ def start_memory_server(
             "--port",
             str(port),
             "--db",
-            str(stack.data_dir / "memory-server.db"),
+            str(stack.data_dir / f"{name}.db"),
             "--auth-method",
             auth_method,
         ],

@@ -16,8 +16,9 @@ from aml_runtime.llm import complete
 
 
 def fit_candidates(candidates: list[Document], budget_chars: int) -> list[tuple[str, str | None]]:
-    """The longest prefix of the ranked candidates whose text fits the budget. Order is kept and
-    nothing is skipped to squeeze a later one in: rank is the participant's decision."""
+    """The longest prefix of the ranked candidates whose rendered text (content and date) fits
+    the budget; the first candidate is always kept. Order is kept and nothing is skipped to
+    squeeze a later one in: rank is the participant's decision."""
     kept: list[tuple[str, str | None]] = []
     used = 0
     for candidate in candidates:
@@ -27,12 +28,12 @@ def fit_candidates(candidates: list[Document], budget_chars: int) -> list[tuple[
             if isinstance(content, str)
             else " ".join(part.get("text", "") for part in content if part.get("type") == "text")
         )
-        if used + len(text) > budget_chars and kept:
+        created = None if candidate.get("created_at") is None else str(candidate["created_at"])
+        size = len(text) + len(created or "")
+        if used + size > budget_chars and kept:
             break
-        kept.append(
-            (text, None if candidate.get("created_at") is None else str(candidate["created_at"]))
-        )
-        used += len(text)
+        kept.append((text, created))
+        used += size
     return kept
 
 
@@ -60,5 +61,5 @@ class AnswerQuestion:
             "prompt": self.prompt.name,
             "prompt_sha256": self.prompt.sha256,
             "candidates_used": len(memories),
-            "context_chars": sum(len(content) for content, _ in memories),
+            "context_chars": sum(len(text) + len(date or "") for text, date in memories),
         }

