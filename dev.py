@@ -54,7 +54,7 @@ def main() -> int:
         return run(str(BIN / "aml"), task, *extra)
     for step in (
         [str(BIN / "ruff"), "check", "."],
-        [str(BIN / "mypy"), "libs"],
+        [str(BIN / "mypy"), "libs", "services", "tools"],
         [str(BIN / "pytest"), "-q", "-rs", *extra],
     ):
         code = run(*step)

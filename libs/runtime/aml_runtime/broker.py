@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from faststream import AckPolicy
@@ -85,6 +85,22 @@ def subscriber_options(
             max_ack_pending=max(concurrency * 4, 16),
         ),
     }
+
+
+Handler = TypeVar("Handler", bound=Callable[..., Awaitable[None]])
+
+
+def consume(
+    broker: NatsBroker, settings: CommonSettings, subject: str, durable: str, concurrency: int
+) -> Callable[[Handler], Handler]:
+    """Register a handler on `subject` with the options of `subscriber_options`."""
+    subscriber = broker.subscriber(**subscriber_options(settings, subject, durable, concurrency))
+
+    def register(handler: Handler) -> Handler:
+        subscriber(handler)
+        return handler
+
+    return register
 
 
 async def publish(broker: NatsBroker, subject: str, message: BaseModel, msg_id: str) -> None:

@@ -62,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     # model_alias is a set of names in this binding; a bare string would become
     # a set of its characters.
     params.model_alias = {MODEL_ALIAS}
+    # Reusing a cached prompt prefix evaluates only the rest of a prompt, with other matrix
+    # shapes and so other rounding: the same prompt could then give another answer at
+    # temperature 0. Every prompt is evaluated whole, so identical prompts give identical answers.
+    params.cache_prompt = False
+    params.cache_ram_mib = 0
 
     stop = threading.Event()
 

@@ -9,7 +9,7 @@ from aml_adder.handlers import AddHandler
 from aml_adder.settings import AdderSettings
 from aml_contract import subjects
 from aml_contract.messages import AddWork
-from aml_runtime.broker import subscriber_options
+from aml_runtime.broker import consume
 from aml_runtime.participants import ParticipantClient
 from aml_runtime.secrets import SecretBox
 from aml_runtime.service import open_runtime, serve
@@ -20,9 +20,8 @@ def create_app(settings: AdderSettings | None = None) -> FastStream:
     rt = open_runtime("adder", settings)
     client = ParticipantClient.from_settings(settings)
     handler = AddHandler(settings, rt.db, rt.broker, client, SecretBox(settings.secret_keys))
-    options = subscriber_options(settings, subjects.WORK_ADD, "adder", settings.worker_concurrency)
 
-    @rt.broker.subscriber(**options)
+    @consume(rt.broker, settings, subjects.WORK_ADD, "adder", settings.worker_concurrency)
     async def on_add_work(work: AddWork, msg: NatsMessage) -> None:
         await handler(work, msg)
 

@@ -10,7 +10,7 @@ from aml_answerer.settings import AnswererSettings
 from aml_contract import subjects
 from aml_contract.messages import QuestionWork
 from aml_evaluation.prompts import load_prompt
-from aml_runtime.broker import subscriber_options
+from aml_runtime.broker import consume
 from aml_runtime.llm import make_llm_client
 from aml_runtime.question_stage import QuestionStageWorker
 from aml_runtime.service import open_runtime, serve
@@ -22,11 +22,8 @@ def create_app(settings: AnswererSettings | None = None) -> FastStream:
     llm = make_llm_client(settings)
     compute = AnswerQuestion(settings, rt.db, llm, load_prompt(settings.answer_prompt))
     worker = QuestionStageWorker("answer", settings, rt.db, rt.broker, compute)
-    options = subscriber_options(
-        settings, subjects.WORK_ANSWER, "answerer", settings.llm_concurrency
-    )
 
-    @rt.broker.subscriber(**options)
+    @consume(rt.broker, settings, subjects.WORK_ANSWER, "answerer", settings.llm_concurrency)
     async def on_answer_work(work: QuestionWork, msg: NatsMessage) -> None:
         await worker.handle(work, msg)
 

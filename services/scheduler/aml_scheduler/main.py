@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+from collections.abc import Callable
 
 from faststream import FastStream
 from faststream.nats import NatsMessage
 
 from aml_contract import subjects
 from aml_contract.messages import AddDone, JobSubmitted, QuestionDone
-from aml_runtime.broker import run_delivery, subscriber_options
+from aml_runtime.broker import Handler, consume, run_delivery
 from aml_runtime.participants import ParticipantClient
 from aml_runtime.secrets import SecretBox
 from aml_runtime.service import open_runtime, serve
@@ -30,18 +30,18 @@ def create_app(settings: SchedulerSettings | None = None) -> FastStream:
     client = ParticipantClient.from_settings(settings)
     scheduler = Scheduler(settings, rt.db, rt.broker, client, SecretBox(settings.secret_keys))
 
-    def options(subject: str) -> dict[str, Any]:
-        return subscriber_options(settings, subject, f"scheduler-{subject.split('.')[-1]}", 4)
+    def events(subject: str) -> Callable[[Handler], Handler]:
+        return consume(rt.broker, settings, subject, f"scheduler-{subject.split('.')[-1]}", 4)
 
-    @rt.broker.subscriber(**options(subjects.JOB_SUBMITTED))
+    @events(subjects.JOB_SUBMITTED)
     async def on_job_submitted(event: JobSubmitted, msg: NatsMessage) -> None:
         await run_delivery(msg, settings, lambda: scheduler.on_job_submitted(event), _dropped)
 
-    @rt.broker.subscriber(**options(subjects.ADD_DONE))
+    @events(subjects.ADD_DONE)
     async def on_add_done(event: AddDone, msg: NatsMessage) -> None:
         await run_delivery(msg, settings, lambda: scheduler.on_add_done(event), _dropped)
 
-    @rt.broker.subscriber(**options(subjects.QUESTION_DONE))
+    @events(subjects.QUESTION_DONE)
     async def on_question_done(event: QuestionDone, msg: NatsMessage) -> None:
         await run_delivery(msg, settings, lambda: scheduler.on_question_done(event), _dropped)
 

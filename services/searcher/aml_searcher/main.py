@@ -7,7 +7,7 @@ from faststream.nats import NatsMessage
 
 from aml_contract import subjects
 from aml_contract.messages import QuestionWork
-from aml_runtime.broker import subscriber_options
+from aml_runtime.broker import consume
 from aml_runtime.participants import ParticipantClient
 from aml_runtime.question_stage import QuestionStageWorker
 from aml_runtime.secrets import SecretBox
@@ -22,11 +22,8 @@ def create_app(settings: SearcherSettings | None = None) -> FastStream:
     client = ParticipantClient.from_settings(settings)
     search = SearchQuestion(rt.db, client, SecretBox(settings.secret_keys))
     worker = QuestionStageWorker("search", settings, rt.db, rt.broker, search)
-    options = subscriber_options(
-        settings, subjects.WORK_SEARCH, "searcher", settings.worker_concurrency
-    )
 
-    @rt.broker.subscriber(**options)
+    @consume(rt.broker, settings, subjects.WORK_SEARCH, "searcher", settings.worker_concurrency)
     async def on_search_work(work: QuestionWork, msg: NatsMessage) -> None:
         await worker.handle(work, msg)
 
