@@ -23,6 +23,7 @@ from pydantic import BaseModel, SecretStr, ValidationError
 from aml_contract.api import AuthMethod
 from aml_contract.participant import AddAccepted, AddResponse, SearchItem, SearchResponse
 from aml_runtime.settings import ParticipantCallSettings
+from aml_runtime.urlsafety import SafeTransport, UnsafeUrl
 
 Failure = Literal[
     "contract_error", "authentication_error", "access_denied", "wrong_url", "participant_outage"
@@ -166,7 +167,11 @@ class ParticipantClient:
     @classmethod
     def from_settings(cls, settings: ParticipantCallSettings) -> ParticipantClient:
         # Redirects are never followed: a participant must not steer AML to another target.
-        http = httpx.AsyncClient(follow_redirects=False)
+        # Every connection goes through the checks, health checks and status polls too.
+        http = httpx.AsyncClient(
+            transport=SafeTransport(allow_loopback=settings.allow_loopback_targets),
+            follow_redirects=False,
+        )
         policy = RetryPolicy(
             max_attempts=settings.participant_max_attempts,
             backoff_base_seconds=settings.participant_backoff_base_seconds,
@@ -214,7 +219,7 @@ class ParticipantClient:
     async def health(self, endpoint: Endpoint) -> bool:
         try:
             response = await self._http.get(endpoint.health_url, timeout=10.0)
-        except httpx.HTTPError:
+        except (httpx.HTTPError, UnsafeUrl):
             return False
         return 200 <= response.status_code < 300
 
@@ -238,6 +243,9 @@ class ParticipantClient:
                     headers=auth_headers(endpoint.auth_method, endpoint.secret),
                     timeout=self._timeout,
                 )
+            except UnsafeUrl as exc:
+                await observe(_attempt("add_status", attempt, started, t0, None, exc, "final"))
+                raise CallFailed("wrong_url", f"add status: {exc.reason}") from None
             except httpx.HTTPError as exc:
                 await observe(_attempt("add_status", attempt, started, t0, None, exc, "retry"))
                 await asyncio.sleep(self._policy.delay(min(attempt, 8), None))
@@ -282,6 +290,10 @@ class ParticipantClient:
                 response = await self._http.post(
                     url, content=body, headers=headers, timeout=self._timeout
                 )
+            except UnsafeUrl as exc:
+                # A refused target will not become safe by retrying.
+                await observe(_attempt(operation, attempt, started, t0, None, exc, "final"))
+                raise CallFailed("wrong_url", f"{operation}: {exc.reason}") from None
             except httpx.HTTPError as exc:
                 await observe(_attempt(operation, attempt, started, t0, None, exc, "retry"))
                 last = f"network error: {type(exc).__name__}"

@@ -42,10 +42,15 @@ CREATE TABLE IF NOT EXISTS memories (
     created_at TEXT
 );
 CREATE INDEX IF NOT EXISTS memories_user ON memories(user_id);
-CREATE VIRTUAL TABLE IF NOT EXISTS memories_fts USING fts5(
-    content, tokenize = 'porter unicode61 remove_diacritics 2'
-);
 """
+
+
+def _fts_table(user_id: str) -> str:
+    """Each user has a full-text index of its own, so BM25's term statistics (document count,
+    average length, term frequencies) are that user's alone: a user's ranking never depends on
+    what other users hold or on when their memories arrived. The name is a digest, never the
+    raw user_id, so no user_id can inject SQL."""
+    return "fts_" + hashlib.sha256(user_id.encode()).hexdigest()[:32]
 
 
 class TimestampOutOfRange(ValueError):
@@ -183,26 +188,34 @@ class MemoryStore:
                     row.created_at,
                 ),
             )
+            table = _fts_table(row.user_id)
             self._conn.execute(
-                "INSERT INTO memories_fts (rowid, content) VALUES (?, ?)",
+                f"CREATE VIRTUAL TABLE IF NOT EXISTS {table} USING fts5("
+                "content, tokenize = 'porter unicode61 remove_diacritics 2')"
+            )
+            self._conn.execute(
+                f"INSERT INTO {table} (rowid, content) VALUES (?, ?)",
                 (cursor.lastrowid, row.content),
             )
 
     def search(self, user_id: str, query: str, top_k: int) -> list[SearchItem]:
-        """BM25 over `user_id`'s memories only, best first; ties broken by id so equal-scoring
+        """BM25 over `user_id`'s own index, best first; ties broken by id so equal-scoring
         results come back in the same order every time. score = -bm25() since FTS5's bm25 is
-        lower-is-better and the contract's score is higher-is-better.
-
-        BM25's term statistics are those of the whole table, so a score depends a little on
-        other users' memories; which memories are returned never does."""
+        lower-is-better and the contract's score is higher-is-better."""
         match = fts_match_query(query)
         if match is None:
             return []
+        table = _fts_table(user_id)
         with self._lock:
+            exists = self._conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+            ).fetchone()
+            if exists is None:
+                return []
             found = self._conn.execute(
-                "SELECT m.id, m.content, m.created_at, bm25(memories_fts) AS rank"
-                " FROM memories_fts JOIN memories AS m ON m.rowid = memories_fts.rowid"
-                " WHERE memories_fts MATCH ? AND m.user_id = ?"
+                f"SELECT m.id, m.content, m.created_at, bm25({table}) AS rank"
+                f" FROM {table} JOIN memories AS m ON m.rowid = {table}.rowid"
+                f" WHERE {table} MATCH ? AND m.user_id = ?"
                 " ORDER BY rank ASC, m.id ASC LIMIT ?",
                 # Clamped: the contract puts no upper bound on top_k, SQLite's LIMIT is 64-bit.
                 (match, user_id, min(top_k, _MAX_LIMIT)),

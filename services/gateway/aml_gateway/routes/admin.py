@@ -5,19 +5,34 @@ from __future__ import annotations
 import secrets
 import uuid
 
-from fastapi import APIRouter
+import structlog
+from fastapi import APIRouter, HTTPException
 
 from aml_contract.api import VersionRegistered, VersionRegistration
 from aml_gateway.deps import AdminDep, ServicesDep, key_hash
 from aml_runtime.jobs import now
+from aml_runtime.urlsafety import UnsafeUrl, check_target
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
+log = structlog.get_logger()
 
 
 @router.post("/versions", status_code=201)
 async def register_version(
     body: VersionRegistration, svc: ServicesDep, _: AdminDep
 ) -> VersionRegistered:
+    # at registration, so a bad URL is refused now and not at the first job; the same
+    # checks run again before every connection, since DNS answers can change afterwards.
+    for field in ("add_url", "search_url", "health_url"):
+        try:
+            checked, _addresses = await check_target(
+                str(getattr(body, field)), allow_loopback=svc.settings.allow_loopback_targets
+            )
+        except UnsafeUrl as exc:
+            raise HTTPException(422, {"reason": f"{field}: {exc.reason}"}) from None
+        if checked.insecure:
+            # Allowed, but the memory system key would travel in clear text (R-4.1: warn).
+            log.warning("participant_url_not_https", field=field, host=checked.host)
     team = await svc.db.teams.find_one({"name": body.team})
     new_key = None
     if team is None:

@@ -1,0 +1,90 @@
+"""The simulated participant's memory: messages kept per user_id in process memory, found again
+by word overlap. Deliberately simple: the simulator is about the protocol, not retrieval
+quality; the reference memory server (aml_memory_server) is the realistic one."""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from aml_contract.participant import AddRequest
+from aml_memory_server.store import rows_from_add
+
+_WORD = re.compile(r"\w+")
+
+
+@dataclass(frozen=True)
+class Memory:
+    id: str
+    user_id: str
+    content: str
+    created_at: str | None
+    words: frozenset[str]
+
+
+def words(text: str) -> frozenset[str]:
+    return frozenset(word.lower() for word in _WORD.findall(text))
+
+
+def item(memory: Memory, score: float) -> dict[str, Any]:
+    """A Search item in the contract shape (R-4.8); created_at only when known."""
+    out: dict[str, Any] = {"id": memory.id, "content": memory.content, "score": score}
+    if memory.created_at is not None:
+        out["created_at"] = memory.created_at
+    return out
+
+
+class MemoryStore:
+    """Written from the server's event loop, read from test threads: hence the lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._memories: list[Memory] = []
+        self._request_ids: set[str] = set()
+
+    def add(self, request: AddRequest) -> bool:
+        """Store the request's messages; False (and nothing stored) when the request_id was
+        stored before, which makes retries idempotent. Raises TimestampOutOfRange."""
+        rows = rows_from_add(request)
+        with self._lock:
+            if request.request_id in self._request_ids:
+                return False
+            self._request_ids.add(request.request_id)
+            self._memories.extend(
+                Memory(row.id, row.user_id, row.content, row.created_at, words(row.content))
+                for row in rows
+            )
+            return True
+
+    def all(self) -> list[Memory]:
+        with self._lock:
+            return list(self._memories)
+
+    def search(self, user_id: str, query: str, top_k: int) -> list[dict[str, Any]]:
+        """`user_id`'s memories sharing at least one word with the query, best first; the score
+        is the number of distinct shared words, ties in storage order (stable sort)."""
+        wanted = words(query)
+        scored = [
+            (float(len(wanted & memory.words)), memory)
+            for memory in self.all()
+            if memory.user_id == user_id
+        ]
+        hits = sorted((pair for pair in scored if pair[0] > 0), key=lambda pair: -pair[0])
+        return [item(memory, score) for score, memory in hits[:top_k]]
+
+    def foreign(
+        self, user_id: str, query: str, count: int, from_user_id: str | None
+    ) -> list[Memory]:
+        """Memories of other users for leakage: best overlap first, but taken even without
+        overlap, so that leakage shows whenever another user has stored anything."""
+        wanted = words(query)
+        others = [
+            memory
+            for memory in self.all()
+            if memory.user_id != user_id
+            and (from_user_id is None or memory.user_id == from_user_id)
+        ]
+        others.sort(key=lambda memory: -len(wanted & memory.words))
+        return others[:count]
