@@ -28,7 +28,12 @@ from aml_runtime.db import Document
 from aml_runtime.jobs import fail_job, load_endpoint, now, publish_finished, record_error
 from aml_runtime.participants import ParticipantClient
 from aml_runtime.secrets import SecretBox
-from aml_scheduler.planning import evaluation_spec, plan_chunks, plan_questions
+from aml_scheduler.planning import (
+    evaluation_spec,
+    plan_chunks,
+    plan_questions,
+    plan_written_texts,
+)
 from aml_scheduler.settings import SchedulerSettings
 
 log = structlog.get_logger()
@@ -100,6 +105,7 @@ class Scheduler:
             chunks += plan_chunks(job_id, dataset)
             questions += plan_questions(job_id, dataset, self.settings.top_k)
         await _insert_once(self.db, "add_chunks", chunks)
+        await _insert_once(self.db, "written_texts", plan_written_texts(job_id, chunks))
         await _insert_once(self.db, "questions", questions)
         await self.db.jobs.update_one(
             {"_id": job_id, "planned": False},

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from aml_contract.participant import SearchRequest, encode, memory_user_id
+from aml_contract.participant import AddRequest, SearchRequest, encode, memory_user_id
 from aml_evaluation.chunker import CHUNKER_VERSION, plan_adds
 from aml_evaluation.datasets import Dataset
 from aml_evaluation.prompts import load_prompt
 from aml_evaluation.scoring import F1_VERSION
 from aml_evaluation.wordcount import WORD_COUNTER_VERSION
+from aml_runtime.isolation import content_text, owners_of_texts
 from aml_runtime.settings import SpecSettings
 
 Document = dict[str, Any]
@@ -78,3 +79,18 @@ def evaluation_spec(settings: SpecSettings) -> dict[str, str]:
         "judge_prompt": f"{judge.name}@{judge.sha256[:12]}",
         "f1": F1_VERSION,
     }
+
+
+def plan_written_texts(job_id: str, chunks: list[Document]) -> list[Document]:
+    """Which user_ids each written text went to: what the searcher checks leakage against."""
+    writes = []
+    for chunk in chunks:
+        request = AddRequest.model_validate_json(chunk["body"])
+        for message in request.messages:
+            text = content_text(message.model_dump(mode="json")["content"])
+            if text:
+                writes.append((request.user_id, text))
+    return [
+        {"_id": f"{job_id}/{digest}", "job_id": job_id, "users": users}
+        for digest, users in owners_of_texts(writes).items()
+    ]

@@ -11,7 +11,8 @@ from aml_contract.messages import QuestionWork
 from aml_runtime.audit import call_recorder
 from aml_runtime.broker import Exhausted
 from aml_runtime.db import Document
-from aml_runtime.jobs import load_endpoint
+from aml_runtime.isolation import content_text, find_leaks, text_digest
+from aml_runtime.jobs import load_endpoint, record_error
 from aml_runtime.participants import CallFailed, ParticipantClient
 from aml_runtime.secrets import SecretBox
 
@@ -34,7 +35,32 @@ class SearchQuestion:
             )
         except CallFailed as exc:
             raise Exhausted(exc.kind, exc.reason) from None
-        return {
-            "candidates": [item.model_dump(mode="json", exclude_none=True) for item in items],
-            "n_candidates": len(items),
+        candidates = [item.model_dump(mode="json", exclude_none=True) for item in items]
+        leaks = await self.leaks(work, question["user_id"], candidates)
+        return {"candidates": candidates, "n_candidates": len(items), "leaks": leaks}
+
+    async def leaks(self, work: QuestionWork, user_id: str, candidates: list[Document]) -> int:
+        """Record every candidate that is another user's text (R-4.11); the answer still uses
+        what the participant returned, the violation is reported beside the score."""
+        digests = {
+            text_digest(text)
+            for text in (content_text(c.get("content")) for c in candidates)
+            if text
         }
+        owners = {
+            doc["_id"].rsplit("/", 1)[1]: doc["users"]
+            async for doc in self.db.written_texts.find(
+                {"_id": {"$in": [f"{work.job_id}/{d}" for d in digests]}}
+            )
+        }
+        found = find_leaks(user_id, candidates, owners)
+        for leak in found:
+            reason = (
+                f"search result {leak.rank} ({leak.candidate_id}) holds text written only for "
+                f"{', '.join(leak.written_for)}"
+            )
+            await record_error(
+                self.db, work.job_id, "search", "isolation_violation",
+                f"{work.item_id}#{leak.rank}", reason,
+            )  # fmt: skip
+        return len(found)
