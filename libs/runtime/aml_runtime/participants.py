@@ -250,6 +250,12 @@ class ParticipantClient:
                 await observe(_attempt("add_status", attempt, started, t0, None, exc, "retry"))
                 await asyncio.sleep(self._policy.delay(min(attempt, 8), None))
                 continue
+            if response.status_code in _FINAL:
+                # R-4.10's final statuses do not heal by polling on until the deadline.
+                status = response.status_code
+                await observe(_attempt("add_status", attempt, started, t0, status, None, "final"))
+                kind, reason = _FINAL[status]
+                raise CallFailed(kind, f"add status: {reason}")
             await observe(
                 _attempt(
                     "add_status",
