@@ -18,6 +18,8 @@ import httpx
 import pytest
 from pymongo import AsyncMongoClient
 
+from aml_participant_simulator import Script, Simulator, running_simulator
+from aml_participant_simulator.script import EndpointScript
 from aml_runtime.db import read_time
 from aml_runtime.platform import (
     MemoryServer,
@@ -318,3 +320,47 @@ def test_secret_is_not_stored_in_the_clear(platform: Platform) -> None:
         for path in (platform.stack.data_dir / folder).rglob("*"):
             if path.is_file():
                 assert memory.key.encode() not in path.read_bytes(), path
+
+
+def test_declared_capacity_holds_across_replicas(platform: Platform) -> None:
+    """Two adder and two searcher processes against one participant that declared room for two
+    requests at a time: the participant never sees more than two at once (R-4.12)."""
+    platform.start_worker("adder", replica=1)
+    platform.start_worker("searcher", replica=1)
+    slow = EndpointScript(latency=0.2)
+    simulator = Simulator(Script(add=slow, search=slow))
+    with running_simulator(simulator) as url:
+        response = httpx.post(
+            f"{platform.gateway_url}/v1/admin/versions",
+            headers={"Authorization": f"Bearer {platform.admin_token}"},
+            json={
+                "team": "team-capacity", "system_name": "sim", "version_label": "1",
+                "add_url": f"{url}/add", "search_url": f"{url}/search",
+                "health_url": f"{url}/health", "auth_method": "none",
+                "capacity": {"max_concurrency": 2, "max_rps": 50},
+            },
+            timeout=30,
+        )  # fmt: skip
+        assert response.status_code == 201, response.text
+        version_id, key = response.json()["version_id"], response.json()["leaderboard_api_key"]
+        submitted = httpx.post(
+            f"{platform.gateway_url}/v1/jobs",
+            headers={"Authorization": f"Bearer {key}"},
+            json={"version_id": version_id, "mode": "smoke", "run_label": "capacity"},
+            timeout=30,
+        )
+        assert submitted.status_code == 201, submitted.text
+
+        def searched(status: dict[str, Any]) -> bool:
+            search = status["stages"]["search"]
+            return bool(search["total"] and search["done"] + search["failed"] == search["total"])
+
+        status = _wait(platform, submitted.json()["job_id"], key, until=searched)
+        assert status["stages"]["add"]["done"] == 12, status
+        records = [r for r in simulator.requests if r.endpoint in ("add", "search")]
+        assert len(records) == 12 + 30
+        # Concurrency at arrival, counted over Add and Search together, this request included.
+        assert max(r.total_concurrency_at_arrival for r in records) <= 2
+        assert (
+            max(r.total_concurrency_at_arrival for r in records) == 2
+        )  # the limit was actually reached

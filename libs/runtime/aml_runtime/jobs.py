@@ -90,4 +90,7 @@ async def load_endpoint(db: AsyncDatabase[Document], box: SecretBox, version_id:
         add_status_url_template=version.get("add_status_url_template"),
         auth_method=version["auth_method"],
         secret=secret,
+        capacity_key=version_id,
+        max_concurrency=version.get("capacity", {}).get("max_concurrency", 4),
+        max_rps=version.get("capacity", {}).get("max_rps", 10.0),
     )

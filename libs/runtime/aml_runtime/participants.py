@@ -9,6 +9,7 @@ violation with a precise reason.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import json
 import random
@@ -22,6 +23,7 @@ from pydantic import BaseModel, SecretStr, ValidationError
 
 from aml_contract.api import AuthMethod
 from aml_contract.participant import AddAccepted, AddResponse, SearchItem, SearchResponse
+from aml_runtime.capacity import CapacityLimiter
 from aml_runtime.settings import ParticipantCallSettings
 from aml_runtime.urlsafety import SafeTransport, UnsafeUrl
 
@@ -47,6 +49,10 @@ class Endpoint(BaseModel):
     add_status_url_template: str | None = None
     auth_method: AuthMethod
     secret: SecretStr | None = None
+    # Declared capacity (R-4.12), shared by every replica calling this participant.
+    capacity_key: str | None = None
+    max_concurrency: int = 4
+    max_rps: float = 10.0
 
 
 class Attempt(BaseModel):
@@ -159,13 +165,29 @@ def _first_error(exc: ValidationError) -> str:
 
 
 class ParticipantClient:
-    def __init__(self, http: httpx.AsyncClient, policy: RetryPolicy, timeout: float) -> None:
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        policy: RetryPolicy,
+        timeout: float,
+        limiter: CapacityLimiter | None = None,
+    ) -> None:
         self._http = http
         self._policy = policy
         self._timeout = timeout
+        self._limiter = limiter
+
+    def _capacity(self, endpoint: Endpoint) -> contextlib.AbstractAsyncContextManager[None]:
+        """Each HTTP exchange holds a slot of the participant's declared capacity; back-off
+        waits between attempts hold none."""
+        if self._limiter is None or endpoint.capacity_key is None:
+            return contextlib.nullcontext()
+        return self._limiter.slot(endpoint.capacity_key, endpoint.max_concurrency, endpoint.max_rps)
 
     @classmethod
-    def from_settings(cls, settings: ParticipantCallSettings) -> ParticipantClient:
+    def from_settings(
+        cls, settings: ParticipantCallSettings, limiter: CapacityLimiter | None = None
+    ) -> ParticipantClient:
         # Redirects are never followed: a participant must not steer AML to another target.
         # Every connection goes through the R-4.1 checks, health checks and status polls too.
         http = httpx.AsyncClient(
@@ -177,7 +199,7 @@ class ParticipantClient:
             backoff_base_seconds=settings.participant_backoff_base_seconds,
             backoff_max_seconds=settings.participant_backoff_max_seconds,
         )
-        return cls(http, policy, settings.participant_timeout_seconds)
+        return cls(http, policy, settings.participant_timeout_seconds, limiter)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -238,11 +260,12 @@ class ParticipantClient:
                 )
             started, t0 = datetime.now(UTC), time.monotonic()
             try:
-                response = await self._http.get(
-                    url,
-                    headers=auth_headers(endpoint.auth_method, endpoint.secret),
-                    timeout=self._timeout,
-                )
+                async with self._capacity(endpoint):
+                    response = await self._http.get(
+                        url,
+                        headers=auth_headers(endpoint.auth_method, endpoint.secret),
+                        timeout=self._timeout,
+                    )
             except UnsafeUrl as exc:
                 await observe(_attempt("add_status", attempt, started, t0, None, exc, "final"))
                 raise CallFailed("wrong_url", f"add status: {exc.reason}") from None
@@ -293,9 +316,10 @@ class ParticipantClient:
             started, t0 = datetime.now(UTC), time.monotonic()
             retry_after: float | None = None
             try:
-                response = await self._http.post(
-                    url, content=body, headers=headers, timeout=self._timeout
-                )
+                async with self._capacity(endpoint):
+                    response = await self._http.post(
+                        url, content=body, headers=headers, timeout=self._timeout
+                    )
             except UnsafeUrl as exc:
                 # A refused target (R-4.1) will not become safe by retrying.
                 await observe(_attempt(operation, attempt, started, t0, None, exc, "final"))

@@ -43,8 +43,10 @@ class Platform:
     admin_token: str
     env: dict[str, str]
 
-    def start_worker(self, name: str) -> None:
-        self.stack.start_process(name, [sys.executable, "-m", f"aml_{name}"], self.env)
+    def start_worker(self, name: str, replica: int = 0) -> None:
+        """Start a worker; replicas beyond the first share its durable consumer."""
+        process = name if replica == 0 else f"{name}-{replica}"
+        self.stack.start_process(process, [sys.executable, "-m", f"aml_{name}"], self.env)
 
 
 def _persistent_value(path: Path, make: str) -> str:

@@ -8,6 +8,7 @@ from faststream.nats import NatsMessage
 from aml_contract import subjects
 from aml_contract.messages import QuestionWork
 from aml_runtime.broker import consume
+from aml_runtime.capacity import CapacityLimiter
 from aml_runtime.participants import ParticipantClient
 from aml_runtime.question_stage import QuestionStageWorker
 from aml_runtime.secrets import SecretBox
@@ -19,7 +20,7 @@ from aml_searcher.settings import SearcherSettings
 def create_app(settings: SearcherSettings | None = None) -> FastStream:
     settings = settings or SearcherSettings()
     rt = open_runtime("searcher", settings)
-    client = ParticipantClient.from_settings(settings)
+    client = ParticipantClient.from_settings(settings, CapacityLimiter(rt.db))
     search = SearchQuestion(rt.db, client, SecretBox(settings.secret_keys))
     worker = QuestionStageWorker("search", settings, rt.db, rt.broker, search)
 
