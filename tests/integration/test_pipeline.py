@@ -18,7 +18,7 @@ import httpx
 import pytest
 from pymongo import AsyncMongoClient
 
-from aml_participant_simulator import Script, Simulator, running_simulator
+from aml_participant_simulator import Outcome, Script, Simulator, running_simulator
 from aml_participant_simulator.script import EndpointScript
 from aml_runtime.db import read_time
 from aml_runtime.platform import (
@@ -160,6 +160,7 @@ async def _assert_exactly_once(db: Any, job_id: str) -> None:
     assert len(chunks) == n_chunks and all(c["state"] == "done" for c in chunks)
     ok_adds = await db.calls.find({"job_id": job_id, "stage": "add", "outcome": "ok"}).to_list()
     assert Counter(c["request_id"] for c in ok_adds) == Counter(c["_id"] for c in chunks)
+    assert all(c["validation"] == "valid" for c in ok_adds)
 
     # ...and per user the calls ran in chunk order, each after the previous one had returned.
     seq = {c["_id"]: (c["user_id"], c["seq"]) for c in chunks}
@@ -364,3 +365,106 @@ def test_declared_capacity_holds_across_replicas(platform: Platform) -> None:
         assert (
             max(r.total_concurrency_at_arrival for r in records) == 2
         )  # the limit was actually reached
+
+
+def _simulated_job(
+    platform: Platform, simulator: Simulator, url: str, team: str
+) -> tuple[str, str]:
+    response = httpx.post(
+        f"{platform.gateway_url}/v1/admin/versions",
+        headers={"Authorization": f"Bearer {platform.admin_token}"},
+        json={
+            "team": team, "system_name": "sim", "version_label": "1",
+            "add_url": f"{url}/add", "search_url": f"{url}/search",
+            "health_url": f"{url}/health", "auth_method": "none",
+        },
+        timeout=30,
+    )  # fmt: skip
+    assert response.status_code == 201, response.text
+    version_id, key = response.json()["version_id"], response.json()["leaderboard_api_key"]
+    submitted = httpx.post(
+        f"{platform.gateway_url}/v1/jobs",
+        headers={"Authorization": f"Bearer {key}"},
+        json={"version_id": version_id, "mode": "smoke", "run_label": team},
+        timeout=30,
+    )
+    assert submitted.status_code == 201, submitted.text
+    return submitted.json()["job_id"], key
+
+
+async def test_add_authentication_error_fails_the_job_at_once(platform: Platform, db: Any) -> None:
+    script = Script(add=EndpointScript(then=Outcome(status=401)))
+    simulator = Simulator(script)
+    with running_simulator(simulator) as url:
+        job_id, key = _simulated_job(platform, simulator, url, "team-401")
+        status = _wait(platform, job_id, key)
+    assert status["state"] == "failed"
+    assert {e["kind"] for e in status["errors"]} == {"authentication_error"}
+    assert all("HTTP 401" in e["reason"] for e in status["errors"])
+    # 401 is final: one request per chunk that was sent, never a retry, no search.
+    adds = [r for r in simulator.requests if r.endpoint == "add"]
+    assert len({r.body for r in adds}) == len(adds) <= 3
+    assert not [r for r in simulator.requests if r.endpoint == "search"]
+    calls = await db.calls.find({"job_id": job_id}).to_list()
+    assert calls and all((c["status"], c["outcome"]) == (401, "final") for c in calls)
+
+
+async def test_search_contract_violation_fails_the_job_with_its_reason(
+    platform: Platform, db: Any
+) -> None:
+    retried_add = [Outcome(status=503), Outcome(status=503)]
+    script = Script(
+        add=EndpointScript(responses=retried_add),
+        search=EndpointScript(then=Outcome(mode="items_wrapper")),
+    )
+    simulator = Simulator(script)
+    with running_simulator(simulator) as url:
+        job_id, key = _simulated_job(platform, simulator, url, "team-items")
+        status = _wait(platform, job_id, key)
+    assert status["state"] == "failed"
+    reasons = {e["reason"] for e in status["errors"] if e["kind"] == "contract_error"}
+    assert reasons == {"search response: `data` is missing (an `items` wrapper is not allowed)"}
+    # Every Add was answered 503 twice before being accepted: the accepted ones took three
+    # attempts, all with the same bytes (Adds still retrying when the job failed are cut off).
+    adds: dict[str, list[bytes]] = defaultdict(list)
+    for record in simulator.requests:
+        if record.endpoint == "add":
+            adds[record.sequence_key or ""].append(record.body)
+    accepted = await db.calls.find({"job_id": job_id, "stage": "add", "outcome": "ok"}).to_list()
+    assert accepted and all(c["validation"] == "valid" for c in accepted)
+    for call in accepted:
+        assert len(adds[call["request_id"]]) == 3
+    assert all(len(set(bodies)) == 1 for bodies in adds.values())
+    judged = await db.calls.find({"job_id": job_id, "stage": "search", "outcome": "ok"}).to_list()
+    assert judged and all(c.get("validation") in reasons for c in judged)
+
+
+async def test_add_resent_byte_identical_after_the_adder_is_killed(platform: Platform) -> None:
+    # Every chunk's first Add attempt takes 5 s; the adder is killed while it waits, so the
+    # broker redelivers the work and a restarted adder sends the chunk again.
+    script = Script(add=EndpointScript(responses=[Outcome(mode="slow", delay_s=5)]))
+    simulator = Simulator(script)
+    with running_simulator(simulator) as url:
+        job_id, key = _simulated_job(platform, simulator, url, "team-restart")
+        deadline = time.monotonic() + 60
+        while not simulator.peak_concurrency.get("add"):
+            assert time.monotonic() < deadline, "no Add arrived"
+            await asyncio.sleep(0.1)
+        for name in ("adder", "adder-1"):
+            if name in platform.stack.processes and platform.stack.process(name).is_running():
+                platform.stack.kill(name)
+        await asyncio.sleep(1)
+        platform.start_worker("adder", replica=2)
+
+        def added(status: dict[str, Any]) -> bool:
+            return bool(status["stages"]["add"]["done"] == 12)
+
+        status = _wait(platform, job_id, key, until=added)
+        assert status["stages"]["add"]["done"] == 12, status
+    by_key: dict[str, list[bytes]] = defaultdict(list)
+    for record in simulator.requests:
+        if record.endpoint == "add":
+            by_key[record.sequence_key or ""].append(record.body)
+    resent = [bodies for bodies in by_key.values() if len(bodies) > 1]
+    assert resent, "no chunk was sent twice"
+    assert all(len(set(bodies)) == 1 for bodies in by_key.values())

@@ -11,7 +11,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract import subjects
 from aml_contract.messages import AddDone, AddWork, Outcome, message_id
-from aml_runtime.audit import call_recorder
+from aml_runtime.audit import VALID, CallRecorder
 from aml_runtime.broker import Exhausted, publish, run_delivery
 from aml_runtime.db import Document
 from aml_runtime.jobs import job_is_active, load_endpoint, now, record_error
@@ -50,12 +50,15 @@ class AddHandler:
         job = await self.db.jobs.find_one({"_id": work.job_id}, {"version_id": 1})
         assert job is not None
         endpoint = await load_endpoint(self.db, self.box, job["version_id"])
-        observe = call_recorder(self.db, work.job_id, "add", work.request_id, delivery)
+        observe = CallRecorder(self.db, work.job_id, "add", work.request_id, delivery)
         ids = (chunk["_id"], chunk["user_id"], chunk["session_id"])
         try:
             await self.client.add(endpoint, chunk["body"], ids, observe)
         except CallFailed as exc:
+            if exc.kind == "contract_error":
+                await observe.validated(exc.reason)
             raise Exhausted(exc.kind, exc.reason) from None
+        await observe.validated(VALID)
         await self.finish(work, "done", {})
 
     async def finish(self, work: AddWork, outcome: Outcome, fields: Document) -> None:

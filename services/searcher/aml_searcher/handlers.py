@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract.messages import QuestionWork
-from aml_runtime.audit import call_recorder
+from aml_runtime.audit import VALID, CallRecorder
 from aml_runtime.broker import Exhausted
 from aml_runtime.db import Document
 from aml_runtime.isolation import content_text, find_leaks, text_digest
@@ -28,13 +28,16 @@ class SearchQuestion:
         if job is None:
             raise Exhausted("platform_error", f"job {work.job_id} is missing")
         endpoint = await load_endpoint(self.db, self.box, job["version_id"])
-        observe = call_recorder(self.db, work.job_id, "search", work.item_id, delivery)
+        observe = CallRecorder(self.db, work.job_id, "search", work.item_id, delivery)
         try:
             items = await self.client.search(
                 endpoint, question["search_body"], job["top_k"], observe
             )
         except CallFailed as exc:
+            if exc.kind == "contract_error":
+                await observe.validated(exc.reason)
             raise Exhausted(exc.kind, exc.reason) from None
+        await observe.validated(VALID)
         candidates = [item.model_dump(mode="json", exclude_none=True) for item in items]
         leaks = await self.leaks(work, question["user_id"], candidates)
         return {"candidates": candidates, "n_candidates": len(items), "leaks": leaks}
