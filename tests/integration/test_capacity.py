@@ -5,30 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from pymongo import AsyncMongoClient
 
 from aml_runtime.capacity import CapacityLimiter
-from aml_runtime.processes import find_executable
-from aml_runtime.stack import EmbeddedStack, StackConfig
 
 pytestmark = pytest.mark.integration
-
-if find_executable("nx-27017") is None:
-    pytest.skip("nx-27017 is not installed", allow_module_level=True)
-
-
-@pytest.fixture(scope="module")
-def mongo_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    config = StackConfig(
-        data_dir=tmp_path_factory.mktemp("mongo"), start_nats=False, start_llm=False
-    )
-    with EmbeddedStack(config) as stack:
-        stack.start_infra()
-        yield stack.mongo_url
 
 
 async def _drive(

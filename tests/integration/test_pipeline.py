@@ -331,32 +331,15 @@ def test_declared_capacity_holds_across_replicas(platform: Platform) -> None:
     slow = EndpointScript(latency=0.2)
     simulator = Simulator(Script(add=slow, search=slow))
     with running_simulator(simulator) as url:
-        response = httpx.post(
-            f"{platform.gateway_url}/v1/admin/versions",
-            headers={"Authorization": f"Bearer {platform.admin_token}"},
-            json={
-                "team": "team-capacity", "system_name": "sim", "version_label": "1",
-                "add_url": f"{url}/add", "search_url": f"{url}/search",
-                "health_url": f"{url}/health", "auth_method": "none",
-                "capacity": {"max_concurrency": 2, "max_rps": 50},
-            },
-            timeout=30,
-        )  # fmt: skip
-        assert response.status_code == 201, response.text
-        version_id, key = response.json()["version_id"], response.json()["leaderboard_api_key"]
-        submitted = httpx.post(
-            f"{platform.gateway_url}/v1/jobs",
-            headers={"Authorization": f"Bearer {key}"},
-            json={"version_id": version_id, "mode": "smoke", "run_label": "capacity"},
-            timeout=30,
+        job_id, key = _simulated_job(
+            platform, url, "team-capacity", {"max_concurrency": 2, "max_rps": 50}
         )
-        assert submitted.status_code == 201, submitted.text
 
         def searched(status: dict[str, Any]) -> bool:
             search = status["stages"]["search"]
             return bool(search["total"] and search["done"] + search["failed"] == search["total"])
 
-        status = _wait(platform, submitted.json()["job_id"], key, until=searched)
+        status = _wait(platform, job_id, key, until=searched)
         assert status["stages"]["add"]["done"] == 12, status
         records = [r for r in simulator.requests if r.endpoint in ("add", "search")]
         assert len(records) == 12 + 30
@@ -368,18 +351,22 @@ def test_declared_capacity_holds_across_replicas(platform: Platform) -> None:
 
 
 def _simulated_job(
-    platform: Platform, simulator: Simulator, url: str, team: str
+    platform: Platform, url: str, team: str, capacity: dict[str, float] | None = None
 ) -> tuple[str, str]:
+    """Register the simulator at `url` as a team's version and submit a smoke job for it."""
+    version = {
+        "team": team, "system_name": "sim", "version_label": "1",
+        "add_url": f"{url}/add", "search_url": f"{url}/search",
+        "health_url": f"{url}/health", "auth_method": "none",
+    }  # fmt: skip
+    if capacity is not None:
+        version["capacity"] = capacity
     response = httpx.post(
         f"{platform.gateway_url}/v1/admin/versions",
         headers={"Authorization": f"Bearer {platform.admin_token}"},
-        json={
-            "team": team, "system_name": "sim", "version_label": "1",
-            "add_url": f"{url}/add", "search_url": f"{url}/search",
-            "health_url": f"{url}/health", "auth_method": "none",
-        },
+        json=version,
         timeout=30,
-    )  # fmt: skip
+    )
     assert response.status_code == 201, response.text
     version_id, key = response.json()["version_id"], response.json()["leaderboard_api_key"]
     submitted = httpx.post(
@@ -396,7 +383,7 @@ async def test_add_authentication_error_fails_the_job_at_once(platform: Platform
     script = Script(add=EndpointScript(then=Outcome(status=401)))
     simulator = Simulator(script)
     with running_simulator(simulator) as url:
-        job_id, key = _simulated_job(platform, simulator, url, "team-401")
+        job_id, key = _simulated_job(platform, url, "team-401")
         status = _wait(platform, job_id, key)
     assert status["state"] == "failed"
     assert {e["kind"] for e in status["errors"]} == {"authentication_error"}
@@ -419,7 +406,7 @@ async def test_search_contract_violation_fails_the_job_with_its_reason(
     )
     simulator = Simulator(script)
     with running_simulator(simulator) as url:
-        job_id, key = _simulated_job(platform, simulator, url, "team-items")
+        job_id, key = _simulated_job(platform, url, "team-items")
         status = _wait(platform, job_id, key)
     assert status["state"] == "failed"
     reasons = {e["reason"] for e in status["errors"] if e["kind"] == "contract_error"}
@@ -445,7 +432,7 @@ async def test_add_resent_byte_identical_after_the_adder_is_killed(platform: Pla
     script = Script(add=EndpointScript(responses=[Outcome(mode="slow", delay_s=5)]))
     simulator = Simulator(script)
     with running_simulator(simulator) as url:
-        job_id, key = _simulated_job(platform, simulator, url, "team-restart")
+        job_id, key = _simulated_job(platform, url, "team-restart")
         deadline = time.monotonic() + 60
         while not simulator.peak_concurrency.get("add"):
             assert time.monotonic() < deadline, "no Add arrived"
