@@ -631,3 +631,9 @@ async def test_no_auth_header_for_none_method() -> None:
     await _client(script, RetryPolicy(**FAST)).search(endpoint, b"{}", 5, Observed())
     assert "Authorization" not in script.requests[0].headers
     assert "X-Api-Key" not in script.requests[0].headers
+
+
+def test_retry_after_is_capped() -> None:
+    policy = RetryPolicy(backoff_base_seconds=0.001, retry_after_max_seconds=60)
+    assert policy.delay(1, 86_400.0) == 60
+    assert policy.delay(1, 5.0) == 5.0

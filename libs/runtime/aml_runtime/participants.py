@@ -78,12 +78,17 @@ class RetryPolicy(BaseModel):
     max_attempts: int = 5
     backoff_base_seconds: float = 0.5
     backoff_max_seconds: float = 30.0
+    # A participant's Retry-After is honoured up to this long: past it, a worker would sit idle
+    # for the participant's say-so, and the bounded attempts end the call sooner anyway.
+    retry_after_max_seconds: float = 600.0
 
     def delay(self, attempt: int, retry_after: float | None) -> float:
         """Exponential backoff with full jitter; a server's Retry-After wins when it is longer."""
         ceiling = min(self.backoff_max_seconds, self.backoff_base_seconds * 2 ** (attempt - 1))
         backoff = random.uniform(0, ceiling)
-        return max(backoff, retry_after) if retry_after is not None else backoff
+        if retry_after is None:
+            return backoff
+        return max(backoff, min(retry_after, self.retry_after_max_seconds))
 
 
 Observer = Callable[[Attempt], Awaitable[None]]
