@@ -9,7 +9,8 @@ from fastapi import FastAPI
 from pymongo import ASCENDING
 
 from aml_gateway.deps import Services
-from aml_gateway.routes import admin, jobs
+from aml_gateway.errors import install_error_handlers
+from aml_gateway.routes import access, admin, jobs
 from aml_gateway.settings import GatewaySettings
 from aml_runtime.broker import declare_streams, make_broker
 from aml_runtime.db import connect, ensure_indexes
@@ -17,8 +18,16 @@ from aml_runtime.logging import configure_logging
 from aml_runtime.secrets import SecretBox
 
 
+class UnsafeConfiguration(RuntimeError):
+    """The gateway must not start with these settings."""
+
+
 def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     settings = settings or GatewaySettings()
+    problem = settings.startup_problem()
+    if problem is not None:
+        # Refused before anything listens: a weak admin token would open review and keys.
+        raise UnsafeConfiguration(problem)
     configure_logging("gateway", settings.log_level)
 
     @asynccontextmanager
@@ -35,6 +44,8 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         await client.close()
 
     app = FastAPI(title="AML gateway", version="0.1.0", lifespan=lifespan)
+    install_error_handlers(app)
+    app.include_router(access.router)
     app.include_router(admin.router)
     app.include_router(jobs.router)
 

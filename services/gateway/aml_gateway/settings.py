@@ -1,10 +1,28 @@
+from typing import Literal
+
 from pydantic import SecretStr
 
 from aml_runtime.settings import ParticipantCallSettings
+
+# Long enough that guessing is hopeless (`secrets.token_urlsafe(24)` gives 32 characters).
+MIN_ADMIN_TOKEN_LENGTH = 24
 
 
 class GatewaySettings(ParticipantCallSettings):
     # Admin endpoints are closed unless the operator configures a token.
     admin_token: SecretStr = SecretStr("")
+    # Production refuses to start with a missing or weak admin token (`startup_problem`).
+    environment: Literal["development", "production"] = "development"
     host: str = "127.0.0.1"
     port: int = 8000
+
+    def startup_problem(self) -> str | None:
+        """Why this configuration must not serve, or None when it may."""
+        token = self.admin_token.get_secret_value().strip()
+        if self.environment == "production" and len(token) < MIN_ADMIN_TOKEN_LENGTH:
+            return (
+                "AML_ADMIN_TOKEN must be set to at least "
+                f"{MIN_ADMIN_TOKEN_LENGTH} characters when AML_ENVIRONMENT=production "
+                "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(24))')"
+            )
+        return None

@@ -1,0 +1,220 @@
+"""Evaluation Access Requests (R-3.1, R-3.2): submitted by participants, decided by admins.
+
+A request holds the complete `VersionSpec` of the version it asks for, with the Memory System
+Key already sealed (only its `secret_ref` is kept), so approving it needs no further data entry
+and no secret ever sits unencrypted in the database.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import asdict
+from typing import Any
+
+import structlog
+from fastapi import HTTPException
+from pydantic import BaseModel
+from pymongo.asynchronous.database import AsyncDatabase
+
+from aml_contract.api import (
+    AccessApproved,
+    AccessRequest,
+    AccessRequestView,
+    AccessState,
+)
+from aml_gateway.deps import Services
+from aml_gateway.registry import (
+    SAMPLE_TASK_ID,
+    VersionSpec,
+    check_health,
+    check_participant_urls,
+    create_team,
+    insert_version,
+    store_secret,
+)
+from aml_runtime.db import Document, read_time
+from aml_runtime.jobs import now
+
+log = structlog.get_logger()
+
+# An admin review list longer than this is paged by narrowing the state filter, not scrolled.
+LIST_LIMIT = 500
+# The parts of a request's VersionSpec shown as they are (the secret reference is not).
+_SHOWN_SPEC_FIELDS = (
+    "system_name", "version_label", "tracks", "board", "add_url", "search_url", "health_url",
+    "add_status_url_template", "auth_method", "capacity", "run_limits",
+)  # fmt: skip
+
+
+async def submit(svc: Services, body: AccessRequest, team_id: str | None) -> AccessRequestView:
+    """Check, record and return a new pending request; `team_id` is the sender's team for
+    `add_version` (already authenticated by the caller) and None for `new_key`."""
+    urls = {
+        "add_url": str(body.add_url),
+        "search_url": str(body.search_url),
+        "health_url": str(body.health_url),
+    }
+    if body.add_status_url_template is not None:
+        sample = body.add_status_url_template.replace("{task_id}", SAMPLE_TASK_ID)
+        urls["add_status_url_template"] = sample
+    warnings = await check_participant_urls(
+        urls, allow_loopback=svc.settings.allow_loopback_targets
+    )
+    declaration = {
+        "repository_url": None if body.repository_url is None else str(body.repository_url),
+        "source_disclosure": _dump(body.source_disclosure),
+        "declared_models": _dump(body.declared_models),
+    }
+    spec = VersionSpec(
+        system_name=body.system_name,
+        version_label=body.version_label,
+        tracks=list(body.tracks),
+        board=body.board,
+        add_url=urls["add_url"],
+        search_url=urls["search_url"],
+        health_url=urls["health_url"],
+        add_status_url_template=body.add_status_url_template,
+        auth_method=body.auth_method,
+        # Sealed at once: from here on only the reference travels (R-7.2).
+        secret_ref=await store_secret(svc.db, svc.box, body.memory_system_key),
+        capacity=body.capacity.model_dump(),
+        run_limits=body.run_limits.model_dump(),
+        declaration=declaration,
+    )
+    # An unhealthy system is recorded for the reviewer, not refused: it may be down for a
+    # moment, and the Health URL is checked again before every job (R-4.3).
+    healthy = await check_health(svc.settings, spec)
+    request_id = f"acc-{uuid.uuid4().hex[:12]}"
+    document: Document = {
+        "_id": request_id,
+        "kind": body.kind,
+        "state": "pending",
+        "team_id": team_id,
+        "contact": body.contact.model_dump(),
+        "spec": asdict(spec),
+        "health_check": {"ok": healthy, "checked_at": now()},
+        "warnings": warnings,
+        "created_at": now(),
+        "decided_at": None,
+        "reason": None,
+        "version_id": None,
+    }
+    await svc.db.access_requests.insert_one(document)
+    log.info("access_request_submitted", request_id=request_id, kind=body.kind, healthy=healthy)
+    return view(document)
+
+
+async def list_requests(
+    db: AsyncDatabase[Document], state: AccessState | None
+) -> list[AccessRequestView]:
+    query = {} if state is None else {"state": state}
+    found = db.access_requests.find(query).sort("created_at", 1).limit(LIST_LIMIT)
+    return [view(document) async for document in found]
+
+
+async def approve(svc: Services, request_id: str) -> AccessApproved:
+    document = await _pending(svc.db, request_id)
+    spec = VersionSpec(**document["spec"])
+    new_key = None
+    if document["kind"] == "new_key":
+        contact = document["contact"]
+        team_id, new_key = await create_team(
+            svc.db, contact["organisation"], {"contact": contact, "access_request_id": request_id}
+        )
+    else:
+        team_id = document["team_id"]
+        if await svc.db.teams.find_one({"_id": team_id}) is None:
+            raise HTTPException(409, {"reason": "the requesting team no longer exists"})
+    version_id = await insert_version(svc.db, team_id, spec)
+    decided = await svc.db.access_requests.update_one(
+        {"_id": request_id, "state": "pending"},
+        {
+            "$set": {
+                "state": "approved",
+                "team_id": team_id,
+                "version_id": version_id,
+                "decided_at": now(),
+            }
+        },
+    )
+    if decided.modified_count == 0:
+        # Another admin decided the request meanwhile: undo, so it has exactly one outcome and
+        # no second key or version exists for it.
+        await svc.db.versions.delete_one({"_id": version_id})
+        if new_key is not None:
+            await svc.db.teams.delete_one({"_id": team_id})
+        raise HTTPException(409, {"reason": f"access request {request_id} was already decided"})
+    log.info("access_request_approved", request_id=request_id, version_id=version_id)
+    return AccessApproved(
+        request_id=request_id, version_id=version_id, team_id=team_id, leaderboard_api_key=new_key
+    )
+
+
+async def reject(svc: Services, request_id: str, reason: str) -> AccessRequestView:
+    document = await _pending(svc.db, request_id)
+    decided = await svc.db.access_requests.update_one(
+        {"_id": request_id, "state": "pending"},
+        {"$set": {"state": "rejected", "reason": reason, "decided_at": now()}},
+    )
+    if decided.modified_count == 0:
+        raise HTTPException(409, {"reason": f"access request {request_id} was already decided"})
+    secret_ref = document["spec"].get("secret_ref")
+    if secret_ref:
+        # No version will ever call the system with this key: it is not kept (R-7.2).
+        await svc.db.secrets.delete_one({"_id": secret_ref})
+    log.info("access_request_rejected", request_id=request_id)
+    return view(await _find(svc.db, request_id))
+
+
+async def for_team(db: AsyncDatabase[Document], request_id: str, team_id: str) -> AccessRequestView:
+    document = await db.access_requests.find_one({"_id": request_id, "team_id": team_id})
+    if document is None:
+        # Another team's request answers exactly like a missing one: existence is not revealed.
+        raise HTTPException(404, {"reason": f"access request {request_id} not found"})
+    return view(document)
+
+
+async def _find(db: AsyncDatabase[Document], request_id: str) -> Document:
+    document = await db.access_requests.find_one({"_id": request_id})
+    if document is None:
+        raise HTTPException(404, {"reason": f"access request {request_id} not found"})
+    return document
+
+
+async def _pending(db: AsyncDatabase[Document], request_id: str) -> Document:
+    document = await _find(db, request_id)
+    if document["state"] != "pending":
+        raise HTTPException(
+            409, {"reason": f"access request {request_id} is already {document['state']}"}
+        )
+    return document
+
+
+def view(document: Document) -> AccessRequestView:
+    """The stored request as the API shows it: the secret reference becomes a yes/no."""
+    spec = document["spec"]
+    declaration = spec.get("declaration") or {}
+    health = document["health_check"]
+    fields: dict[str, Any] = {
+        "id": document["_id"],
+        "kind": document["kind"],
+        "state": document["state"],
+        "team_id": document.get("team_id"),
+        "contact": document["contact"],
+        **{name: spec.get(name) for name in _SHOWN_SPEC_FIELDS},
+        "has_memory_system_key": spec.get("secret_ref") is not None,
+        "repository_url": declaration.get("repository_url"),
+        "source_disclosure": declaration.get("source_disclosure"),
+        "declared_models": declaration.get("declared_models"),
+        "health_check": {"ok": health["ok"], "checked_at": read_time(health["checked_at"])},
+        "warnings": document.get("warnings", []),
+        "created_at": read_time(document["created_at"]),
+        "decided_at": read_time(document.get("decided_at")),
+        "reason": document.get("reason"),
+        "version_id": document.get("version_id"),
+    }
+    return AccessRequestView.model_validate(fields)
+
+
+def _dump(model: BaseModel | None) -> Document | None:
+    return None if model is None else model.model_dump()

@@ -1,0 +1,132 @@
+"""Teams, system versions and stored Memory System Keys, written in one place.
+
+Two paths bind a version to a team: the admin shortcut (`POST /v1/admin/versions`) and an
+approved access request. Both go through these functions, so every version document has the
+fields the pipeline reads (`aml_runtime.jobs.load_endpoint`) whichever way it was created.
+"""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+
+import structlog
+from fastapi import HTTPException
+from pydantic import SecretStr
+from pymongo.asynchronous.database import AsyncDatabase
+
+from aml_contract.api import AuthMethod, Board, Track
+from aml_gateway.deps import key_hash
+from aml_runtime.db import Document
+from aml_runtime.jobs import now
+from aml_runtime.participants import Endpoint, ParticipantClient
+from aml_runtime.secrets import SecretBox
+from aml_runtime.settings import ParticipantCallSettings
+from aml_runtime.urlsafety import UnsafeUrl, check_target
+
+log = structlog.get_logger()
+
+# Stands in for a real task id when an Add-status URL template is checked (R-4.1 applies to
+# the URL that will be polled, not to the template text).
+SAMPLE_TASK_ID = "task-id"
+
+
+@dataclass(frozen=True)
+class VersionSpec:
+    """Everything a version document holds besides its id, team and creation time. Stored as
+    is on a pending access request, so approval creates the version without re-entry (R-3.2)."""
+
+    system_name: str
+    version_label: str
+    tracks: list[Track]
+    board: Board
+    add_url: str
+    search_url: str
+    health_url: str
+    auth_method: AuthMethod
+    # An opaque reference into `secrets`; the key itself is only ever stored sealed (R-7.2).
+    secret_ref: str | None
+    capacity: Document
+    add_status_url_template: str | None = None
+    run_limits: Document = field(default_factory=dict)
+    # Repository, source disclosure and declared models: shown on the leaderboard (R-2.2) and
+    # kept for integrity checks (R-3.9).
+    declaration: Document = field(default_factory=dict)
+
+
+def version_document(version_id: str, team_id: str, spec: VersionSpec) -> Document:
+    return {"_id": version_id, "team_id": team_id, **asdict(spec), "created_at": now()}
+
+
+async def insert_version(db: AsyncDatabase[Document], team_id: str, spec: VersionSpec) -> str:
+    version_id = f"ver-{uuid.uuid4().hex[:12]}"
+    await db.versions.insert_one(version_document(version_id, team_id, spec))
+    return version_id
+
+
+async def create_team(
+    db: AsyncDatabase[Document], name: str, details: Document | None = None
+) -> tuple[str, str]:
+    """A new team with a new Leaderboard API Key: returns (team id, key). The key is returned
+    to be shown once; only its hash is stored (R-3.2, R-7.2)."""
+    new_key = "aml_" + secrets.token_urlsafe(32)
+    team_id = f"team-{uuid.uuid4().hex[:12]}"
+    team = {
+        "_id": team_id,
+        "name": name,
+        "key_hash": key_hash(new_key),
+        "created_at": now(),
+        **(details or {}),
+    }
+    await db.teams.insert_one(team)
+    return team_id, new_key
+
+
+async def store_secret(
+    db: AsyncDatabase[Document], box: SecretBox, key: SecretStr | None
+) -> str | None:
+    """Seal a Memory System Key and return the reference that stands for it everywhere."""
+    if key is None:
+        return None
+    secret_ref = f"sec-{uuid.uuid4().hex}"
+    await db.secrets.insert_one({"_id": secret_ref, "sealed": box.seal(key)})
+    return secret_ref
+
+
+async def check_participant_urls(urls: Mapping[str, str], *, allow_loopback: bool) -> list[str]:
+    """R-4.1 at registration, so a bad URL is refused now and not at the first job; the same
+    checks run again before every connection, since DNS answers can change afterwards.
+
+    Raises HTTP 422 naming the field; returns warnings for what is allowed but discouraged."""
+    warnings: list[str] = []
+    for name, url in urls.items():
+        try:
+            checked, _addresses = await check_target(url, allow_loopback=allow_loopback)
+        except UnsafeUrl as exc:
+            raise HTTPException(422, {"reason": f"{name}: {exc.reason}"}) from None
+        if checked.insecure:
+            # Allowed, but the Memory System Key would travel in clear text (R-4.1: warn).
+            log.warning("participant_url_not_https", field=name, host=checked.host)
+            warnings.append(
+                f"{name}: http is not encrypted; use https so the Memory System Key is not "
+                "sent in clear text"
+            )
+    return warnings
+
+
+async def check_health(settings: ParticipantCallSettings, spec: VersionSpec) -> bool:
+    """The unauthenticated Health GET (R-4.3), through the same guarded client the pipeline
+    uses, so it obeys the R-4.1 checks and never follows redirects."""
+    client = ParticipantClient.from_settings(settings)
+    try:
+        endpoint = Endpoint(
+            add_url=spec.add_url,
+            search_url=spec.search_url,
+            health_url=spec.health_url,
+            auth_method=spec.auth_method,
+        )
+        return await client.health(endpoint)
+    finally:
+        await client.aclose()

@@ -1,0 +1,433 @@
+"""Evaluation Access Requests end to end (R-3.1, R-3.2, R-5.1, R-7.2): the real gateway app on a
+real nx-27017 and nats-server, with a loopback HTTP server standing in for the participant's
+Health URL."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import threading
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import SecretStr
+from pymongo import AsyncMongoClient
+
+from aml_gateway.main import UnsafeConfiguration, create_app
+from aml_gateway.settings import GatewaySettings
+from aml_runtime.db import Document
+from aml_runtime.jobs import load_endpoint
+from aml_runtime.secrets import SecretBox
+
+pytestmark = pytest.mark.integration
+
+ADMIN_TOKEN = "x" * 32
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+# Sent as the Memory System Key: it must never come back in a response or sit in the database
+# in clear text.
+CANARY = f"canary-msk-{uuid.uuid4().hex}"
+
+
+class _Participant(BaseHTTPRequestHandler):
+    """`/health` answers 200, anything else 503: a healthy and an unhealthy Health URL."""
+
+    def do_GET(self) -> None:
+        self.send_response(200 if self.path == "/health" else 503)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # keeps the test output readable
+
+
+@pytest.fixture(scope="module")
+def participant() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Participant)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@dataclass
+class Gateway:
+    client: httpx.AsyncClient
+    settings: GatewaySettings
+    # Every response body the tests received, scanned for the canary at the end.
+    bodies: list[str] = field(default_factory=list)
+
+    async def db_documents(self) -> list[Document]:
+        mongo: AsyncMongoClient[Document] = AsyncMongoClient(self.settings.mongo_url)
+        try:
+            db = mongo[self.settings.mongo_db]
+            found: list[Document] = []
+            for name in await db.list_collection_names():
+                found.extend([document async for document in db[name].find()])
+            return found
+        finally:
+            await mongo.close()
+
+
+@pytest.fixture(scope="module")
+async def gateway(mongo_url: str, nats_url: str) -> AsyncIterator[Gateway]:
+    settings = GatewaySettings(
+        mongo_url=mongo_url,
+        nats_url=nats_url,
+        mongo_db=f"aml_access_{uuid.uuid4().hex[:8]}",
+        admin_token=SecretStr(ADMIN_TOKEN),
+        secret_keys=SecretStr(SecretBox.new_key()),
+        allow_loopback_targets=True,
+        environment="development",
+    )
+    app = create_app(settings)
+    bodies: list[str] = []
+
+    async def record(response: httpx.Response) -> None:
+        await response.aread()
+        bodies.append(response.text)
+
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app),
+            base_url="http://gw",
+            event_hooks={"response": [record]},
+        ) as client,
+    ):
+        yield Gateway(client=client, settings=settings, bodies=bodies)
+
+
+def request_body(participant: str, **changes: Any) -> dict[str, Any]:
+    """A valid academic new-key request; `changes` replace top-level fields."""
+    body: dict[str, Any] = {
+        "kind": "new_key",
+        "contact": {"name": "Ada", "email": "ada@example.org", "organisation": "Example Lab"},
+        "system_name": "recall-graph",
+        "version_label": "1.0",
+        "tracks": ["textual"],
+        "board": "academic",
+        "add_url": f"{participant}/add",
+        "search_url": f"{participant}/search",
+        "health_url": f"{participant}/health",
+        "add_status_url_template": f"{participant}/tasks/{{task_id}}",
+        "auth_method": "bearer",
+        "memory_system_key": CANARY,
+        "capacity": {"max_concurrency": 2, "max_rps": 5},
+        "run_limits": {"max_run_hours": 48},
+        "repository_url": "https://github.com/example/recall-graph",
+        "source_disclosure": {
+            "original_authors": ["A. Author"],
+            "papers": ["https://arxiv.org/abs/0000.00000"],
+            "changes": "Added time decay.",
+        },
+        "declared_models": {"embedding_model": "text-embedding-v4", "llms": ["gpt-4o-mini"]},
+    }
+    return body | changes
+
+
+async def submit(gw: Gateway, body: dict[str, Any], key: str | None = None) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    response = await gw.client.post("/v1/access-requests", json=body, headers=headers)
+    assert response.status_code == 201, response.text
+    created: dict[str, Any] = response.json()
+    return created
+
+
+async def test_new_key_then_add_version(gateway: Gateway, participant: str) -> None:
+    gw = gateway
+    created = await submit(gw, request_body(participant))
+    assert created["state"] == "pending" and created["kind"] == "new_key"
+    assert created["health_check"]["ok"] is True
+    assert created["has_memory_system_key"] is True
+    assert created["declared_models"]["llms"] == ["gpt-4o-mini"]
+    assert any(w.startswith("add_url: http is not encrypted") for w in created["warnings"])
+    request_id = created["id"]
+
+    listed = await gw.client.get("/v1/admin/access-requests?state=pending", headers=ADMIN)
+    assert listed.status_code == 200
+    assert request_id in [r["id"] for r in listed.json()]
+
+    approved = await gw.client.post(
+        f"/v1/admin/access-requests/{request_id}/approve", headers=ADMIN
+    )
+    assert approved.status_code == 200, approved.text
+    grant = approved.json()
+    key = grant["leaderboard_api_key"]
+    assert key.startswith("aml_") and grant["request_id"] == request_id
+
+    # Decided once: the key is never shown again.
+    again = await gw.client.post(f"/v1/admin/access-requests/{request_id}/approve", headers=ADMIN)
+    assert again.status_code == 409 and key not in again.text
+    assert "approved" in again.json()["detail"]["reason"]
+    late = await gw.client.post(
+        f"/v1/admin/access-requests/{request_id}/reject", json={"reason": "no"}, headers=ADMIN
+    )
+    assert late.status_code == 409
+    pending = await gw.client.get("/v1/admin/access-requests?state=pending", headers=ADMIN)
+    assert request_id not in [r["id"] for r in pending.json()]
+
+    documents = await gw.db_documents()
+    [team] = [d for d in documents if d.get("_id") == grant["team_id"]]
+    assert team["key_hash"] == hashlib.sha256(key.encode()).hexdigest()
+    assert key not in repr(team)
+    assert key not in repr(documents)
+
+    # The new key sees its own request; the version works for the pipeline as created.
+    auth = {"Authorization": f"Bearer {key}"}
+    own = await gw.client.get(f"/v1/access-requests/{request_id}", headers=auth)
+    assert own.status_code == 200
+    assert own.json()["state"] == "approved" and own.json()["version_id"] == grant["version_id"]
+    mongo: AsyncMongoClient[Document] = AsyncMongoClient(gw.settings.mongo_url)
+    try:
+        box = SecretBox(gw.settings.secret_keys)
+        db = mongo[gw.settings.mongo_db]
+        endpoint = await load_endpoint(db, box, grant["version_id"])
+        assert endpoint.secret is not None and endpoint.secret.get_secret_value() == CANARY
+        assert endpoint.add_status_url_template == f"{participant}/tasks/{{task_id}}"
+        assert (endpoint.max_concurrency, endpoint.max_rps) == (2, 5.0)
+        job = await gw.client.post(
+            "/v1/jobs", json={"version_id": grant["version_id"], "run_label": "r1"}, headers=auth
+        )
+        assert job.status_code == 201, job.text
+
+        # A second version for the same key, whose Health URL is down: recorded, not refused.
+        unauthenticated = request_body(participant, kind="add_version", version_label="2.0")
+        missing = await gw.client.post("/v1/access-requests", json=unauthenticated)
+        assert missing.status_code == 401
+        wrong = await gw.client.post(
+            "/v1/access-requests",
+            json=unauthenticated,
+            headers={"Authorization": "Bearer aml_not-a-key"},
+        )
+        assert wrong.status_code == 401
+        second = await submit(
+            gw,
+            request_body(
+                participant,
+                kind="add_version",
+                version_label="2.0",
+                board="industrial",
+                tracks=["textual", "coding"],
+                health_url=f"{participant}/down",
+            ),
+            key=key,
+        )
+        assert second["health_check"]["ok"] is False and second["team_id"] == grant["team_id"]
+        assert (await gw.client.get(f"/v1/access-requests/{second['id']}", headers=auth)).json()[
+            "state"
+        ] == "pending"
+        bound = await gw.client.post(
+            f"/v1/admin/access-requests/{second['id']}/approve", headers=ADMIN
+        )
+        assert bound.status_code == 200, bound.text
+        assert bound.json()["leaderboard_api_key"] is None
+        assert bound.json()["team_id"] == grant["team_id"]
+        versions = [v async for v in db.versions.find({"team_id": grant["team_id"]})]
+        assert sorted(v["version_label"] for v in versions) == ["1.0", "2.0"]
+        assert [v["tracks"] for v in versions if v["version_label"] == "2.0"] == [
+            ["textual", "coding"]
+        ]
+    finally:
+        await mongo.close()
+
+
+async def test_reject_with_reason(gateway: Gateway, participant: str) -> None:
+    gw = gateway
+    created = await submit(gw, request_body(participant, board="industrial"))
+    path = f"/v1/admin/access-requests/{created['id']}"
+    empty = await gw.client.post(f"{path}/reject", json={"reason": ""}, headers=ADMIN)
+    assert empty.status_code == 422
+    rejected = await gw.client.post(
+        f"{path}/reject", json={"reason": "Health URL unreachable"}, headers=ADMIN
+    )
+    assert rejected.status_code == 200
+    assert rejected.json()["state"] == "rejected"
+    assert rejected.json()["reason"] == "Health URL unreachable"
+    assert rejected.json()["decided_at"] is not None
+    assert (await gw.client.post(f"{path}/approve", headers=ADMIN)).status_code == 409
+    listed = await gw.client.get("/v1/admin/access-requests?state=rejected", headers=ADMIN)
+    assert created["id"] in [r["id"] for r in listed.json()]
+    # Nothing will ever call the system with a rejected request's key, so it is not kept.
+    documents = await gw.db_documents()
+    [stored] = [d for d in documents if d.get("_id") == created["id"]]
+    assert not [d for d in documents if d.get("_id") == stored["spec"]["secret_ref"]]
+
+    for action in ("approve", "reject"):
+        unknown = await gw.client.post(
+            f"/v1/admin/access-requests/acc-unknown/{action}", json={"reason": "x"}, headers=ADMIN
+        )
+        assert unknown.status_code == 404
+        assert unknown.json() == {"detail": {"reason": "access request acc-unknown not found"}}
+
+
+async def test_concurrent_approvals_decide_once(gateway: Gateway, participant: str) -> None:
+    gw = gateway
+    created = await submit(gw, request_body(participant, system_name="raced"))
+    path = f"/v1/admin/access-requests/{created['id']}/approve"
+    responses = await asyncio.gather(*(gw.client.post(path, headers=ADMIN) for _ in range(3)))
+    assert sorted(r.status_code for r in responses) == [200, 409, 409]
+    documents = await gw.db_documents()
+    # The losers' teams and versions were undone: one key, one version for the request.
+    teams = [d for d in documents if d.get("access_request_id") == created["id"]]
+    versions = [d for d in documents if d.get("system_name") == "raced" and "team_id" in d]
+    assert len(teams) == 1 and len(versions) == 1
+
+
+async def test_openapi_documents_the_workflow(gateway: Gateway) -> None:
+    schema = (await gateway.client.get("/openapi.json")).json()
+    for path in (
+        "/v1/access-requests",
+        "/v1/access-requests/{request_id}",
+        "/v1/admin/access-requests",
+        "/v1/admin/access-requests/{request_id}/approve",
+        "/v1/admin/access-requests/{request_id}/reject",
+    ):
+        assert path in schema["paths"]
+    models = schema["components"]["schemas"]
+    for name in ("AccessRequest", "AccessRejection", "VersionRegistration", "JobSubmission"):
+        assert models[name]["examples"], name
+    assert "memory_system_key" not in models["AccessRequestView"]["properties"]
+
+
+def _invalid_cases(participant: str) -> list[tuple[dict[str, Any], str]]:
+    no_disclosure = request_body(participant)
+    del no_disclosure["source_disclosure"]
+    no_key = request_body(participant, auth_method="token")
+    del no_key["memory_system_key"]
+    return [
+        (
+            request_body(participant, add_url="http://10.0.0.1/add"),
+            "add_url: 10.0.0.1 is a private",
+        ),
+        (
+            request_body(participant, search_url=participant.replace("//", "//u:p@") + "/s"),
+            "search_url: credentials in the URL are not allowed",
+        ),
+        (
+            request_body(participant, add_status_url_template="http://169.254.169.254/{task_id}"),
+            "add_status_url_template: 169.254.169.254 is a link-local address",
+        ),
+        (no_disclosure, "the academic board requires source_disclosure"),
+        (
+            request_body(participant, declared_models={"embedding_model": "bge-m3"}),
+            "the academic board requires the embedding model text-embedding-v4",
+        ),
+        (
+            request_body(participant, declared_models={"llms": ["gpt-4o-mini", "gpt-4o"]}),
+            "the academic board requires every LLM to be gpt-4o-mini",
+        ),
+        (no_key, "memory_system_key is required unless auth_method is `none`"),
+        (
+            request_body(participant, add_status_url_template=f"{participant}/tasks/ID"),
+            "add_status_url_template: the template must contain the {task_id} placeholder",
+        ),
+        (
+            request_body(participant, contact={"name": "A", "email": "a", "organisation": "O"}),
+            "contact.email: value is not a valid email address",
+        ),
+        (request_body(participant, tracks=[]), "tracks: List should have at least 1 item"),
+    ]
+
+
+async def test_invalid_requests_are_refused(gateway: Gateway, participant: str) -> None:
+    before = len(await gateway.db_documents())
+    for body, reason in _invalid_cases(participant):
+        response = await gateway.client.post("/v1/access-requests", json=body)
+        assert response.status_code == 422, (reason, response.text)
+        detail = response.json()["detail"]
+        assert detail["reason"].startswith(reason), (reason, detail)
+        for error in detail.get("errors", []):
+            assert set(error) == {"loc", "msg", "type"}
+    # A refused request leaves nothing behind, in particular no sealed key.
+    assert len(await gateway.db_documents()) == before
+
+
+async def test_validation_errors_never_echo_input(gateway: Gateway, participant: str) -> None:
+    body = request_body(participant, capacity=CANARY, tracks=CANARY, contact=CANARY)
+    response = await gateway.client.post("/v1/access-requests", json=body)
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert len(detail["errors"]) == 3 and detail["reason"].endswith("(and 2 more)")
+    assert CANARY not in response.text
+    broken = await gateway.client.post(
+        "/v1/access-requests",
+        content=f'{{"memory_system_key": "{CANARY}", ',
+        headers={"Content-Type": "application/json"},
+    )
+    assert broken.status_code == 422 and CANARY not in broken.text
+    assert broken.json()["detail"]["errors"][0]["type"] == "json_invalid"
+    state = await gateway.client.get("/v1/admin/access-requests?state=bogus", headers=ADMIN)
+    assert state.status_code == 422
+    assert state.json()["detail"]["reason"].startswith("query.state: Input should be")
+    unknown = await gateway.client.get("/v1/nowhere")
+    assert unknown.json() == {"detail": {"reason": "Not Found"}}
+
+
+async def test_admin_endpoints_need_the_admin_token(gateway: Gateway, participant: str) -> None:
+    gw = gateway
+    shortcut = await gw.client.post(
+        "/v1/admin/versions",
+        headers=ADMIN,
+        json={
+            "team": "shortcut-team",
+            "system_name": "s",
+            "version_label": "v1",
+            "add_url": f"{participant}/add",
+            "search_url": f"{participant}/search",
+            "health_url": f"{participant}/health",
+            "memory_system_key": CANARY,
+        },
+    )
+    assert shortcut.status_code == 201, shortcut.text
+    participant_key = shortcut.json()["leaderboard_api_key"]
+    created = await submit(gw, request_body(participant))
+    calls = [
+        ("GET", "/v1/admin/access-requests", None),
+        ("POST", f"/v1/admin/access-requests/{created['id']}/approve", None),
+        ("POST", f"/v1/admin/access-requests/{created['id']}/reject", {"reason": "x"}),
+        ("POST", "/v1/admin/versions", {}),
+    ]
+    for credentials in (
+        {"Authorization": f"Bearer {participant_key}"},
+        {},
+        {"Authorization": "Bearer " + "y" * 32},
+        {"Authorization": ADMIN_TOKEN},
+    ):
+        for method, path, body in calls:
+            response = await gw.client.request(method, path, json=body, headers=credentials)
+            assert response.status_code == 403, (method, path, credentials)
+            assert response.json() == {"detail": {"reason": "admin access required"}}
+    # Still pending: none of the refused calls decided it.
+    listed = await gw.client.get("/v1/admin/access-requests?state=pending", headers=ADMIN)
+    assert created["id"] in [r["id"] for r in listed.json()]
+
+
+async def test_the_memory_system_key_never_leaves_sealed(
+    gateway: Gateway, participant: str
+) -> None:
+    # Self-contained: at least one request holds the canary even when run alone.
+    await submit(gateway, request_body(participant))
+    assert gateway.bodies
+    for body in gateway.bodies:
+        assert CANARY not in body
+    documents = await gateway.db_documents()
+    sealed = [d for d in documents if str(d.get("_id", "")).startswith("sec-")]
+    assert sealed, "the keys are stored, sealed"
+    assert CANARY not in repr(documents)
+    assert CANARY.encode() not in b"".join(d["sealed"] for d in sealed)
+
+
+def test_production_refuses_a_weak_admin_token() -> None:
+    for token in ("", " " * 30, "z" * 23):
+        with pytest.raises(UnsafeConfiguration, match="AML_ADMIN_TOKEN"):
+            create_app(GatewaySettings(environment="production", admin_token=SecretStr(token)))
+    create_app(GatewaySettings(environment="production", admin_token=SecretStr("z" * 24)))
+    create_app(GatewaySettings(environment="development", admin_token=SecretStr("")))
