@@ -26,6 +26,7 @@ from aml_runtime.platform import (
     Platform,
     PlatformConfig,
     register_memory_server,
+    register_participant,
     start_memory_server,
     start_platform,
 )
@@ -69,6 +70,10 @@ async def db(platform: Platform) -> AsyncIterator[Any]:
 
 def _submit(platform: Platform, memory: MemoryServer, team: str, label: str) -> tuple[str, str]:
     version_id, key = register_memory_server(platform, memory, team=team)
+    return _submit_job(platform, version_id, key, label), key
+
+
+def _submit_job(platform: Platform, version_id: str, key: str, label: str) -> str:
     response = httpx.post(
         f"{platform.gateway_url}/v1/jobs",
         headers={"Authorization": f"Bearer {key}"},
@@ -76,7 +81,8 @@ def _submit(platform: Platform, memory: MemoryServer, team: str, label: str) -> 
         timeout=30,
     )
     assert response.status_code == 201, response.text
-    return response.json()["job_id"], key
+    job_id: str = response.json()["job_id"]
+    return job_id
 
 
 def _wait(platform: Platform, job_id: str, key: str, until: Any = None) -> dict[str, Any]:
@@ -354,29 +360,8 @@ def _simulated_job(
     platform: Platform, url: str, team: str, capacity: dict[str, float] | None = None
 ) -> tuple[str, str]:
     """Register the simulator at `url` as a team's version and submit a smoke job for it."""
-    version = {
-        "team": team, "system_name": "sim", "version_label": "1",
-        "add_url": f"{url}/add", "search_url": f"{url}/search",
-        "health_url": f"{url}/health", "auth_method": "none",
-    }  # fmt: skip
-    if capacity is not None:
-        version["capacity"] = capacity
-    response = httpx.post(
-        f"{platform.gateway_url}/v1/admin/versions",
-        headers={"Authorization": f"Bearer {platform.admin_token}"},
-        json=version,
-        timeout=30,
-    )
-    assert response.status_code == 201, response.text
-    version_id, key = response.json()["version_id"], response.json()["leaderboard_api_key"]
-    submitted = httpx.post(
-        f"{platform.gateway_url}/v1/jobs",
-        headers={"Authorization": f"Bearer {key}"},
-        json={"version_id": version_id, "mode": "smoke", "run_label": team},
-        timeout=30,
-    )
-    assert submitted.status_code == 201, submitted.text
-    return submitted.json()["job_id"], key
+    version_id, key = register_participant(platform, url, team, "sim", capacity=capacity)
+    return _submit_job(platform, version_id, key, team), key
 
 
 async def test_add_authentication_error_fails_the_job_at_once(platform: Platform, db: Any) -> None:

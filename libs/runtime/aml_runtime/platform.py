@@ -127,25 +127,44 @@ def start_memory_server(
     return MemoryServer(url=url, key=key)
 
 
-def register_memory_server(
-    platform: Platform, memory: MemoryServer, team: str, auth_method: str = "bearer"
+def register_participant(
+    platform: Platform,
+    base_url: str,
+    team: str,
+    system_name: str,
+    auth_method: str = "none",
+    key: str | None = None,
+    capacity: dict[str, float] | None = None,
 ) -> tuple[str, str]:
-    """Bind the memory server as a system version; returns (version_id, leaderboard key)."""
+    """Bind a participant serving /add, /search and /health under `base_url` as a system
+    version of `team`; returns (version_id, leaderboard key of a new team)."""
+    version: dict[str, object] = {
+        "team": team,
+        "system_name": system_name,
+        "version_label": "1.0",
+        "add_url": f"{base_url}/add",
+        "search_url": f"{base_url}/search",
+        "health_url": f"{base_url}/health",
+        "auth_method": auth_method,
+        "memory_system_key": key if auth_method != "none" else None,
+    }
+    if capacity is not None:
+        version["capacity"] = capacity
     response = httpx.post(
         f"{platform.gateway_url}/v1/admin/versions",
         headers={"Authorization": f"Bearer {platform.admin_token}"},
-        json={
-            "team": team,
-            "system_name": "aml-reference-bm25",
-            "version_label": "1.0",
-            "add_url": f"{memory.url}/add",
-            "search_url": f"{memory.url}/search",
-            "health_url": f"{memory.url}/health",
-            "auth_method": auth_method,
-            "memory_system_key": memory.key if auth_method != "none" else None,
-        },
+        json=version,
         timeout=30,
     )
     response.raise_for_status()
     body = response.json()
     return body["version_id"], body["leaderboard_api_key"]
+
+
+def register_memory_server(
+    platform: Platform, memory: MemoryServer, team: str, auth_method: str = "bearer"
+) -> tuple[str, str]:
+    """Bind the reference memory server as a system version of `team`."""
+    return register_participant(
+        platform, memory.url, team, "aml-reference-bm25", auth_method, memory.key
+    )
