@@ -56,7 +56,12 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     data_dir = tmp_path_factory.mktemp("platform")
     with EmbeddedStack(StackConfig(data_dir=data_dir)) as stack:
         stack.start_infra()
-        yield start_platform(stack, PlatformConfig(datasets_root=Path("/nonexistent")))
+        # The release's full suite is LoCoMo; here the full run uses the small sample, so the
+        # whole journey (smoke, then full) fits in the test's time.
+        config = PlatformConfig(
+            datasets_root=Path("/nonexistent"), extra_env={"AML_FULL_SUITE": '["synthetic"]'}
+        )
+        yield start_platform(stack, config)
 
 
 @pytest.fixture
@@ -68,16 +73,54 @@ async def db(platform: Platform) -> AsyncIterator[Any]:
     await client.close()
 
 
-def _submit(platform: Platform, memory: MemoryServer, team: str, label: str) -> tuple[str, str]:
-    version_id, key = register_memory_server(platform, memory, team=team)
-    return _submit_job(platform, version_id, key, label), key
+def _access_granted(platform: Platform, memory: MemoryServer, name: str) -> tuple[str, str]:
+    """An Evaluation Access Request for the memory server, approved: (version id, key)."""
+    request = {
+        "kind": "new_key",
+        "contact": {"name": "Ada", "email": "ada@example.org", "organisation": name},
+        "system_name": name,
+        "version_label": "1.0",
+        "tracks": ["textual"],
+        "board": "industrial",
+        "add_url": f"{memory.url}/add",
+        "search_url": f"{memory.url}/search",
+        "health_url": f"{memory.url}/health",
+        "auth_method": "bearer",
+        "memory_system_key": memory.key,
+        "capacity": {"max_concurrency": 4, "max_rps": 50},
+    }
+    with httpx.Client(base_url=platform.gateway_url, timeout=30) as api:
+        created = api.post("/v1/access-requests", json=request)
+        assert created.status_code == 201, created.text
+        assert created.json()["health_check"]["ok"] is True
+        approved = api.post(
+            f"/v1/admin/access-requests/{created.json()['id']}/approve",
+            headers={"Authorization": f"Bearer {platform.admin_token}"},
+        )
+        assert approved.status_code == 200, approved.text
+    grant = approved.json()
+    return grant["version_id"], grant["leaderboard_api_key"]
 
 
-def _submit_job(platform: Platform, version_id: str, key: str, label: str) -> str:
+FULL_CHECKLIST = {
+    "smoke_passed": True,
+    "api_contract_correct": True,
+    "run_instructions_complete": True,
+    "originality_disclosed": True,
+    "integrity_pledge": True,
+}
+
+
+def _submit_job(
+    platform: Platform, version_id: str, key: str, label: str, mode: str = "smoke"
+) -> str:
+    job: dict[str, Any] = {"version_id": version_id, "mode": mode, "run_label": label}
+    if mode == "full":
+        job["checklist"] = FULL_CHECKLIST
     response = httpx.post(
         f"{platform.gateway_url}/v1/jobs",
         headers={"Authorization": f"Bearer {key}"},
-        json={"version_id": version_id, "mode": "smoke", "run_label": label},
+        json=job,
         timeout=30,
     )
     assert response.status_code == 201, response.text
@@ -213,14 +256,18 @@ async def _assert_results_recompute(db: Any, job_id: str, results: dict[str, Any
 
 @pytest.fixture(scope="module")
 def baseline(platform: Platform) -> dict[str, Any]:
-    """One undisturbed job; the other tests compare against it."""
+    """A team's first steps: access request, approval, then an undisturbed smoke run, which
+    the other tests compare against."""
     memory = start_memory_server(platform.stack, name="memory-baseline")
-    job_id, key = _submit(platform, memory, "team-baseline", "baseline")
+    version_id, key = _access_granted(platform, memory, "team-baseline")
+    job_id = _submit_job(platform, version_id, key, "baseline")
     status = _wait(platform, job_id, key)
     assert status["state"] == "completed", status
     return {
         "job_id": job_id,
         "key": key,
+        "version_id": version_id,
+        "memory": memory,
         "status": status,
         "results": _results(platform, job_id, key),
     }
@@ -239,19 +286,20 @@ async def test_job_runs_every_stage_exactly_once(
     await _assert_results_recompute(db, baseline["job_id"], baseline["results"])
 
 
-async def test_killed_worker_restarts_and_job_matches_baseline(
+async def test_full_run_after_the_smoke_survives_a_killed_answerer(
     platform: Platform, baseline: dict[str, Any], db: Any
 ) -> None:
-    # A fresh memory server holds exactly what the baseline's held when it was searched, so
-    # the candidates, and with them the answer prompts, are the same.
-    memory = start_memory_server(platform.stack, name="memory-killed")
-    job_id, key = _submit(platform, memory, "team-killed", "killed")
+    """The journey goes on: the same team's full run of the same version (the smoke passed),
+    with the answerer SIGKILLed mid-question. User ids are per job, so the memory server holds
+    for this run exactly what it held for the smoke's, and the results must match."""
+    key = baseline["key"]
+    job_id = _submit_job(platform, baseline["version_id"], key, "full-1", mode="full")
 
     def answering(status: dict[str, Any]) -> bool:
         return bool(status["stages"]["answer"]["done"] >= 3)
 
     status = _wait(platform, job_id, key, until=answering)
-    assert status["state"] == "running", status
+    assert status["state"] == "running" and status["mode"] == "full", status
     platform.stack.kill("answerer")  # SIGKILL, mid-question: its message is unacknowledged
     await asyncio.sleep(2)
     platform.stack.restart("answerer")
@@ -262,6 +310,16 @@ async def test_killed_worker_restarts_and_job_matches_baseline(
     results = _results(platform, job_id, key)
     await _assert_results_recompute(db, job_id, results)
     assert _table(results) == _approx(_table(baseline["results"]))
+    # The second full run of the season waits 30 days after this one completed.
+    again = httpx.post(
+        f"{platform.gateway_url}/v1/jobs",
+        headers={"Authorization": f"Bearer {key}"},
+        json={"version_id": baseline["version_id"], "mode": "full", "run_label": "full-2",
+              "checklist": FULL_CHECKLIST},
+        timeout=30,
+    )  # fmt: skip
+    assert again.status_code == 429, again.text
+    assert again.json()["detail"]["next_allowed_at"]
 
 
 async def test_results_of_another_team_are_not_visible(
@@ -319,14 +377,39 @@ def test_gateway_rejects_bad_requests_with_reasons(platform: Platform) -> None:
     assert early.status_code == 409
 
 
-def test_secret_is_not_stored_in_the_clear(platform: Platform) -> None:
-    memory = start_memory_server(platform.stack, name="memory-secret")
-    register_memory_server(platform, memory, team="team-secret")
-    # The database files (the job documents, audit records and versions) and every log.
-    for folder in ("mongo", "logs"):
+def test_secret_is_not_stored_or_logged_in_the_clear(
+    platform: Platform, baseline: dict[str, Any]
+) -> None:
+    """The baseline team's Memory System Key went in through an access request and was sent
+    with every Add and Search of its smoke run: it must appear in no database file, broker
+    file, service log or API response."""
+    canary = baseline["memory"].key.encode()
+    key, job_id = baseline["key"], baseline["job_id"]
+    with httpx.Client(
+        base_url=platform.gateway_url, headers={"Authorization": f"Bearer {key}"}, timeout=30
+    ) as api:
+        responses = [
+            api.get(path)
+            for path in (
+                "/v1/jobs",
+                f"/v1/jobs/{job_id}",
+                f"/v1/jobs/{job_id}/results",
+                f"/v1/jobs/{job_id}/audit?limit=500",
+                "/v1/versions",
+            )
+        ]
+    assert all(r.status_code == 200 for r in responses)
+    for response in responses:
+        assert canary not in response.content
+    scanned = 0
+    for folder in ("mongo", "nats", "logs"):
         for path in (platform.stack.data_dir / folder).rglob("*"):
             if path.is_file():
-                assert memory.key.encode() not in path.read_bytes(), path
+                scanned += 1
+                assert canary not in path.read_bytes(), path
+    logs = {p.stem for p in (platform.stack.data_dir / "logs").glob("*.log")}
+    assert {"gateway", "scheduler", "adder", "searcher", "answerer", "scorer"} <= logs
+    assert scanned > 10
 
 
 def test_declared_capacity_holds_across_replicas(platform: Platform) -> None:

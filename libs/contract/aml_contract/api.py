@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -12,6 +12,7 @@ from pydantic import (
     Field,
     HttpUrl,
     SecretStr,
+    StrictBool,
     StringConstraints,
     field_validator,
     model_validator,
@@ -25,6 +26,10 @@ Mode = Literal["smoke", "full"]
 JobState = Literal["queued", "running", "completed", "failed"]
 Stage = Literal["add", "search", "answer", "score", "aggregate"]
 STAGES: tuple[Stage, ...] = ("add", "search", "answer", "score", "aggregate")
+
+Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
+Label = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100)]
+LongText = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=4000)]
 
 
 class Capacity(BaseModel):
@@ -80,22 +85,72 @@ class VersionRegistered(BaseModel):
     )
 
 
+class FullRunChecklist(BaseModel):
+    """What a team confirms before a full run (R-3.5). Every item must be ticked; the platform
+    also verifies the first one itself (a passed smoke for the same version and track)."""
+
+    model_config = ConfigDict(extra="forbid")
+    smoke_passed: StrictBool = False
+    api_contract_correct: StrictBool = False
+    run_instructions_complete: StrictBool = False
+    originality_disclosed: StrictBool = False
+    integrity_pledge: StrictBool = False
+
+    def unticked(self) -> list[str]:
+        return [name for name, ticked in self.model_dump().items() if not ticked]
+
+
 class JobSubmission(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
             "examples": [
-                {"version_id": "ver-0123456789ab", "mode": "smoke", "run_label": "smoke-1"}
+                {"version_id": "ver-0123456789ab", "mode": "smoke", "run_label": "smoke-1"},
+                {
+                    "version_id": "ver-0123456789ab",
+                    "mode": "full",
+                    "track": "textual",
+                    "run_label": "full-2026-12",
+                    "checklist": {
+                        "smoke_passed": True,
+                        "api_contract_correct": True,
+                        "run_instructions_complete": True,
+                        "originality_disclosed": True,
+                        "integrity_pledge": True,
+                    },
+                },
             ]
         },
     )
-    version_id: Annotated[str, Field(min_length=1)]
+    version_id: Annotated[str, Field(min_length=1, max_length=100)]
     mode: Mode = "smoke"
     track: Track = "textual"
-    run_label: Annotated[str, Field(min_length=1, max_length=100)]
-    datasets: Annotated[list[str], Field(min_length=1)] | None = Field(
-        default=None, description="Dataset ids; defaults to the mode's suite."
+    run_label: Label = Field(description="Unique per Leaderboard API Key.")
+    datasets: (
+        Annotated[list[Annotated[str, Field(max_length=100)]], Field(min_length=1, max_length=20)]
+        | None
+    ) = Field(
+        default=None,
+        description="Smoke only: dataset ids, default the smoke sample. Full runs always use "
+        "the fixed suite.",
     )
+    checklist: FullRunChecklist | None = Field(
+        default=None, description="Required for full runs, every item ticked (R-3.5)."
+    )
+
+
+class QuotaDetail(BaseModel):
+    reason: str
+    next_allowed_at: datetime | None = Field(
+        description="When a submission like this one will be accepted; null when it depends "
+        "on something still running, or no later season is configured."
+    )
+
+
+class QuotaExceeded(BaseModel):
+    """HTTP 429 (R-3.4, R-3.5, R-5.2)."""
+
+    detail: QuotaDetail
 
 
 class StageProgress(BaseModel):
@@ -155,6 +210,44 @@ class JobResults(BaseModel):
     datasets: dict[str, DatasetResults]
 
 
+AuditStage = Literal["add", "search"]
+
+
+class AuditRecord(BaseModel):
+    """One HTTP attempt the platform made to the participant (R-7.3)."""
+
+    record_id: str
+    stage: AuditStage
+    request_id: str = Field(description="The Add request_id, or the question id of a Search.")
+    delivery: int = Field(description="Which delivery of the work item made the attempt.")
+    operation: Literal["add", "add_status", "search", "health"]
+    attempt: int
+    started_at: datetime
+    latency_ms: float
+    status: int | None = Field(description="HTTP status; null when no response arrived.")
+    error_class: str | None
+    outcome: Literal["ok", "retry", "final"]
+    validation: str | None = Field(
+        default=None,
+        description="`valid`, or the contract violation, on the attempt whose answer was judged.",
+    )
+
+
+class AuditPage(BaseModel):
+    records: list[AuditRecord]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page.")
+
+
+class SearchAudit(BaseModel):
+    """What one Search returned, in the participant's order (R-7.3)."""
+
+    request_id: str
+    state: Literal["done", "failed"]
+    candidates: list[dict[str, Any]]
+    isolation_violations: int
+    failure: str | None = None
+
+
 # --- Evaluation Access Requests (R-3.1, R-3.2) ------------------------------------------------
 
 AccessKind = Literal["new_key", "add_version"]
@@ -163,9 +256,6 @@ AccessState = Literal["pending", "approved", "rejected"]
 ACADEMIC_EMBEDDING_MODEL = "text-embedding-v4"
 ACADEMIC_LLM = "gpt-4o-mini"
 
-Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
-Label = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100)]
-LongText = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=4000)]
 # Deliberately loose: one `@`, no spaces, a dotted domain. Whether the address works is only
 # known by writing to it; a stricter pattern would refuse valid international addresses.
 _EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s.]+")
@@ -426,3 +516,21 @@ class AccessApproved(BaseModel):
         default=None,
         description="Only when a new_key request is approved; shown exactly once, stored hashed.",
     )
+
+
+class VersionView(BaseModel):
+    """A version bound to the calling key (R-3.2), as its team sees it. The Memory System Key
+    is never shown, only whether one is stored."""
+
+    version_id: str
+    system_name: str
+    version_label: str
+    tracks: list[Track]
+    board: Board
+    add_url: str
+    search_url: str
+    health_url: str
+    auth_method: AuthMethod
+    has_memory_system_key: bool
+    capacity: Capacity
+    created_at: datetime

@@ -61,6 +61,17 @@ class CapacityLimiter:
                 {"_id": concurrency_id, "holder": holder}, {"$set": {"free_at": 0.0}}
             )
 
+    async def spend(self, run_key: str) -> int:
+        """Count one request of a run; returns how many the run has made, this one included."""
+        usage = await self._db.run_usage.find_one_and_update(
+            {"_id": run_key},
+            {"$inc": {"requests": 1}},
+            upsert=True,
+            return_document=ReturnDocument.AFTER,
+        )
+        assert usage is not None  # upserted
+        return int(usage["requests"])
+
     async def _take(self, pool: str, size: int, hold_for: float, holder: str) -> str:
         await self._ensure(pool, size)
         while True:

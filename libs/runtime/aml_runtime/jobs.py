@@ -4,7 +4,7 @@ update (it names the state it leaves), so concurrent or repeated callers change 
 from __future__ import annotations
 
 import contextlib
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from faststream.nats import NatsBroker
 from pymongo.asynchronous.database import AsyncDatabase
@@ -19,6 +19,9 @@ from aml_runtime.participants import Endpoint
 from aml_runtime.secrets import SecretBox
 
 ACTIVE = ("queued", "running")
+# The failure kind of anything that went wrong inside the platform, not at the participant.
+PLATFORM_ERROR = "platform_error"
+RUN_LIMIT_REACHED = "run_limit_reached"
 
 
 def now() -> datetime:
@@ -45,15 +48,24 @@ async def record_error(
 
 
 async def fail_job(
-    db: AsyncDatabase[Document], broker: NatsBroker, job_id: str, stage: Stage, reason: str
+    db: AsyncDatabase[Document],
+    broker: NatsBroker,
+    job_id: str,
+    stage: Stage,
+    kind: str,
+    reason: str,
 ) -> None:
-    """Stop a job at once (R-4.9): no further work is released and workers skip what is queued."""
+    """Stop a job at once (R-4.9): no further work is released and workers skip what is queued.
+
+    `kind` says whose failure it was; a job failed by the platform itself (`platform_error`)
+    does not consume the team's quota."""
     result = await db.jobs.update_one(
         {"_id": job_id, "state": {"$in": list(ACTIVE)}},
         {
             "$set": {
                 "state": "failed",
                 "failed_stage": stage,
+                "failure_kind": kind,
                 "failure": reason,
                 "finished_at": now(),
             }
@@ -73,7 +85,20 @@ async def job_is_active(db: AsyncDatabase[Document], job_id: str) -> bool:
     return job is not None and job["state"] in ACTIVE
 
 
-async def load_endpoint(db: AsyncDatabase[Document], box: SecretBox, version_id: str) -> Endpoint:
+def run_overdue(version: Document, started_at: datetime | None, moment: datetime) -> str | None:
+    """Why a run has outlived its declared `max_run_hours` (R-3.1), or None."""
+    hours = (version.get("run_limits") or {}).get("max_run_hours")
+    if hours is None or started_at is None:
+        return None
+    if moment - started_at < timedelta(hours=hours):
+        return None
+    return f"the run exceeded its declared limit of {hours:g} hours"
+
+
+async def load_endpoint(
+    db: AsyncDatabase[Document], box: SecretBox, version_id: str, job_id: str | None = None
+) -> Endpoint:
+    """How to call a version; with `job_id`, its requests count against the run's limit."""
     version = await db.versions.find_one({"_id": version_id})
     if version is None:
         raise LookupError(f"version {version_id} is not registered")
@@ -93,4 +118,6 @@ async def load_endpoint(db: AsyncDatabase[Document], box: SecretBox, version_id:
         capacity_key=version_id,
         max_concurrency=version.get("capacity", {}).get("max_concurrency", 4),
         max_rps=version.get("capacity", {}).get("max_rps", 10.0),
+        run_key=job_id,
+        max_requests=(version.get("run_limits") or {}).get("max_requests_per_run"),
     )

@@ -14,7 +14,7 @@ import email.utils
 import json
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -28,7 +28,12 @@ from aml_runtime.settings import ParticipantCallSettings
 from aml_runtime.urlsafety import SafeTransport, UnsafeUrl
 
 Failure = Literal[
-    "contract_error", "authentication_error", "access_denied", "wrong_url", "participant_outage"
+    "contract_error",
+    "authentication_error",
+    "access_denied",
+    "wrong_url",
+    "participant_outage",
+    "run_limit_reached",
 ]
 
 ADD_RETRYABLE = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 524})
@@ -53,6 +58,10 @@ class Endpoint(BaseModel):
     capacity_key: str | None = None
     max_concurrency: int = 4
     max_rps: float = 10.0
+    # Declared run limit (R-3.1): at most this many requests per run, counted per `run_key`
+    # (the job) across every replica.
+    run_key: str | None = None
+    max_requests: int | None = None
 
 
 class Attempt(BaseModel):
@@ -182,12 +191,26 @@ class ParticipantClient:
         self._timeout = timeout
         self._limiter = limiter
 
-    def _capacity(self, endpoint: Endpoint) -> contextlib.AbstractAsyncContextManager[None]:
-        """Each HTTP exchange holds a slot of the participant's declared capacity; back-off
-        waits between attempts hold none."""
-        if self._limiter is None or endpoint.capacity_key is None:
-            return contextlib.nullcontext()
-        return self._limiter.slot(endpoint.capacity_key, endpoint.max_concurrency, endpoint.max_rps)
+    @contextlib.asynccontextmanager
+    async def _capacity(self, endpoint: Endpoint) -> AsyncIterator[None]:
+        """Each HTTP exchange counts against the run's declared request limit and holds a slot
+        of the participant's declared capacity; back-off waits between attempts hold none."""
+        if self._limiter is None:
+            yield
+            return
+        if endpoint.run_key is not None and endpoint.max_requests is not None:
+            spent = await self._limiter.spend(endpoint.run_key)
+            if spent > endpoint.max_requests:
+                raise CallFailed(
+                    "run_limit_reached",
+                    f"the run reached its declared limit of {endpoint.max_requests} requests",
+                )
+        if endpoint.capacity_key is None:
+            yield
+            return
+        key, concurrency, rps = endpoint.capacity_key, endpoint.max_concurrency, endpoint.max_rps
+        async with self._limiter.slot(key, concurrency, rps):
+            yield
 
     @classmethod
     def from_settings(

@@ -30,7 +30,9 @@ _NEXT: dict[QuestionStage, str | None] = {
     "score": None,
 }
 # A contract violation stops the whole job; other failures stay with their question.
-_FATAL_KINDS = frozenset({"contract_error", "authentication_error", "access_denied", "wrong_url"})
+_FATAL_KINDS = frozenset(
+    {"contract_error", "authentication_error", "access_denied", "wrong_url", "run_limit_reached"}
+)
 
 Compute = Callable[[QuestionWork, Document, int], Awaitable[Document]]
 
@@ -57,7 +59,7 @@ class QuestionStageWorker:
             await self._store(work, {"state": "failed", "failure_kind": kind, "failure": reason})
             await record_error(self.db, work.job_id, self.stage, kind, work.item_id, reason)
             if kind in _FATAL_KINDS:
-                await fail_job(self.db, self.broker, work.job_id, self.stage, reason)
+                await fail_job(self.db, self.broker, work.job_id, self.stage, kind, reason)
             await self._hand_on(work, "failed")
 
         await run_delivery(msg, self.settings, attempt, give_up)

@@ -49,7 +49,7 @@ class AddHandler:
             return
         job = await self.db.jobs.find_one({"_id": work.job_id}, {"version_id": 1})
         assert job is not None
-        endpoint = await load_endpoint(self.db, self.box, job["version_id"])
+        endpoint = await load_endpoint(self.db, self.box, job["version_id"], work.job_id)
         observe = CallRecorder(self.db, work.job_id, "add", work.request_id, delivery)
         ids = (chunk["_id"], chunk["user_id"], chunk["session_id"])
         try:

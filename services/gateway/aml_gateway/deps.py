@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import Depends, Header, HTTPException, Request
@@ -13,6 +15,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_gateway.settings import GatewaySettings
 from aml_runtime.db import Document
+from aml_runtime.jobs import now
 from aml_runtime.secrets import SecretBox
 
 
@@ -22,6 +25,8 @@ class Services:
     db: AsyncDatabase[Document]
     broker: NatsBroker
     box: SecretBox
+    # Quotas are rules over time; tests move this clock across their boundaries.
+    clock: Callable[[], datetime] = now
 
 
 def key_hash(key: str) -> str:

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from datetime import datetime
 
 from fastapi import FastAPI
 from pymongo import ASCENDING
 
 from aml_gateway.deps import Services
 from aml_gateway.errors import install_error_handlers
-from aml_gateway.routes import access, admin, jobs
+from aml_gateway.routes import access, admin, jobs, versions
 from aml_gateway.settings import GatewaySettings
 from aml_runtime.broker import declare_streams, make_broker
 from aml_runtime.db import connect, ensure_indexes
+from aml_runtime.jobs import now
 from aml_runtime.logging import configure_logging
 from aml_runtime.secrets import SecretBox
 
@@ -22,7 +24,9 @@ class UnsafeConfiguration(RuntimeError):
     """The gateway must not start with these settings."""
 
 
-def create_app(settings: GatewaySettings | None = None) -> FastAPI:
+def create_app(
+    settings: GatewaySettings | None = None, clock: Callable[[], datetime] = now
+) -> FastAPI:
     settings = settings or GatewaySettings()
     problem = settings.startup_problem()
     if problem is not None:
@@ -38,7 +42,10 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         await declare_streams(broker)
         await ensure_indexes(db)
         await db.jobs.create_index([("run_label_key", ASCENDING)], unique=True)
-        app.state.services = Services(settings, db, broker, SecretBox(settings.secret_keys))
+        # One submission at a time per team: see routes/jobs.py.
+        await db.jobs.create_index([("submission_key", ASCENDING)], unique=True)
+        box = SecretBox(settings.secret_keys)
+        app.state.services = Services(settings, db, broker, box, clock)
         yield
         await broker.stop()
         await client.close()
@@ -47,6 +54,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.include_router(access.router)
     app.include_router(admin.router)
+    app.include_router(versions.router)
     app.include_router(jobs.router)
 
     @app.get("/health", tags=["ops"])

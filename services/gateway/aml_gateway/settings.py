@@ -1,7 +1,8 @@
 from typing import Literal
 
-from pydantic import SecretStr
+from pydantic import Field, SecretStr
 
+from aml_gateway.submissions import QuotaPolicy
 from aml_runtime.settings import ParticipantCallSettings
 
 # Long enough that guessing is hopeless (`secrets.token_urlsafe(24)` gives 32 characters).
@@ -15,6 +16,13 @@ class GatewaySettings(ParticipantCallSettings):
     environment: Literal["development", "production"] = "development"
     host: str = "127.0.0.1"
     port: int = 8000
+    # AML_QUOTAS='{"seasons": [{"name": "2027-S1", "starts_at": "2027-01-01T00:00:00Z", ...}]}'
+    quotas: QuotaPolicy = QuotaPolicy()
+    # The fixed suite of full runs (R-3.5) and the public sample of smoke runs (R-3.4).
+    full_suite: list[str] = Field(default=["locomo_refined"], min_length=1)
+    smoke_suite: list[str] = Field(default=["synthetic"], min_length=1)
+    # What a smoke run may name instead of the sample.
+    smoke_datasets: list[str] = Field(default=["synthetic", "locomo", "locomo_refined"])
 
     def startup_problem(self) -> str | None:
         """Why this configuration must not serve, or None when it may."""

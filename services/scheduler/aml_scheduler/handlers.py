@@ -24,8 +24,17 @@ from aml_contract.messages import (
 from aml_evaluation.aggregate import QuestionOutcome, aggregate
 from aml_evaluation.datasets import DatasetManifest, load_dataset, manifest_path
 from aml_runtime.broker import publish
-from aml_runtime.db import Document
-from aml_runtime.jobs import fail_job, load_endpoint, now, publish_finished, record_error
+from aml_runtime.db import Document, read_time
+from aml_runtime.jobs import (
+    PLATFORM_ERROR,
+    RUN_LIMIT_REACHED,
+    fail_job,
+    load_endpoint,
+    now,
+    publish_finished,
+    record_error,
+    run_overdue,
+)
 from aml_runtime.participants import ParticipantClient
 from aml_runtime.secrets import SecretBox
 from aml_scheduler.planning import (
@@ -57,8 +66,9 @@ class Scheduler:
         if not job.get("planned"):
             if not await self._participant_healthy(job):
                 reason = "the participant's Health endpoint did not answer 2xx before the start"
-                await record_error(self.db, job["_id"], "add", "participant_outage", None, reason)
-                await fail_job(self.db, self.broker, job["_id"], "add", reason)
+                kind = "participant_outage"
+                await record_error(self.db, job["_id"], "add", kind, None, reason)
+                await fail_job(self.db, self.broker, job["_id"], "add", kind, reason)
                 return
             await self._plan(job)
         await self.release(event.job_id)
@@ -69,8 +79,9 @@ class Scheduler:
             return
         if event.outcome == "failed":
             reason = chunk.get("failure", "an Add request failed")
+            kind = chunk.get("failure_kind", PLATFORM_ERROR)
             await fail_job(
-                self.db, self.broker, event.job_id, "add", f"{event.request_id}: {reason}"
+                self.db, self.broker, event.job_id, "add", kind, f"{event.request_id}: {reason}"
             )
             return
         await self.release(event.job_id, chunk["user_id"])
@@ -80,14 +91,27 @@ class Scheduler:
 
     async def reconcile(self) -> None:
         """Re-drive every unfinished job from its stored state (after a crash of anything)."""
-        async for job in self.db.jobs.find({"state": {"$in": ["queued", "running"]}}, {"_id": 1}):
+        active = {"state": {"$in": ["queued", "running"]}}
+        async for job in self.db.jobs.find(active, {"_id": 1, "version_id": 1, "started_at": 1}):
             try:
+                if await self._stop_if_overdue(job):
+                    continue
                 await self.on_job_submitted(JobSubmitted(job_id=job["_id"]))
                 await self.complete_if_done(job["_id"])
             except Exception:
                 log.exception("reconcile.failed", job_id=job["_id"])
 
     # -- steps ------------------------------------------------------------------------------
+
+    async def _stop_if_overdue(self, job: Document) -> bool:
+        """The participant declared how long a run may keep calling it (R-3.1)."""
+        version = await self.db.versions.find_one({"_id": job["version_id"]}, {"run_limits": 1})
+        reason = run_overdue(version or {}, read_time(job.get("started_at")), now())
+        if reason is None:
+            return False
+        await record_error(self.db, job["_id"], "add", RUN_LIMIT_REACHED, None, reason)
+        await fail_job(self.db, self.broker, job["_id"], "add", RUN_LIMIT_REACHED, reason)
+        return True
 
     async def _participant_healthy(self, job: Document) -> bool:
         endpoint = await load_endpoint(self.db, self.box, job["version_id"])

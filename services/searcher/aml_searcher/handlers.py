@@ -27,7 +27,7 @@ class SearchQuestion:
         job = await self.db.jobs.find_one({"_id": work.job_id}, {"version_id": 1, "top_k": 1})
         if job is None:
             raise Exhausted("platform_error", f"job {work.job_id} is missing")
-        endpoint = await load_endpoint(self.db, self.box, job["version_id"])
+        endpoint = await load_endpoint(self.db, self.box, job["version_id"], work.job_id)
         observe = CallRecorder(self.db, work.job_id, "search", work.item_id, delivery)
         try:
             items = await self.client.search(

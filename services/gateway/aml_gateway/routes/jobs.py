@@ -1,26 +1,48 @@
-"""Participants submit jobs and read their progress and results (R-3.4 - R-3.7)."""
+"""Participants submit jobs and read their progress, results and audit trail (R-3.3 - R-3.7,
+R-7.3)."""
 
 from __future__ import annotations
 
+import math
 import uuid
+from datetime import datetime
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException
+from bson import ObjectId
+from bson.errors import InvalidId
+from fastapi import APIRouter, HTTPException, Query
+from pymongo import ASCENDING
 from pymongo.errors import DuplicateKeyError
 
 from aml_contract import subjects
-from aml_contract.api import JobResults, JobStatus, JobSubmission
+from aml_contract.api import (
+    AuditPage,
+    AuditRecord,
+    AuditStage,
+    JobResults,
+    JobStatus,
+    JobSubmission,
+    QuotaExceeded,
+    SearchAudit,
+)
+from aml_contract.errors import ErrorBody
 from aml_contract.messages import JobSubmitted, message_id
-from aml_gateway.deps import ServicesDep, TeamDep
+from aml_gateway.deps import Services, ServicesDep, TeamDep
 from aml_gateway.progress import job_status
+from aml_gateway.submissions import PriorRun, Refusal, Submission, check_submission
 from aml_runtime.broker import publish
-from aml_runtime.db import Document
-from aml_runtime.jobs import now
+from aml_runtime.db import Document, read_time
+from aml_runtime.jobs import PLATFORM_ERROR
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
-# The suite each mode runs when the submission names no datasets.
-DEFAULT_DATASETS = {"smoke": ["synthetic"], "full": ["locomo_refined"]}
-KNOWN_DATASETS = {"synthetic", "locomo", "locomo_refined"}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody} for status in (401, 404, 409, 422)
+}
+# Two submissions of one team racing for the same sequence number: the loser re-reads the
+# team's jobs and is judged again, so quotas hold under concurrency. More rounds than this
+# only under a flood, which is answered 409.
+_SUBMISSION_ROUNDS = 5
 
 
 async def _own_job(svc: ServicesDep, team: Document, job_id: str) -> Document:
@@ -31,58 +53,206 @@ async def _own_job(svc: ServicesDep, team: Document, job_id: str) -> Document:
     return job
 
 
-@router.post("", status_code=201)
-async def submit_job(body: JobSubmission, svc: ServicesDep, team: TeamDep) -> JobStatus:
-    version = await svc.db.versions.find_one({"_id": body.version_id, "team_id": team["_id"]})
-    if version is None:
-        raise HTTPException(404, {"reason": f"version {body.version_id} not found"})
-    if version["auth_method"] == "none" and body.mode != "smoke":
-        raise HTTPException(422, {"reason": "auth method `none` is allowed only for smoke runs"})
-    datasets = body.datasets or DEFAULT_DATASETS[body.mode]
-    unknown = sorted(set(datasets) - KNOWN_DATASETS)
+def _refused(refusal: Refusal, now: datetime) -> HTTPException:
+    if refusal.status != 429:
+        return HTTPException(refusal.status, {"reason": refusal.reason})
+    at = refusal.next_allowed_at
+    detail = {"reason": refusal.reason, "next_allowed_at": at.isoformat() if at else None}
+    # Retry-After as well, for clients that honour it without reading the body.
+    headers = {"Retry-After": str(max(1, math.ceil((at - now).total_seconds())))} if at else None
+    return HTTPException(429, detail, headers=headers)
+
+
+def _datasets(body: JobSubmission, svc: Services) -> list[str]:
+    settings = svc.settings
+    if body.mode == "full":
+        if body.datasets is not None and body.datasets != settings.full_suite:
+            raise HTTPException(
+                422, {"reason": "full runs use the fixed suite; leave `datasets` out"}
+            )
+        return list(settings.full_suite)
+    datasets = body.datasets or list(settings.smoke_suite)
+    unknown = sorted(set(datasets) - set(settings.smoke_datasets) - set(settings.smoke_suite))
     if unknown:
         raise HTTPException(422, {"reason": f"unknown dataset(s): {', '.join(unknown)}"})
-    job_id = f"j{uuid.uuid4().hex[:12]}"
-    job = {
-        "_id": job_id,
-        "team_id": team["_id"],
-        "version_id": body.version_id,
-        "mode": body.mode,
-        "track": body.track,
-        "run_label": body.run_label,
-        "run_label_key": f"{team['_id']}/{body.run_label}",
-        "datasets": datasets,
-        "state": "queued",
-        "planned": False,
-        "created_at": now(),
-    }
-    try:
-        await svc.db.jobs.insert_one(job)
-    except DuplicateKeyError:
-        raise HTTPException(409, {"reason": f"run label {body.run_label!r} is taken"}) from None
-    await publish(
-        svc.broker,
-        subjects.JOB_SUBMITTED,
-        JobSubmitted(job_id=job_id),
-        message_id("submitted", job_id),
+    return datasets
+
+
+async def _prior_runs(svc: Services, team_id: str) -> tuple[list[PriorRun], int]:
+    """The team's jobs as the rules see them, and the highest submission number so far."""
+    runs: list[PriorRun] = []
+    last_seq = 0
+    async for job in svc.db.jobs.find({"team_id": team_id}):
+        last_seq = max(last_seq, job.get("submission_seq", 0))
+        passed = False
+        if job["mode"] == "smoke" and job["state"] == "completed":
+            # Items the platform itself failed are not held against the participant.
+            participant_errors = await svc.db.job_errors.count_documents(
+                {"job_id": job["_id"], "kind": {"$ne": PLATFORM_ERROR}}
+            )
+            passed = participant_errors == 0
+        runs.append(
+            PriorRun(
+                job_id=job["_id"],
+                version_id=job["version_id"],
+                mode=job["mode"],
+                track=job["track"],
+                run_label=job["run_label"],
+                state=job["state"],
+                created_at=read_time(job["created_at"]),
+                finished_at=read_time(job.get("finished_at")),
+                failure_kind=job.get("failure_kind"),
+                passed=passed,
+            )
+        )
+    return runs, last_seq
+
+
+@router.post(
+    "",
+    status_code=201,
+    responses={**_ERRORS, 429: {"model": QuotaExceeded, "description": "Quota used up."}},
+)
+async def submit_job(body: JobSubmission, svc: ServicesDep, team: TeamDep) -> JobStatus:
+    """Start a smoke or full run of one of the team's versions on one track.
+
+    The checks, in order: the version is the team's (404) and declares the track (422); auth
+    `none` only for smoke (R-3.3); a full run has every checklist item ticked (422); then the
+    rules of `aml_gateway.submissions` (Run Label, running job, season, passed smoke, quotas)."""
+    team_id = team["_id"]
+    version = await svc.db.versions.find_one({"_id": body.version_id, "team_id": team_id})
+    if version is None:
+        raise HTTPException(404, {"reason": f"version {body.version_id} not found"})
+    if body.track not in version.get("tracks", []):
+        raise HTTPException(
+            422, {"reason": f"version {body.version_id} is not registered for track {body.track}"}
+        )
+    if version["auth_method"] == "none" and body.mode != "smoke":
+        raise HTTPException(422, {"reason": "auth method `none` is allowed only for smoke runs"})
+    if body.mode == "full":
+        unticked = body.checklist.unticked() if body.checklist else ["checklist"]
+        if unticked:
+            raise HTTPException(
+                422, {"reason": f"a full run needs every checklist item: {', '.join(unticked)}"}
+            )
+    datasets = _datasets(body, svc)
+    submission = Submission(
+        mode=body.mode, version_id=body.version_id, track=body.track, run_label=body.run_label
     )
-    return await job_status(svc.db, job)
+    for _ in range(_SUBMISSION_ROUNDS):
+        prior, last_seq = await _prior_runs(svc, team_id)
+        created_at = svc.clock()
+        refusal = check_submission(submission, prior, created_at, svc.settings.quotas)
+        if refusal is not None:
+            raise _refused(refusal, created_at)
+        seq = last_seq + 1
+        job = {
+            "_id": f"j{uuid.uuid4().hex[:12]}",
+            "team_id": team_id,
+            "version_id": body.version_id,
+            "mode": body.mode,
+            "track": body.track,
+            "run_label": body.run_label,
+            "run_label_key": f"{team_id}/{body.run_label}",
+            # Unique: of two submissions judged against the same jobs, one is inserted.
+            "submission_seq": seq,
+            "submission_key": f"{team_id}/{seq}",
+            "datasets": datasets,
+            "state": "queued",
+            "planned": False,
+            "created_at": created_at,
+        }
+        try:
+            await svc.db.jobs.insert_one(job)
+        except DuplicateKeyError:
+            continue
+        await publish(
+            svc.broker,
+            subjects.JOB_SUBMITTED,
+            JobSubmitted(job_id=job["_id"]),
+            message_id("submitted", job["_id"]),
+        )
+        return await job_status(svc.db, job)
+    raise HTTPException(409, {"reason": "too many submissions at once; try again"})
 
 
-@router.get("")
+@router.get("", responses={401: {"model": ErrorBody}})
 async def list_jobs(svc: ServicesDep, team: TeamDep) -> list[JobStatus]:
     jobs = svc.db.jobs.find({"team_id": team["_id"]}).sort("created_at", -1).limit(100)
     return [await job_status(svc.db, job) async for job in jobs]
 
 
-@router.get("/{job_id}")
+@router.get("/{job_id}", responses={401: {"model": ErrorBody}, 404: {"model": ErrorBody}})
 async def get_job(job_id: str, svc: ServicesDep, team: TeamDep) -> JobStatus:
     return await job_status(svc.db, await _own_job(svc, team, job_id))
 
 
-@router.get("/{job_id}/results")
+@router.get("/{job_id}/results", responses=_ERRORS)
 async def get_results(job_id: str, svc: ServicesDep, team: TeamDep) -> JobResults:
     job = await _own_job(svc, team, job_id)
     if "results" not in job:
         raise HTTPException(409, {"reason": f"job {job_id} has no results yet ({job['state']})"})
     return JobResults.model_validate(job["results"])
+
+
+@router.get("/{job_id}/audit", responses=_ERRORS)
+async def get_audit(
+    job_id: str,
+    svc: ServicesDep,
+    team: TeamDep,
+    stage: AuditStage | None = None,
+    request_id: Annotated[str | None, Query(max_length=200)] = None,
+    cursor: Annotated[str | None, Query(max_length=24)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+) -> AuditPage:
+    """Every HTTP attempt made to the participant for this job, oldest first (R-7.3)."""
+    await _own_job(svc, team, job_id)
+    query: Document = {"job_id": job_id}
+    if stage is not None:
+        query["stage"] = stage
+    if request_id is not None:
+        query["request_id"] = request_id
+    if cursor is not None:
+        try:
+            query["_id"] = {"$gt": ObjectId(cursor)}
+        except InvalidId:
+            raise HTTPException(422, {"reason": "cursor is not one this API returned"}) from None
+    found = await svc.db.calls.find(query).sort("_id", ASCENDING).limit(limit + 1).to_list()
+    records = [_audit_record(call) for call in found[:limit]]
+    more = len(found) > limit
+    return AuditPage(records=records, next_cursor=records[-1].record_id if more else None)
+
+
+def _audit_record(call: Document) -> AuditRecord:
+    return AuditRecord(
+        record_id=str(call["_id"]),
+        stage=call["stage"],
+        request_id=call["request_id"],
+        delivery=call["delivery"],
+        operation=call["operation"],
+        attempt=call["attempt"],
+        started_at=read_time(call["started_at"]),
+        latency_ms=call["latency_ms"],
+        status=call.get("status"),
+        error_class=call.get("error_class"),
+        outcome=call["outcome"],
+        validation=call.get("validation"),
+    )
+
+
+@router.get("/{job_id}/audit/searches/{request_id}", responses=_ERRORS)
+async def get_search_audit(
+    job_id: str, request_id: str, svc: ServicesDep, team: TeamDep
+) -> SearchAudit:
+    """The candidates one Search returned, in the participant's order (R-7.3)."""
+    await _own_job(svc, team, job_id)
+    search = await svc.db.searches.find_one({"_id": request_id, "job_id": job_id})
+    if search is None:
+        raise HTTPException(404, {"reason": f"no search {request_id} in job {job_id}"})
+    return SearchAudit(
+        request_id=request_id,
+        state=search["state"],
+        candidates=search.get("candidates", []),
+        isolation_violations=search.get("leaks", 0),
+        failure=search.get("failure"),
+    )

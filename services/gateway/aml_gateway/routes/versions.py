@@ -1,0 +1,43 @@
+"""A team's own system versions: what it may submit jobs for (R-3.2, R-3.5)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException
+
+from aml_contract.api import Capacity, VersionView
+from aml_contract.errors import ErrorBody
+from aml_gateway.deps import ServicesDep, TeamDep
+from aml_runtime.db import Document, read_time
+
+router = APIRouter(prefix="/v1/versions", tags=["versions"])
+
+
+def _view(version: Document) -> VersionView:
+    return VersionView(
+        version_id=version["_id"],
+        system_name=version["system_name"],
+        version_label=version["version_label"],
+        tracks=version["tracks"],
+        board=version["board"],
+        add_url=version["add_url"],
+        search_url=version["search_url"],
+        health_url=version["health_url"],
+        auth_method=version["auth_method"],
+        has_memory_system_key=bool(version.get("secret_ref")),
+        capacity=Capacity.model_validate(version.get("capacity", {})),
+        created_at=read_time(version["created_at"]),
+    )
+
+
+@router.get("", responses={401: {"model": ErrorBody}})
+async def list_versions(svc: ServicesDep, team: TeamDep) -> list[VersionView]:
+    versions = svc.db.versions.find({"team_id": team["_id"]}).sort("created_at", 1)
+    return [_view(version) async for version in versions]
+
+
+@router.get("/{version_id}", responses={401: {"model": ErrorBody}, 404: {"model": ErrorBody}})
+async def get_version(version_id: str, svc: ServicesDep, team: TeamDep) -> VersionView:
+    version = await svc.db.versions.find_one({"_id": version_id, "team_id": team["_id"]})
+    if version is None:
+        raise HTTPException(404, {"reason": f"version {version_id} not found"})
+    return _view(version)

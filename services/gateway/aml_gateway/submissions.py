@@ -1,0 +1,255 @@
+"""Whether a team may start a job now (R-3.3 - R-3.5, R-5.2): plain rules over the team's earlier
+jobs and a clock, so every boundary is testable without a database.
+
+Quotas are counted per Leaderboard API Key (a team) and per season; a job the platform itself
+failed (`platform_error`) is not counted, so an outage on our side never costs a team a run.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from aml_contract.api import JobState, Mode, Track
+from aml_runtime.jobs import ACTIVE, PLATFORM_ERROR
+
+
+class Season(BaseModel):
+    """A competition season: quotas restart at `starts_at` (inclusive) and end at `ends_at`
+    (exclusive). Configured by the operator."""
+
+    name: str
+    starts_at: datetime
+    ends_at: datetime
+
+    @field_validator("starts_at", "ends_at")
+    @classmethod
+    def _aware(cls, value: datetime) -> datetime:
+        # A naive time would be ambiguous across time zones; the platform runs on UTC.
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Season:
+        if self.ends_at <= self.starts_at:
+            raise ValueError(f"season {self.name}: ends_at must be after starts_at")
+        return self
+
+    def contains(self, moment: datetime) -> bool:
+        return self.starts_at <= moment < self.ends_at
+
+
+class QuotaPolicy(BaseModel):
+    """The quota rules of R-3.4 and R-3.5, with the numbers the operator may change."""
+
+    smoke_interval: timedelta = Field(
+        default=timedelta(hours=1), description="At most one smoke run per key in this span."
+    )
+    smoke_per_track_season: int = Field(default=30, ge=0)
+    full_per_track_season: int = Field(default=2, ge=0)
+    full_gap: timedelta = Field(
+        default=timedelta(days=30),
+        description="A further full run may start this long after the previous one ended.",
+    )
+    seasons: list[Season] = Field(
+        default_factory=list,
+        description="Empty: one season without bounds. Otherwise submissions outside every "
+        "season are refused until the next one starts.",
+    )
+
+    @model_validator(mode="after")
+    def _disjoint(self) -> QuotaPolicy:
+        ordered = sorted(self.seasons, key=lambda s: s.starts_at)
+        for earlier, later in itertools.pairwise(ordered):
+            if later.starts_at < earlier.ends_at:
+                raise ValueError(f"seasons {earlier.name} and {later.name} overlap")
+        return self
+
+    def season_at(self, moment: datetime) -> Season | None:
+        if not self.seasons:
+            return _ALL_TIME
+        return next((s for s in self.seasons if s.contains(moment)), None)
+
+    def next_season_start(self, moment: datetime) -> datetime | None:
+        starts = [s.starts_at for s in self.seasons if s.starts_at > moment]
+        return min(starts, default=None)
+
+
+_ALL_TIME = Season(
+    name="all-time",
+    starts_at=datetime(1970, 1, 1, tzinfo=UTC),
+    ends_at=datetime(9999, 1, 1, tzinfo=UTC),
+)
+
+
+class PriorRun(BaseModel):
+    """One of the team's earlier jobs, as far as the rules need it."""
+
+    job_id: str
+    version_id: str
+    mode: Mode
+    track: Track
+    run_label: str
+    state: JobState
+    created_at: datetime
+    finished_at: datetime | None = None
+    failure_kind: str | None = None
+    # A completed smoke in which no item failed because of the participant (R-3.5).
+    passed: bool = False
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE
+
+    @property
+    def counts_against_quota(self) -> bool:
+        return not (self.state == "failed" and self.failure_kind == PLATFORM_ERROR)
+
+
+class Submission(BaseModel):
+    mode: Mode
+    version_id: str
+    track: Track
+    run_label: str
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a submission is refused, with the HTTP status that says so (R-5.2)."""
+
+    status: int
+    reason: str
+    next_allowed_at: datetime | None = None
+
+
+def check_submission(
+    submission: Submission, prior: Sequence[PriorRun], now: datetime, policy: QuotaPolicy
+) -> Refusal | None:
+    """None when the submission may start now, else the first rule it breaks, in this order:
+    duplicate Run Label (409), a job still running for the same version and track (409), no
+    open season (429), for a full run a passed smoke (422), then the mode's quota (429)."""
+    if any(run.run_label == submission.run_label for run in prior):
+        return Refusal(409, f"run label {submission.run_label!r} is taken")
+    running = next(
+        (
+            run
+            for run in prior
+            if run.active
+            and run.version_id == submission.version_id
+            and run.track == submission.track
+        ),
+        None,
+    )
+    if running is not None:
+        return Refusal(
+            409,
+            f"job {running.job_id} is still running for version {submission.version_id} on "
+            f"track {submission.track}; wait for it to end",
+        )
+    season = policy.season_at(now)
+    if season is None:
+        return Refusal(429, "no season is open", policy.next_season_start(now))
+    counted = [
+        run
+        for run in prior
+        if run.mode == submission.mode
+        and run.counts_against_quota
+        and season.contains(run.created_at)
+    ]
+    if submission.mode == "smoke":
+        return _smoke_quota(submission, counted, now, policy, season)
+    return _full_rules(submission, prior, counted, now, policy, season)
+
+
+def _season_over(policy: QuotaPolicy, season: Season) -> datetime | None:
+    return policy.next_season_start(season.ends_at - timedelta(microseconds=1))
+
+
+def _smoke_quota(
+    submission: Submission,
+    counted: list[PriorRun],
+    now: datetime,
+    policy: QuotaPolicy,
+    season: Season,
+) -> Refusal | None:
+    # The hourly limit is per key, whatever the track; the season limit is per track.
+    latest = max((run.created_at for run in counted), default=None)
+    if latest is not None and now < latest + policy.smoke_interval:
+        return Refusal(
+            429,
+            f"at most one smoke run every {_span(policy.smoke_interval)}",
+            latest + policy.smoke_interval,
+        )
+    on_track = [run for run in counted if run.track == submission.track]
+    if len(on_track) >= policy.smoke_per_track_season:
+        return Refusal(
+            429,
+            f"the {policy.smoke_per_track_season} smoke runs of season {season.name} on track "
+            f"{submission.track} are used",
+            _season_over(policy, season),
+        )
+    return None
+
+
+def _full_rules(
+    submission: Submission,
+    prior: Sequence[PriorRun],
+    counted: list[PriorRun],
+    now: datetime,
+    policy: QuotaPolicy,
+    season: Season,
+) -> Refusal | None:
+    smoke_passed = any(
+        run.mode == "smoke"
+        and run.passed
+        and run.version_id == submission.version_id
+        and run.track == submission.track
+        for run in prior
+    )
+    if not smoke_passed:
+        return Refusal(
+            422,
+            f"no passed smoke run for version {submission.version_id} on track "
+            f"{submission.track}; a full run needs one",
+        )
+    on_track = sorted(
+        (run for run in counted if run.track == submission.track), key=lambda r: r.created_at
+    )
+    if len(on_track) >= policy.full_per_track_season:
+        return Refusal(
+            429,
+            f"the {policy.full_per_track_season} full runs of season {season.name} on track "
+            f"{submission.track} are used",
+            _season_over(policy, season),
+        )
+    if on_track:
+        previous = on_track[-1]
+        gap = _span(policy.full_gap)
+        if previous.finished_at is None:
+            return Refusal(
+                429,
+                f"full run {previous.job_id} on track {submission.track} has not completed; "
+                f"the next may start {gap} after it does",
+            )
+        allowed = previous.finished_at + policy.full_gap
+        if now < allowed:
+            return Refusal(
+                429,
+                f"the next full run on track {submission.track} may start {gap} after "
+                f"{previous.job_id} completed",
+                allowed,
+            )
+    return None
+
+
+def _span(span: timedelta) -> str:
+    if span % timedelta(days=1) == timedelta(0):
+        days = span // timedelta(days=1)
+        return f"{days} day{'s' if days != 1 else ''}"
+    if span % timedelta(hours=1) == timedelta(0):
+        hours = span // timedelta(hours=1)
+        return f"{hours} hour{'s' if hours != 1 else ''}"
+    return f"{span.total_seconds():g} seconds"

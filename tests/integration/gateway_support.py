@@ -1,0 +1,142 @@
+"""The real gateway app for API tests: served in-process over ASGI on a real nx-27017 and
+nats-server, with a loopback HTTP server standing in for a participant's Health URL."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+from pydantic import SecretStr
+from pymongo import AsyncMongoClient
+
+from aml_gateway.main import create_app
+from aml_gateway.settings import GatewaySettings
+from aml_runtime.db import Document
+from aml_runtime.jobs import now
+from aml_runtime.secrets import SecretBox
+
+ADMIN_TOKEN = "x" * 32
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+class _Participant(BaseHTTPRequestHandler):
+    """`/health` answers 200, anything else 503: a healthy and an unhealthy Health URL."""
+
+    def do_GET(self) -> None:
+        self.send_response(200 if self.path == "/health" else 503)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # keeps the test output readable
+
+
+@contextmanager
+def health_server() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Participant)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@dataclass
+class Gateway:
+    client: httpx.AsyncClient
+    settings: GatewaySettings
+    # Every response body the tests received, scanned for the canary at the end.
+    bodies: list[str] = field(default_factory=list)
+
+    async def db_documents(self) -> list[Document]:
+        mongo: AsyncMongoClient[Document] = AsyncMongoClient(self.settings.mongo_url)
+        try:
+            db = mongo[self.settings.mongo_db]
+            found: list[Document] = []
+            for name in await db.list_collection_names():
+                found.extend([document async for document in db[name].find()])
+            return found
+        finally:
+            await mongo.close()
+
+
+@asynccontextmanager
+async def open_gateway(
+    mongo_url: str,
+    nats_url: str,
+    clock: Callable[[], datetime] = now,
+    **settings: Any,
+) -> AsyncIterator[Gateway]:
+    config = GatewaySettings(
+        mongo_url=mongo_url,
+        nats_url=nats_url,
+        mongo_db=f"aml_api_{uuid.uuid4().hex[:8]}",
+        admin_token=SecretStr(ADMIN_TOKEN),
+        secret_keys=SecretStr(SecretBox.new_key()),
+        allow_loopback_targets=True,
+        environment="development",
+        **settings,
+    )
+    app = create_app(config, clock)
+    bodies: list[str] = []
+
+    async def record(response: httpx.Response) -> None:
+        await response.aread()
+        bodies.append(response.text)
+
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app),
+            base_url="http://gw",
+            event_hooks={"response": [record]},
+        ) as client,
+    ):
+        yield Gateway(client=client, settings=config, bodies=bodies)
+
+
+def request_body(participant: str, **changes: Any) -> dict[str, Any]:
+    """A valid academic new-key request; `changes` replace top-level fields."""
+    body: dict[str, Any] = {
+        "kind": "new_key",
+        "contact": {"name": "Ada", "email": "ada@example.org", "organisation": "Example Lab"},
+        "system_name": "recall-graph",
+        "version_label": "1.0",
+        "tracks": ["textual"],
+        "board": "academic",
+        "add_url": f"{participant}/add",
+        "search_url": f"{participant}/search",
+        "health_url": f"{participant}/health",
+        "add_status_url_template": f"{participant}/tasks/{{task_id}}",
+        "auth_method": "bearer",
+        "memory_system_key": "msk-test-key",
+        "capacity": {"max_concurrency": 2, "max_rps": 5},
+        "run_limits": {"max_run_hours": 48},
+        "repository_url": "https://github.com/example/recall-graph",
+        "source_disclosure": {
+            "original_authors": ["A. Author"],
+            "papers": ["https://arxiv.org/abs/0000.00000"],
+            "changes": "Added time decay.",
+        },
+        "declared_models": {"embedding_model": "text-embedding-v4", "llms": ["gpt-4o-mini"]},
+    }
+    return body | changes
+
+
+async def submit_access_request(
+    gw: Gateway, body: dict[str, Any], key: str | None = None
+) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    response = await gw.client.post("/v1/access-requests", json=body, headers=headers)
+    assert response.status_code == 201, response.text
+    created: dict[str, Any] = response.json()
+    return created
