@@ -20,6 +20,7 @@ from pymongo import AsyncMongoClient
 
 from aml_participant_simulator import Outcome, Script, Simulator, running_simulator
 from aml_participant_simulator.script import EndpointScript
+from aml_runtime.cli import main
 from aml_runtime.db import read_time
 from aml_runtime.platform import (
     MemoryServer,
@@ -32,6 +33,7 @@ from aml_runtime.platform import (
 )
 from aml_runtime.processes import find_executable, free_port
 from aml_runtime.stack import EmbeddedStack, StackConfig
+from aml_runtime.tracefiles import TraceSpan, read_spans, traces_of
 
 pytestmark = pytest.mark.integration
 
@@ -159,6 +161,7 @@ def _recompute(
     """The results table recomputed independently from the per-question records."""
     cells: dict[str, Counter[str]] = defaultdict(Counter)
     f1: dict[str, list[float]] = defaultdict(list)
+    bleu: dict[str, list[float]] = defaultdict(list)
     for question in questions:
         score = scores.get(question["_id"])
         for cell in (question["category_name"], "overall"):
@@ -171,6 +174,7 @@ def _recompute(
             cells[cell]["scored"] += 1
             cells[cell]["correct"] += score["judge_label"] == "CORRECT"
             f1[cell].append(score["f1"])
+            bleu[cell].append(score["bleu1"])
     return {
         cell: {
             "questions": c["questions"],
@@ -178,6 +182,7 @@ def _recompute(
             "failed": c["failed"],
             "judge_correct": c["correct"],
             "f1_mean": sum(f1[cell]) / len(f1[cell]) if f1[cell] else None,
+            "bleu1_mean": sum(bleu[cell]) / len(bleu[cell]) if bleu[cell] else None,
         }
         for cell, c in cells.items()
     }
@@ -185,7 +190,7 @@ def _recompute(
 
 def _table(results: dict[str, Any]) -> dict[str, Any]:
     """The stored results in the shape of `_recompute` (job ids and ratios left out)."""
-    keep = ("questions", "scored", "failed", "judge_correct", "f1_mean")
+    keep = ("questions", "scored", "failed", "judge_correct", "f1_mean", "bleu1_mean")
     dataset = results["datasets"]["synthetic"]
     table = {name: {k: m[k] for k in keep} for name, m in dataset["categories"].items()}
     table["overall"] = {k: dataset["overall"][k] for k in keep}
@@ -282,6 +287,17 @@ async def test_job_runs_every_stage_exactly_once(
         progress = status["stages"][stage]
         assert progress["done"] == progress["total"] > 0 and progress["failed"] == 0
     assert status["spec"]["chunker"] == "chunk-v1"
+    # Every job names what it was evaluated with (R-6.4).
+    job = await db.jobs.find_one({"_id": baseline["job_id"]})
+    spec = await db.specs.find_one({"_id": status["spec_hash"]})
+    assert spec is not None and status["spec"]["spec_hash"] == status["spec_hash"]
+    assert spec["spec"]["context"]["counter"].startswith("context-v1/llama.cpp-tokenize")
+    assert len(status["code_hash"]) == len(status["dataset_bundle_hash"]) == 64
+    assert list(status["dataset_bundles"]) == ["synthetic"] == list(job["dataset_bundles"])
+    # The context each answer used: within the token budget unless one candidate is over it.
+    answers = await db.answers.find({"job_id": baseline["job_id"]}).to_list()
+    assert answers and all(a["context_tokens"] <= 200 or a["candidates_used"] == 1 for a in answers)
+    assert all(a["candidates_used"] <= a["candidates_returned"] for a in answers)
     await _assert_exactly_once(db, baseline["job_id"])
     await _assert_results_recompute(db, baseline["job_id"], baseline["results"])
 
@@ -310,6 +326,8 @@ async def test_full_run_after_the_smoke_survives_a_killed_answerer(
     results = _results(platform, job_id, key)
     await _assert_results_recompute(db, job_id, results)
     assert _table(results) == _approx(_table(baseline["results"]))
+    for held_constant in ("spec_hash", "code_hash", "dataset_bundle_hash"):
+        assert status[held_constant] == baseline["status"][held_constant]
     # The second full run of the season waits 30 days after this one completed.
     again = httpx.post(
         f"{platform.gateway_url}/v1/jobs",
@@ -402,13 +420,14 @@ def test_secret_is_not_stored_or_logged_in_the_clear(
     for response in responses:
         assert canary not in response.content
     scanned = 0
-    for folder in ("mongo", "nats", "logs"):
+    for folder in ("mongo", "nats", "logs", "traces"):
         for path in (platform.stack.data_dir / folder).rglob("*"):
             if path.is_file():
                 scanned += 1
                 assert canary not in path.read_bytes(), path
     logs = {p.stem for p in (platform.stack.data_dir / "logs").glob("*.log")}
     assert {"gateway", "scheduler", "adder", "searcher", "answerer", "scorer"} <= logs
+    assert list((platform.stack.data_dir / "traces").glob("*.jsonl")), "no span files"
     assert scanned > 10
 
 
@@ -523,3 +542,65 @@ async def test_add_resent_byte_identical_after_the_adder_is_killed(platform: Pla
     resent = [bodies for bodies in by_key.values() if len(bodies) > 1]
     assert resent, "no chunk was sent twice"
     assert all(len(set(bodies)) == 1 for bodies in by_key.values())
+
+
+STAGE_SPANS = {"aml.release", "aml.add", "aml.search", "aml.answer", "aml.score"}
+
+
+def _spans_of(
+    platform: Platform, request_id: str, services: set[str]
+) -> dict[str, list[TraceSpan]]:
+    """The traces of a request_id, once spans from `services` are in the files (each service
+    exports in batches every half second)."""
+    deadline = time.monotonic() + 30
+    while True:
+        found = traces_of(read_spans(platform.stack.data_dir / "traces"), request_id)
+        if services <= {s.service for spans in found.values() for s in spans}:
+            return found
+        assert time.monotonic() < deadline, f"spans of {request_id} missing: {found}"
+        time.sleep(1)
+
+
+async def test_each_item_is_one_trace_across_the_services(
+    platform: Platform, baseline: dict[str, Any], db: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """R-8.3: an Add chunk's trace holds the scheduler's release, the adder's work and the HTTP
+    client span to the participant; a question's also the searcher, answerer and scorer."""
+    job_id = baseline["job_id"]
+    chunk = await db.add_chunks.find_one({"job_id": job_id}, sort=[("seq", 1)])
+    question = await db.questions.find_one({"job_id": job_id})
+    for item, expected, stages in (
+        (chunk, {"scheduler", "adder"}, ["aml.release", "aml.add", "participant.add"]),
+        (
+            question,
+            {"scheduler", "searcher", "answerer", "scorer"},
+            [
+                "aml.release",
+                "aml.search",
+                "participant.search",
+                "aml.answer",
+                "llm.chat",
+                "aml.score",
+            ],
+        ),
+    ):
+        found = _spans_of(platform, item["_id"], expected)
+        assert list(found) == [item["trace_id"]], "one trace, the one stored on the item"
+        spans = found[item["trace_id"]]
+        assert expected <= {s.service for s in spans}
+        names = [s.name for s in spans]
+        assert all(stage in names for stage in stages), names
+        # The participant call is a child span with an HTTP client span below it.
+        attempt = next(s for s in spans if s.name.startswith("participant."))
+        http = [s for s in spans if s.parent_id == attempt.span_id]
+        assert http and http[0].attributes.get("http.response.status_code", 200) == 200
+        ours = [s for s in spans if s.name in STAGE_SPANS]
+        assert ours and all(s.attributes.get("aml.job_id") == job_id for s in ours)
+        assert all(s.attributes.get("aml.request_id") == item["_id"] for s in ours)
+
+    # `aml trace` prints the tree of the Add's trace.
+    assert main(["trace", chunk["_id"], "--data-dir", str(platform.stack.data_dir)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == f"trace {chunk['trace_id']}"
+    assert any("aml.release  [scheduler]" in line for line in printed)
+    assert any("participant.add  [adder]" in line for line in printed)

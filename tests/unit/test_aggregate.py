@@ -28,10 +28,13 @@ def _q(
 def _metrics(
     questions: int, scored: int, failed: int, correct: int, f1: float | None = None
 ) -> Metrics:
+    """Open questions judged once; unscored ones without a kind count as `failed`."""
     return Metrics(
         questions=questions,
         scored=scored,
         failed=failed,
+        failures={"failed": failed} if failed else {},
+        accuracy=correct / scored if scored else None,
         judge_correct=correct,
         judge_accuracy=correct / scored if scored else None,
         f1_mean=f1,
@@ -161,3 +164,68 @@ def test_same_category_name_in_two_datasets_is_kept_apart() -> None:
     results = aggregate("j", "completed", outcomes, excluded={})
     assert results.datasets["a"].categories["temporal"].judge_correct == 1
     assert results.datasets["b"].categories["temporal"].judge_correct == 0
+
+
+def test_failures_are_counted_by_kind() -> None:
+    outcomes = [
+        QuestionOutcome(dataset_id="d", category_name="c", scored=False,
+                        failure_kind="participant_outage"),
+        QuestionOutcome(dataset_id="d", category_name="c", scored=False,
+                        failure_kind="contract_error"),
+        QuestionOutcome(dataset_id="d", category_name="c", scored=True, judge_labels=[None]),
+        QuestionOutcome(dataset_id="d", category_name="c", scored=True, judge_label="WRONG",
+                        judge_labels=["WRONG"], f1=0.0),
+    ]  # fmt: skip
+    metrics = aggregate("j", "completed", outcomes, excluded={}).overall
+    assert metrics.failures == {
+        "contract_error": 1,
+        "judge_failure": 1,
+        "participant_outage": 1,
+    }
+    assert (metrics.failed, metrics.scored, metrics.judge_correct) == (3, 1, 0)
+    assert metrics.accuracy == 0.0  # one wrong answer; the failures are not wrong answers
+
+
+def test_judge_runs_mean_and_spread() -> None:
+    # Three runs over three questions. Run 1: 2/3 correct; run 2: 1/3; run 3: 2/2 (it could
+    # not judge the third question). Majority labels: CORRECT, WRONG, CORRECT.
+    runs = [
+        ("CORRECT", ["CORRECT", "WRONG", "CORRECT"]),
+        ("WRONG", ["WRONG", "WRONG", "CORRECT"]),
+        ("CORRECT", ["CORRECT", "CORRECT", None]),
+    ]
+    outcomes = [
+        QuestionOutcome(dataset_id="d", category_name="c", scored=True, judge_label=label,
+                        judge_labels=labels)
+        for label, labels in runs
+    ]  # fmt: skip
+    metrics = aggregate("j", "completed", outcomes, excluded={}).overall
+    assert metrics.judge_runs == 3
+    per_run = [2 / 3, 1 / 3, 2 / 2]
+    mean = sum(per_run) / 3
+    assert metrics.judge_run_accuracy_mean == pytest.approx(mean)
+    spread = (sum((x - mean) ** 2 for x in per_run) / 3) ** 0.5
+    assert metrics.judge_run_accuracy_spread == pytest.approx(spread)
+    assert metrics.judge_accuracy == pytest.approx(2 / 3)
+
+
+def test_multiple_choice_counts_in_accuracy_not_in_judge_or_f1() -> None:
+    outcomes = [
+        QuestionOutcome(dataset_id="d", category_name="mc", scored=True,
+                        multiple_choice=True, choice_correct=True),
+        QuestionOutcome(dataset_id="d", category_name="mc", scored=True,
+                        multiple_choice=True, choice_correct=False),
+        QuestionOutcome(dataset_id="d", category_name="mc", scored=True,
+                        multiple_choice=True, choice_correct=None),
+        QuestionOutcome(dataset_id="d", category_name="open", scored=True,
+                        judge_label="CORRECT", judge_labels=["CORRECT"], f1=0.5, bleu1=0.25),
+    ]  # fmt: skip
+    results = aggregate("j", "completed", outcomes, excluded={}, f1_variants={"d": "f1-set-v1"})
+    metrics = results.overall
+    assert (metrics.scored, metrics.failed) == (3, 1)
+    assert metrics.failures == {"unreadable_choice": 1}
+    assert (metrics.option_questions, metrics.option_correct) == (2, 1)
+    assert metrics.accuracy == pytest.approx(2 / 3)
+    assert metrics.judge_accuracy == 1.0
+    assert (metrics.f1_mean, metrics.bleu1_mean) == (0.5, 0.25)
+    assert results.datasets["d"].f1_variant == "f1-set-v1"

@@ -1,25 +1,50 @@
-from aml_answerer.handlers import fit_candidates
+"""Which candidates the answer model sees (R-6.1, rule context-v1 in aml_evaluation.context)."""
+
+from __future__ import annotations
+
+from aml_evaluation.context import estimate_tokens, estimated, fit_candidates
 
 
-def test_keeps_the_ranked_prefix_that_fits() -> None:
+async def by_length(text: str) -> int:
+    """A counter whose numbers are easy to check by hand: one token per character."""
+    return len(text)
+
+
+async def test_keeps_the_ranked_prefix_that_fits() -> None:
     candidates = [
         {"id": "a", "content": "x" * 40, "created_at": "2023-05-08"},
         {"id": "b", "content": "y" * 40},
         {"id": "c", "content": "z" * 5},
     ]
-    # 50 + 40 = 90 fits; the short third one would fit too but is never pulled ahead of rank.
-    assert fit_candidates(candidates, 90) == [("x" * 40, "2023-05-08"), ("y" * 40, None)]
-    assert fit_candidates(candidates, 89) == [("x" * 40, "2023-05-08")]
+    # Lines "- [2023-05-08] xxx…" (15 + 40 = 55) and "- yyy…" (2 + 40 = 42): 97 fits; the
+    # short third one would fit too but is never pulled ahead of rank.
+    fitted = await fit_candidates(candidates, 97, by_length)
+    assert fitted.memories == [("x" * 40, "2023-05-08"), ("y" * 40, None)]
+    assert (fitted.tokens, fitted.candidates_returned) == (97, 3)
+    fitted = await fit_candidates(candidates, 96, by_length)
+    assert fitted.memories == [("x" * 40, "2023-05-08")] and fitted.tokens == 55
 
 
-def test_first_candidate_is_kept_even_when_too_long() -> None:
-    assert fit_candidates([{"content": "x" * 500}], 10) == [("x" * 500, None)]
+async def test_first_candidate_is_kept_even_when_too_long() -> None:
+    fitted = await fit_candidates([{"content": "x" * 500}], 10, by_length)
+    assert fitted.memories == [("x" * 500, None)] and fitted.tokens == 502
 
 
-def test_content_parts_use_their_text() -> None:
+async def test_content_parts_use_their_text() -> None:
     parts = [{"type": "text", "text": "hello"}, {"type": "image_url", "image_url": {"url": "u"}}]
-    assert fit_candidates([{"content": parts}], 100) == [("hello", None)]
+    fitted = await fit_candidates([{"content": parts}], 100, by_length)
+    assert fitted.memories == [("hello", None)]
 
 
-def test_no_candidates() -> None:
-    assert fit_candidates([], 100) == []
+async def test_no_candidates() -> None:
+    fitted = await fit_candidates([], 100, by_length)
+    assert (fitted.memories, fitted.tokens, fitted.candidates_returned) == ([], 0, 0)
+
+
+async def test_the_estimate_rounds_utf8_bytes_up_by_thirds() -> None:
+    assert estimate_tokens("") == 0
+    assert estimate_tokens("abc") == 1
+    assert estimate_tokens("abcd") == 2
+    assert estimate_tokens("猫") == 1  # three UTF-8 bytes
+    assert estimate_tokens("Zoë") == 2  # four bytes
+    assert await estimated("x" * 30) == 10

@@ -15,7 +15,7 @@ def test_results_table_lists_every_cell_with_counts() -> None:
     table = render_results(results.model_dump(mode="json")).splitlines()
     rows = {line.split()[1] if not line.startswith("Overall") else "Overall": line.split()
             for line in table[2:] if line.startswith(("synthetic", "Overall"))}  # fmt: skip
-    assert rows["single-hop"][-5:] == ["2", "2", "0", "50.0", "50.0"]
-    assert rows["adversarial"][-5:] == ["1", "0", "1", "-", "-"]
-    assert rows["Overall"][-5:] == ["2", "2", "0", "50.0", "50.0"]
+    assert rows["single-hop"][-6:] == ["2", "2", "0", "50.0", "50.0", "-"]
+    assert rows["adversarial"][-6:] == ["1", "0", "1", "-", "-", "-"]
+    assert rows["Overall"][-6:] == ["2", "2", "0", "50.0", "50.0", "-"]
     assert table[-1].startswith("* reported apart")

@@ -14,13 +14,15 @@ import pytest
 from aml_contract.participant import AddRequest, SearchRequest
 from aml_evaluation.chunker import plan_adds
 from aml_evaluation.datasets import Dataset, load_dataset, parse_locomo
-from aml_runtime.settings import SpecSettings
+from aml_evaluation.prompts import question_with_options
+from aml_evaluation.scoring import parse_choice
+from aml_scheduler.handlers import question_outcome
 from aml_scheduler.planning import (
-    evaluation_spec,
     plan_chunks,
     plan_questions,
     question_item_id,
 )
+from aml_scorer.handlers import ScoreAnswer
 
 JOB = "job-42"
 CHUNK_ID = re.compile(rf"eval:{JOB}:synthetic:(?P<conv>[^:]+):chunk-(?P<n>\d+)")
@@ -177,45 +179,53 @@ def test_multiple_choice_options_go_out_but_not_the_answer(dataset: Dataset) -> 
     assert "Berlin (option b)" not in doc["search_body"].decode()
 
 
-# --- evaluation spec ------------------------------------------------------------------------
+# --- outcomes and multiple choice -----------------------------------------------------------
 
 
-def _spec_settings(**overrides: object) -> SpecSettings:
-    return SpecSettings(**overrides)  # type: ignore[arg-type]
+def test_question_outcome_from_each_final_record() -> None:
+    question = {"question_id": "s:q0001", "dataset_id": "d", "category_name": "temporal"}
+    scored = question_outcome(
+        question,
+        {"state": "done", "category_name": "temporal", "judge_label": "CORRECT",
+         "judge_labels": ["CORRECT"], "f1": 0.5, "bleu1": 0.25},
+    )  # fmt: skip
+    assert scored.scored and scored.failure is None
+    assert (scored.judge_label, scored.f1, scored.bleu1) == ("CORRECT", 0.5, 0.25)
+    outage = question_outcome(question, {"state": "failed", "failure_kind": "participant_outage"})
+    assert not outage.scored and outage.failure == "participant_outage"
+    assert outage.judge_label is None
+    # No final record at all (cannot happen once complete): the platform's fault.
+    assert question_outcome(question, {}).failure == "platform_error"
+    unreadable = question_outcome(
+        question, {"state": "done", "category_name": "temporal", "judge_labels": [None]}
+    )
+    assert unreadable.failure == "judge_failure"
+    choice = question_outcome(
+        question,
+        {"state": "done", "category_name": "temporal", "multiple_choice": True,
+         "choice_correct": None},
+    )  # fmt: skip
+    assert choice.failure == "unreadable_choice"
 
 
-def test_evaluation_spec_is_stable() -> None:
-    spec = evaluation_spec(_spec_settings())
-    assert spec == evaluation_spec(_spec_settings())
-    assert spec["answer_prompt"].startswith("answer_v1@")
-    assert spec["judge_prompt"].startswith("judge_v1@")
-    assert all(isinstance(value, str) for value in spec.values())
+def test_options_reach_the_answer_prompt_as_letters() -> None:
+    text = question_with_options("Where did Zoë move?", ["Lisbon", "Berlin", "Oslo"])
+    assert text.splitlines() == [
+        "Where did Zoë move?",
+        "Options:",
+        "A. Lisbon",
+        "B. Berlin",
+        "C. Oslo",
+        "Answer with the letter of one option.",
+    ]
+    assert question_with_options("Q?", None) == "Q?"
+    assert parse_choice("B", ["Lisbon", "Berlin", "Oslo"]) == 1
 
 
-def test_evaluation_spec_changes_with_prompt_name() -> None:
-    base = evaluation_spec(_spec_settings(answer_prompt="answer_v1", judge_prompt="judge_v1"))
-    swapped = evaluation_spec(_spec_settings(answer_prompt="judge_v1", judge_prompt="judge_v1"))
-    assert swapped != base
-    assert swapped["answer_prompt"] != base["answer_prompt"]
-    assert swapped["judge_prompt"] == base["judge_prompt"]
-
-
-@pytest.mark.parametrize(
-    ("field", "value", "key"),
-    [
-        ("top_k", 10, "top_k"),
-        ("answer_model", "other-model", "answer_model"),
-        ("judge_model", "other-judge", "judge_model"),
-        ("answer_context_chars", 1234, "answer_context_chars"),
-    ],
-)
-def test_evaluation_spec_changes_with_settings(field: str, value: object, key: str) -> None:
-    base = evaluation_spec(_spec_settings())
-    changed = evaluation_spec(_spec_settings(**{field: value}))
-    assert changed[key] == str(value)
-    assert changed != base
-
-
-def test_evaluation_spec_unknown_prompt_fails() -> None:
-    with pytest.raises(FileNotFoundError):
-        evaluation_spec(_spec_settings(answer_prompt="answer_v999"))
+def test_multiple_choice_is_scored_by_the_option_named() -> None:
+    score = ScoreAnswer(settings=None, db=None, llm=None, prompt=None)  # type: ignore[arg-type]
+    options = ["Lisbon", "Berlin", "Oslo"]
+    assert score.choice("B", options, "Berlin")["choice_correct"] is True
+    assert score.choice("(c) Oslo", options, "Berlin")["choice_correct"] is False
+    unreadable = score.choice("maybe Lisbon or Oslo", options, "Berlin")
+    assert unreadable["chosen_option"] is None and unreadable["choice_correct"] is None

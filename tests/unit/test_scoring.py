@@ -92,18 +92,30 @@ def test_token_f1_is_symmetric_in_value() -> None:
         # fenced
         ('```json\n{\n  "label": "WRONG"\n}\n```', "WRONG"),
         ('Verdict:\n```\n{"label": "CORRECT"}\n```\n', "CORRECT"),
+        ('Sure!\n```json\n{"reasoning": "wrong year?", "label": "CORRECT"}\n```', "CORRECT"),
+        ('```json\n{"label": "WRONG"}', "WRONG"),  # fence never closed
+        ("```JSON\n{'label': 'CORRECT'}\n```", "CORRECT"),  # not JSON; one bare word
         # truncated
         ('{"label": "CORRECT"', "CORRECT"),  # no JSON, one bare word
         ('{"label": "CORR', None),
         ('{"label": ', None),
+        ('{"label": "WRONG"', "WRONG"),
+        ('```json\n{"label": "WRO', None),
+        ('{"reasoning": "the year is wro', None),
         # bare words
         ("CORRECT", "CORRECT"),
         ("Label: wrong.", "WRONG"),
         ("The answer is correct. CORRECT", "CORRECT"),
         ('{"verdict": "CORRECT"}', "CORRECT"),  # no valid label field, one bare word
+        ('{"label": ["CORRECT"]}', "CORRECT"),  # same: not a string label, one bare word
         # garbage and ambiguity: a judge failure, never WRONG by default
         ("", None),
         ("I cannot grade this.", None),
+        ("```json\n```", None),
+        ("{}", None),
+        ("null", None),
+        ('{"label": null}', None),
+        ("\x00\ufffd}{", None),
         ('{"label": "MAYBE"}', None),
         ('{"label": true}', None),
         ("INCORRECT", None),  # not the word CORRECT

@@ -353,6 +353,13 @@ def test_unresolvable_name_is_its_own_error() -> None:
         resolve_and_check("empty.example", 443, allow_loopback=False, resolver=empty)
 
 
+@pytest.mark.parametrize("host", ["a..b", "a" * 64 + ".example.com"])
+def test_names_the_idna_codec_refuses_are_unresolvable_not_a_crash(host: str) -> None:
+    # The real system resolver: it raises UnicodeError, not OSError, for these names.
+    with pytest.raises(UnresolvableHost, match="could not be resolved"):
+        resolve_and_check(host, 443, allow_loopback=False)
+
+
 def test_resolver_answer_that_is_no_address_is_refused() -> None:
     resolve = resolver({"odd.example": ["not-an-ip"]})
     with pytest.raises(UnsafeUrl, match="not an address"):
@@ -454,6 +461,7 @@ def registration(**urls: str) -> dict[str, object]:
         "add_url": "https://8.8.8.8/add",
         "search_url": "https://8.8.8.8/search",
         "health_url": "https://8.8.8.8/health",
+        "memory_system_key": "msk-test",
     } | urls
 
 

@@ -76,6 +76,26 @@ class VersionRegistration(BaseModel):
     memory_system_key: SecretStr | None = None
     capacity: Capacity = Capacity()
 
+    @model_validator(mode="after")
+    def _key(self) -> VersionRegistration:
+        check_memory_system_key(self.auth_method, self.memory_system_key)
+        return self
+
+
+def check_memory_system_key(auth_method: AuthMethod, key: SecretStr | None) -> None:
+    """A key exactly when the auth method sends one (R-3.1, R-4.2)."""
+    if auth_method != "none" and (key is None or not key.get_secret_value().strip()):
+        raise PydanticCustomError(
+            "memory_system_key_missing",
+            "memory_system_key is required unless auth_method is `none`",
+        )
+    if auth_method == "none" and key is not None:
+        # A key that is never sent should not be stored either.
+        raise PydanticCustomError(
+            "memory_system_key_unused",
+            "auth_method `none` sends no key: leave memory_system_key out",
+        )
+
 
 class VersionRegistered(BaseModel):
     version_id: str
@@ -182,18 +202,57 @@ class JobStatus(BaseModel):
     stages: dict[Stage, StageProgress]
     errors: list[JobError]
     spec: dict[str, str] = Field(description="Versions and hashes of everything held constant.")
+    spec_hash: str | None = Field(
+        default=None, description="sha256 of the evaluation spec document (R-6.4)."
+    )
+    dataset_bundle_hash: str | None = Field(
+        default=None, description="sha256 over the job's dataset bundles (manifests + files)."
+    )
+    dataset_bundles: dict[str, str] = Field(
+        default_factory=dict, description="Each dataset's bundle hash."
+    )
+    code_hash: str | None = Field(default=None, description="sha256 of the pipeline code.")
+    review_state: ReviewState | None = Field(
+        default=None,
+        description="Publication (R-3.8): set once a finished job has been through the gate; "
+        "null for a job not gated (yet).",
+    )
+    gate: PublicationGate | None = Field(
+        default=None, description="The automatic publication gate's checks, once it ran."
+    )
+    review_reason: str | None = Field(
+        default=None, description="Why an admin rejected the job's publication."
+    )
 
 
 class Metrics(BaseModel):
     """One cell of the results table. Failed questions (participant outage, contract error,
-    judge failure) are counted apart and never scored as wrong."""
+    judge failure) are counted apart, by kind, and never scored as wrong."""
 
     questions: int
     scored: int
     failed: int
+    failures: dict[str, int] = Field(
+        default_factory=dict, description="Failed questions by kind (judge_failure, ...)."
+    )
+    accuracy: float | None = Field(
+        default=None,
+        description="The headline: correct / scored, over judged open questions and "
+        "multiple-choice questions together.",
+    )
     judge_correct: int
     judge_accuracy: float | None
+    option_correct: int = 0
+    option_questions: int = Field(default=0, description="Scored multiple-choice questions.")
     f1_mean: float | None
+    bleu1_mean: float | None = None
+    judge_runs: int = Field(default=1, description="Judge calls per question (majority vote).")
+    judge_run_accuracy_mean: float | None = Field(
+        default=None, description="Mean over judge runs of each run's own accuracy."
+    )
+    judge_run_accuracy_spread: float | None = Field(
+        default=None, description="Population standard deviation of the per-run accuracies."
+    )
 
 
 class DatasetResults(BaseModel):
@@ -201,6 +260,7 @@ class DatasetResults(BaseModel):
     overall: Metrics
     categories: dict[str, Metrics]
     excluded_from_overall: list[str]
+    f1_variant: str = Field(default="f1-locomo-v1", description="Which token F1 `f1_mean` is.")
 
 
 class JobResults(BaseModel):
@@ -415,17 +475,7 @@ class AccessRequest(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> AccessRequest:
-        if self.auth_method != "none" and self.memory_system_key is None:
-            raise PydanticCustomError(
-                "memory_system_key_missing",
-                "memory_system_key is required unless auth_method is `none`",
-            )
-        if self.auth_method == "none" and self.memory_system_key is not None:
-            # A key that is never sent should not be stored either.
-            raise PydanticCustomError(
-                "memory_system_key_unused",
-                "auth_method `none` sends no key: leave memory_system_key out",
-            )
+        check_memory_system_key(self.auth_method, self.memory_system_key)
         if self.board == "academic":
             self._check_academic()
         return self
@@ -534,3 +584,151 @@ class VersionView(BaseModel):
     has_memory_system_key: bool
     capacity: Capacity
     created_at: datetime
+
+
+# --- Publication (R-3.8, R-3.9, R-5.3, R-7.4) ------------------------------------------------
+
+GateCheckName = Literal[
+    "mode_full",
+    "all_items_succeeded",
+    "answer_model",
+    "spec_hash",
+    "code_hash",
+    "dataset_bundle_hash",
+    "question_counts",
+    "not_duplicate",
+]
+ReviewState = Literal["gate_failed", "pending_review", "approved", "rejected"]
+
+
+class GateCheck(BaseModel):
+    name: GateCheckName
+    passed: bool
+    reason: str = Field(description="Why it passed or failed, with the values compared.")
+
+
+class ReleaseBaseline(BaseModel):
+    """What a publishable job must have been evaluated with: the operator's current release."""
+
+    answer_model: str
+    spec_hash: str
+    code_hash: str
+    dataset_bundle_hash: str
+    question_counts: dict[str, int] = Field(description="Questions per dataset id.")
+
+
+class LeaderboardEntry(BaseModel):
+    """A public leaderboard submission record (R-3.8): only approved, not disqualified."""
+
+    entry_id: str
+    system_name: str
+    version_label: str
+    team_name: str
+    board: Board
+    track: Track
+    overall: Metrics
+    datasets: dict[str, DatasetResults]
+    spec_hash: str
+    code_hash: str
+    dataset_bundle_hash: str
+    answer_model: str
+    published_at: datetime
+    declared_models: DeclaredModels | None = Field(
+        default=None, description="The models inside the system, as its team declared (R-2.2)."
+    )
+    repository_url: str | None = Field(
+        default=None, description="The method's repository (academic board)."
+    )
+
+
+class PublicationGate(BaseModel):
+    """The automatic publication gate's outcome on a finished job (R-3.8), as the publisher
+    stores it on the job."""
+
+    checks: list[GateCheck]
+    passed: bool
+    at: datetime
+
+
+class ReviewView(BaseModel):
+    """A gated job as the admins review it (R-3.8): what was run, by whom, the gate's checks
+    and the headline result."""
+
+    job_id: str
+    review_state: ReviewState
+    gate: PublicationGate | None
+    mode: Mode
+    track: Track
+    run_label: str
+    version_id: str
+    system_name: str | None
+    version_label: str | None
+    board: Board | None
+    team_id: str
+    team_name: str | None
+    finished_at: datetime | None
+    overall: Metrics | None = Field(description="The job's Overall; null without results.")
+    answer_model: str | None
+    spec_hash: str | None
+    code_hash: str | None
+    dataset_bundle_hash: str | None
+    reviewed_at: datetime | None
+    reason: str | None = Field(description="Why the publication was rejected.")
+    entry_id: str | None = Field(description="The leaderboard entry created on approval.")
+
+
+class ReviewRejection(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"reason": "The run used an outdated memory-system build; rerun."}]
+        },
+    )
+    reason: LongText
+
+
+class Disqualification(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"reason": "Results copied from another team's submission (R-3.9)."}]
+        },
+    )
+    reason: LongText
+
+
+class PublicationRecord(LeaderboardEntry):
+    """A leaderboard submission record as the admins see it: the public entry plus what binds
+    it to its job, and whether it was disqualified (kept, but no longer public, R-3.9)."""
+
+    job_id: str
+    version_id: str
+    team_id: str
+    results_fingerprint: str = Field(
+        description="sha256 of the canonical JSON of the job's per-dataset results."
+    )
+    disqualified: bool
+    disqualified_reason: str | None = None
+    disqualified_at: datetime | None = None
+
+
+class Leaderboard(BaseModel):
+    """One public board (R-2.4, R-5.3): approved, not disqualified entries of one track."""
+
+    track: Track
+    board: Board | None = Field(description="null: the entries of every board of the track.")
+    entries: list[LeaderboardEntry] = Field(
+        description="Best Overall first (accuracy, else judge accuracy; none last), then the "
+        "earlier publication."
+    )
+
+
+class SystemHistory(BaseModel):
+    """Every public entry of one system, across its versions, tracks and boards (R-5.3)."""
+
+    system_name: str
+    entries: list[LeaderboardEntry] = Field(description="Oldest publication first.")
+
+
+# JobStatus names the publication models defined after it.
+JobStatus.model_rebuild()

@@ -22,7 +22,7 @@ ADD_DONE: Final = "aml.done.add"
 QUESTION_DONE: Final = "aml.done.question"
 
 WORK_SUBJECTS: Final = (WORK_ADD, WORK_SEARCH, WORK_ANSWER, WORK_SCORE)
-# JOB_FINISHED lives in its own stream so a future consumer (the publisher) can read it without
+# JOB_FINISHED lives in its own stream (limits retention) so the publisher reads it without
 # competing with the scheduler's work-queue consumers.
 EVENT_SUBJECTS: Final = (JOB_SUBMITTED, ADD_DONE, QUESTION_DONE)
 FINISHED_STREAM: Final = "AML_FINISHED"

@@ -3,62 +3,126 @@ with its counts.
 
 Rules, in the order they apply:
 - A question that failed before it could be judged (participant outage, contract error, platform
-  fault) or whose judge reply could not be parsed counts in `failed`, never as a wrong answer.
-- `judge_accuracy` = judge_correct / scored; `f1_mean` is over the scored questions.
+  fault), whose judge verdict could not be read, or whose multiple-choice answer names no
+  option, counts in `failed` under its kind, never as a wrong answer.
+- An open question is correct when the judge's majority label is CORRECT; a multiple-choice
+  question when the answer names the right option. `accuracy` = correct / scored over both;
+  `judge_accuracy` is over the judged open questions only.
+- `f1_mean` and `bleu1_mean` are over the scored open questions.
+- With N judge runs, each run's own accuracy (over the questions that run could judge) is
+  reported as a mean and a population standard deviation across runs.
 - A dataset's overall is the micro-average over its categories except the excluded ones (LoCoMo's
   adversarial category is reported on its own, as the field does).
 - Overall is the micro-average over every dataset's included questions (every question weighs
-  the same; declared suite weights arrive with the evaluation spec).
+  the same).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import hashlib
+import json
+import statistics
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from aml_contract.api import DatasetResults, JobResults, JobState, Metrics
 
 JudgeLabel = Literal["CORRECT", "WRONG"]
+JUDGE_FAILURE = "judge_failure"
+UNREADABLE_CHOICE = "unreadable_choice"
 
 
 class QuestionOutcome(BaseModel):
     dataset_id: str
     category_name: str
-    scored: bool
+    scored: bool = Field(description="False: the question failed before it could be scored.")
+    failure_kind: str | None = None
     judge_label: JudgeLabel | None = None
+    judge_labels: list[JudgeLabel | None] = Field(
+        default_factory=list, description="One label (or None) per judge run."
+    )
     f1: float | None = None
+    bleu1: float | None = None
+    # Multiple choice: whether the answer named the right option (None: it named none).
+    multiple_choice: bool = False
+    choice_correct: bool | None = None
+    question_id: str | None = None
+
+    @property
+    def failure(self) -> str | None:
+        """The kind this question failed with, or None when it was scored."""
+        if not self.scored:
+            return self.failure_kind or "failed"
+        if self.multiple_choice:
+            return UNREADABLE_CHOICE if self.choice_correct is None else None
+        return JUDGE_FAILURE if self.judge_label is None else None
 
 
 @dataclass
 class _Tally:
     questions: int = 0
     scored: int = 0
-    failed: int = 0
-    correct: int = 0
+    failures: Counter[str] = field(default_factory=Counter)
+    judge_correct: int = 0
+    judged: int = 0
+    option_correct: int = 0
+    options: int = 0
     f1_values: list[float] = field(default_factory=list)
+    bleu_values: list[float] = field(default_factory=list)
+    # Per judge run: [correct, judged].
+    runs: list[list[int]] = field(default_factory=list)
 
     def add(self, outcome: QuestionOutcome) -> None:
         self.questions += 1
-        if not outcome.scored or outcome.judge_label is None:
-            self.failed += 1
+        failure = outcome.failure
+        if failure is not None:
+            self.failures[failure] += 1
             return
         self.scored += 1
-        self.correct += outcome.judge_label == "CORRECT"
+        if outcome.multiple_choice:
+            self.options += 1
+            self.option_correct += bool(outcome.choice_correct)
+            return
+        self.judged += 1
+        self.judge_correct += outcome.judge_label == "CORRECT"
         if outcome.f1 is not None:
             self.f1_values.append(outcome.f1)
+        if outcome.bleu1 is not None:
+            self.bleu_values.append(outcome.bleu1)
+        while len(self.runs) < len(outcome.judge_labels):
+            self.runs.append([0, 0])
+        for run, label in zip(self.runs, outcome.judge_labels, strict=False):
+            if label is not None:
+                run[0] += label == "CORRECT"
+                run[1] += 1
 
     def metrics(self) -> Metrics:
+        per_run = [correct / judged for correct, judged in self.runs if judged]
+        correct = self.judge_correct + self.option_correct
         return Metrics(
             questions=self.questions,
             scored=self.scored,
-            failed=self.failed,
-            judge_correct=self.correct,
-            judge_accuracy=self.correct / self.scored if self.scored else None,
-            f1_mean=sum(self.f1_values) / len(self.f1_values) if self.f1_values else None,
+            failed=sum(self.failures.values()),
+            failures=dict(sorted(self.failures.items())),
+            accuracy=correct / self.scored if self.scored else None,
+            judge_correct=self.judge_correct,
+            judge_accuracy=self.judge_correct / self.judged if self.judged else None,
+            option_correct=self.option_correct,
+            option_questions=self.options,
+            f1_mean=_mean(self.f1_values),
+            bleu1_mean=_mean(self.bleu_values),
+            judge_runs=max(1, len(self.runs)),
+            judge_run_accuracy_mean=_mean(per_run),
+            judge_run_accuracy_spread=statistics.pstdev(per_run) if per_run else None,
         )
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def aggregate(
@@ -66,8 +130,10 @@ def aggregate(
     state: JobState,
     outcomes: Iterable[QuestionOutcome],
     excluded: dict[str, list[str]],
+    f1_variants: dict[str, str] | None = None,
 ) -> JobResults:
-    """`excluded` maps a dataset id to the category names kept out of its overall."""
+    """`excluded` maps a dataset id to the category names kept out of its overall;
+    `f1_variants` names each dataset's token F1 (default the LoCoMo variant)."""
     per_category: dict[str, dict[str, _Tally]] = {}
     per_dataset: dict[str, _Tally] = {}
     overall = _Tally()
@@ -78,13 +144,36 @@ def aggregate(
             continue
         per_dataset.setdefault(outcome.dataset_id, _Tally()).add(outcome)
         overall.add(outcome)
+    variants = f1_variants or {}
     datasets = {
         dataset_id: DatasetResults(
             dataset_id=dataset_id,
             overall=per_dataset.get(dataset_id, _Tally()).metrics(),
             categories={name: tally.metrics() for name, tally in sorted(categories.items())},
             excluded_from_overall=sorted(excluded.get(dataset_id, [])),
+            **({"f1_variant": variants[dataset_id]} if dataset_id in variants else {}),
         )
         for dataset_id, categories in sorted(per_category.items())
     }
     return JobResults(job_id=job_id, state=state, overall=overall.metrics(), datasets=datasets)
+
+
+def results_fingerprint(datasets: Mapping[str, Any]) -> str:
+    """sha256 of a job's per-dataset results (`JobResults.datasets`, as stored: its JSON dump) in
+    canonical JSON: sorted keys, no spaces, UTF-8, and integral floats written as integers so a
+    store that reads `1.0` back as `1` gives the same fingerprint. Two jobs with the same
+    fingerprint reported the same numbers for every dataset and category (R-3.8 duplicates)."""
+    canonical = json.dumps(
+        _canonical(datasets), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(key): _canonical(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_canonical(item) for item in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value

@@ -45,6 +45,7 @@ LOCOMO_CATEGORIES: Final[Mapping[int, str]] = {
 }
 LOCOMO_ADVERSARIAL_CATEGORY: Final = 5
 DEFAULT_SCORER: Final = "llm_judge+token_f1"
+DEFAULT_F1_VARIANT: Final = "f1-locomo-v1"
 
 PACKAGE_DATA_DIR: Final = Path(__file__).resolve().parent / "data"
 MANIFESTS_DIR: Final = PACKAGE_DATA_DIR / "manifests"
@@ -114,6 +115,7 @@ class Dataset(_Frozen):
     version: str
     categories: dict[int, str]
     scorer: str
+    f1_variant: str = DEFAULT_F1_VARIANT
     conversations: list[Conversation]
     questions: list[Question]
 
@@ -128,6 +130,9 @@ class DatasetManifest(_Frozen):
     version: str
     format: Literal["locomo"]
     scorer: str
+    # Which token-F1 the dataset is scored with (aml_evaluation.scoring.F1_VARIANTS); results
+    # name it, since harnesses in the field differ here.
+    f1_variant: str = DEFAULT_F1_VARIANT
     categories: dict[int, str]
     excluded_from_overall: list[int] = Field(default_factory=list)
     # Where `files` are resolved by load_dataset: inside this package, or under the operator's
@@ -226,7 +231,22 @@ def _question(
         category_name=categories[category],
         evidence=[str(item) for item in raw.get("evidence", [])],
         adversarial=category == LOCOMO_ADVERSARIAL_CATEGORY,
+        options=_options(sample_id, index, raw),
     )
+
+
+def _options(sample_id: str, index: int, raw: Mapping[str, Any]) -> list[str] | None:
+    """A multiple-choice question lists its options; its answer is one of them, verbatim."""
+    options = raw.get("options")
+    if options is None:
+        return None
+    if not (
+        isinstance(options, list) and len(options) >= 2 and all(isinstance(o, str) for o in options)
+    ):
+        raise ValueError(f"sample {sample_id!r} qa[{index}]: options must be 2+ strings")
+    if str(raw.get("answer")) not in options:
+        raise ValueError(f"sample {sample_id!r} qa[{index}]: the answer is not one of the options")
+    return [str(option) for option in options]
 
 
 def _sample(
@@ -252,6 +272,7 @@ def parse_locomo(
     *,
     categories: Mapping[int, str] = LOCOMO_CATEGORIES,
     scorer: str = DEFAULT_SCORER,
+    f1_variant: str = DEFAULT_F1_VARIANT,
 ) -> Dataset:
     conversations: list[Conversation] = []
     questions: list[Question] = []
@@ -267,6 +288,7 @@ def parse_locomo(
         version=version,
         categories=dict(categories),
         scorer=scorer,
+        f1_variant=f1_variant,
         conversations=conversations,
         questions=questions,
     )
@@ -344,6 +366,7 @@ def load_bundle(manifest_path: Path, root: Path | None = None) -> Dataset:
         manifest.version,
         categories=manifest.categories,
         scorer=manifest.scorer,
+        f1_variant=manifest.f1_variant,
     )
 
 

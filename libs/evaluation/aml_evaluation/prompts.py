@@ -69,3 +69,13 @@ def format_memories(candidates: Sequence[tuple[str, str | None]]) -> str:
         prefix = f"- [{created_at}] " if created_at else "- "
         lines.append(prefix + content.replace("\n", "\n  "))
     return "\n".join(lines)
+
+
+def question_with_options(question: str, options: Sequence[str] | None) -> str:
+    """The `{question}` of the answer prompt. A multiple-choice question lists its options as
+    lettered lines (the same options the participant's Search received, R-4.7) and asks for
+    the letter, which aml_evaluation.scoring.parse_choice reads back."""
+    if not options:
+        return question
+    lines = [f"{chr(ord('A') + i)}. {option}" for i, option in enumerate(options)]
+    return "\n".join([question, "Options:", *lines, "Answer with the letter of one option."])

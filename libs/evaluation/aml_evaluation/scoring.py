@@ -1,5 +1,6 @@
-"""Scoring primitives (SPEC R-6.2): token F1 as in the LoCoMo paper, and parsing of the LLM
-judge's verdict. Pure functions, no I/O."""
+"""Scoring primitives (SPEC R-6.2): token F1 as in the LoCoMo paper and as in the mem0
+evaluation harness, BLEU-1, multiple-choice answer parsing, and parsing of the LLM judge's
+verdict. Pure functions, no I/O; every scorer carries a version constant that a run records."""
 
 from __future__ import annotations
 
@@ -7,11 +8,21 @@ import json
 import re
 import string
 from collections import Counter
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Final, Literal
 
 from nltk.stem import PorterStemmer  # type: ignore[import-untyped]
+from nltk.tokenize import NLTKWordTokenizer  # type: ignore[import-untyped]
+from nltk.translate.bleu_score import (  # type: ignore[import-untyped]
+    SmoothingFunction,
+    sentence_bleu,
+)
 
 F1_VERSION: Final = "f1-locomo-v1"
+F1_SET_VERSION: Final = "f1-set-v1"
+BLEU_VERSION: Final = "bleu1-nltk-v1"
+MC_VERSION: Final = "mc-parse-v1"
 
 JudgeLabel = Literal["CORRECT", "WRONG"]
 
@@ -71,6 +82,176 @@ def token_f1(prediction: str, gold: str | int) -> float:
     precision = shared / len(prediction_tokens)
     recall = shared / len(gold_tokens)
     return 2 * precision * recall / (precision + recall)
+
+
+# The characters mem0's `simple_tokenize` turns into spaces; everything else stays in the token.
+_SET_F1_SEPARATORS: Final = str.maketrans(dict.fromkeys(".,!?", " "))
+
+
+def _set_tokens(text: str) -> set[str]:
+    return set(text.lower().translate(_SET_F1_SEPARATORS).split())
+
+
+def token_f1_set(prediction: str, gold: str | int) -> float:
+    """Set-based token F1 of the mem0 evaluation harness (mem0ai/mem0
+    `evaluation/metrics/utils.py`, `simple_tokenize` + the "f1" of `calculate_metrics`; that
+    file is borrowed from A-Mem, WujiangXu/AgenticMemory `utils.py`, and memodb-io/memobase
+    `docs/experiments/locomo-benchmark` is a fork of the same harness). Step for step:
+
+    1. lowercase,
+    2. replace each of the four characters ``. , ! ?`` by a space — no other normalisation:
+       other punctuation stays part of its token ("paris;" is not "paris"), articles and "and"
+       stay, nothing is stemmed, and "1,000" becomes the two tokens "1" and "000",
+    3. split on whitespace and take the SET of tokens, so duplicates collapse
+       ("cat cat" vs "cat" is 1.0),
+    4. precision = |shared| / |prediction set|, recall = |shared| / |gold set|, F1 their
+       harmonic mean.
+
+    Edge cases as in the harness: an empty token set on either side (empty or whitespace-only
+    text, or only ``.,!?``) gives 0.0, also when both are empty; no shared token gives 0.0.
+
+    `gold` may be an int (LoCoMo years); the harness compares `str(answer)`, so does this.
+    """
+    prediction_tokens = _set_tokens(prediction)
+    gold_tokens = _set_tokens(str(gold))
+    shared = len(prediction_tokens & gold_tokens)
+    if shared == 0:
+        return 0.0
+    precision = shared / len(prediction_tokens)
+    recall = shared / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+F1Scorer = Callable[[str, str | int], float]
+
+# Version name -> scorer, so a dataset manifest can declare which token F1 it reports.
+F1_VARIANTS: Final[Mapping[str, F1Scorer]] = MappingProxyType(
+    {F1_VERSION: token_f1, F1_SET_VERSION: token_f1_set}
+)
+
+# The Treebank-style tokenizer that nltk.word_tokenize applies to each sentence; it needs no
+# downloaded data (only word_tokenize's punkt sentence split does). Stateless after
+# construction, like the stemmer.
+_WORD_TOKENIZER: Final = NLTKWordTokenizer()
+_BLEU_SMOOTHING: Final = SmoothingFunction().method1
+
+
+def _bleu_tokens(text: str) -> list[str]:
+    return [str(token) for token in _WORD_TOKENIZER.tokenize(text.lower())]
+
+
+def bleu1(prediction: str, gold: str | int) -> float:
+    """BLEU-1 as the mem0 evaluation harness computes it (mem0ai/mem0
+    `evaluation/metrics/utils.py::calculate_bleu_scores`, key "bleu1"): nltk `sentence_bleu`
+    with the gold as the single reference, weights (1, 0, 0, 0) and
+    `SmoothingFunction().method1`. With these weights the value is
+    brevity_penalty * clipped unigram precision, where the brevity penalty is
+    exp(1 - len(gold) / len(prediction)) when the prediction is the shorter, else 1.
+
+    Tokens: both sides lowercased and split by nltk's `NLTKWordTokenizer` (Treebank rules:
+    punctuation becomes its own token, "Paris." is ["paris", "."], "1,000" stays one token).
+    The harness uses `nltk.word_tokenize`, which first splits sentences with the punkt model;
+    that model is downloaded data, so it is not used here. The only difference: a period
+    ending a sentence that is not the last one stays on its word ("went." instead of "went",
+    "."). For one-sentence answers the tokens are the same.
+
+    An empty token list on either side gives 0.0 (checked before nltk is called, so nltk
+    never warns); `gold` may be an int, compared as `str(gold)`.
+    """
+    prediction_tokens = _bleu_tokens(prediction)
+    gold_tokens = _bleu_tokens(str(gold))
+    if not prediction_tokens or not gold_tokens:
+        return 0.0
+    return float(
+        sentence_bleu(
+            [gold_tokens],
+            prediction_tokens,
+            weights=(1, 0, 0, 0),
+            smoothing_function=_BLEU_SMOOTHING,
+        )
+    )
+
+
+# "Answer: B", "The correct answer is (B)", "Option - B": a prefix needs a colon, dash or "is",
+# so an option text that merely starts with "Answer" is not cut.
+_CHOICE_PREFIX: Final = re.compile(
+    r"^(?:the\s+)?(?:correct\s+|final\s+)?(?:answer|option|choice)\s*(?:is\b\s*:?|[:\-])\s*",
+    re.IGNORECASE,
+)
+# A letter label at the start: "(B)", "[B]", "B)", "B.", "B:" (any text may follow), or a
+# letter standing alone. A letter followed by a space and more text ("A dog") is not a label.
+_CHOICE_LABEL: Final = re.compile(
+    r"^(?:[(\[]\s*(?P<bracketed>[A-Za-z])\s*[)\]]"
+    r"|(?P<delimited>[A-Za-z])[.):\]]"
+    r"|(?P<bare>[A-Za-z])$)"
+    r"\s*(?P<rest>.*)$",
+    re.DOTALL,
+)
+
+
+def _option_by_text(text: str, options: list[str]) -> int | None:
+    """The one option whose normalised text equals the normalised `text`; None if none or
+    several do, or if `text` normalises to nothing."""
+    normalized = normalize_answer(text)
+    if not normalized:
+        return None
+    matches = [i for i, option in enumerate(options) if normalize_answer(option) == normalized]
+    return matches[0] if len(matches) == 1 else None
+
+
+def _option_by_label(text: str, option_count: int) -> tuple[int | None, str]:
+    """The option a leading letter label names (A = 0, case-insensitive) and the text after
+    the label; (None, "") when there is no label or its letter is past the last option."""
+    match = _CHOICE_LABEL.match(text)
+    if match is None:
+        return None, ""
+    letter = match.group("bracketed") or match.group("delimited") or match.group("bare")
+    index = ord(letter.upper()) - ord("A")
+    if index >= option_count:
+        return None, ""
+    return index, match.group("rest")
+
+
+def parse_choice(answer_text: str, options: list[str]) -> int | None:
+    """Which option (0-based) a model's answer picks, or None when it cannot be read — a
+    failure to be reported as such, never scored as a wrong option.
+
+    The text is stripped of surrounding whitespace and of markdown "*" and "`", then an optional
+    prefix ("Answer:", "The answer is", "Correct option -") is dropped. The answer is read as:
+
+    - a leading letter label for the first 26 options, A = 0: "B", "(B)", "[b]", "B)", "B.",
+      "B:", possibly followed by text ("B. Paris", "(B) because ..."); a letter past the last
+      option is no label;
+    - the text of exactly one option, compared after normalize_answer (case, ASCII
+      punctuation, articles ignored): "paris." picks "Paris". Options that normalise the same
+      are ambiguous; an option that normalises to nothing ("A", "?") cannot be picked by text.
+
+    Every reading that applies (the label, the whole text, the text after the label) must
+    name the same option; if they disagree ("B" when option A's text is "B", "B) London" when
+    London is option A), or none applies ("I think B", "Paris or London"), the result is None.
+    """
+    text = answer_text.strip().strip("*`").strip()
+    body = _CHOICE_PREFIX.sub("", text, count=1)
+    label, rest = _option_by_label(body, len(options))
+    readings = {
+        label,
+        _option_by_text(text, options),
+        _option_by_text(body, options),
+        _option_by_text(rest, options) if label is not None else None,
+    }
+    readings.discard(None)
+    return readings.pop() if len(readings) == 1 else None
+
+
+def choice_correct(answer_text: str, options: list[str], correct_index: int) -> bool | None:
+    """Whether the answer picks the correct option (see parse_choice); None when the answer
+    cannot be read as an option. Raises ValueError if `correct_index` names no option."""
+    if not 0 <= correct_index < len(options):
+        raise ValueError(f"correct_index {correct_index} out of range for {len(options)} options")
+    choice = parse_choice(answer_text, options)
+    if choice is None:
+        return None
+    return choice == correct_index
 
 
 def _label_of(value: object) -> JudgeLabel | None:

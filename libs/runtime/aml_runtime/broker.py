@@ -10,8 +10,10 @@ from typing import Any, TypeVar
 import structlog
 from faststream import AckPolicy
 from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
+from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 from nats.js.api import ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
+from opentelemetry.sdk.trace import TracerProvider
 from pydantic import BaseModel
 
 from aml_contract import subjects
@@ -51,8 +53,17 @@ _STREAM_OF: dict[str, str] = {
 }
 
 
-def make_broker(settings: CommonSettings) -> NatsBroker:
-    return NatsBroker(settings.nats_url, logger=None)
+def make_broker(
+    settings: CommonSettings, tracer_provider: TracerProvider | None = None
+) -> NatsBroker:
+    """With a tracer provider, every publish carries the current trace in its headers and every
+    consumed message continues it (FastStream's NATS telemetry middleware)."""
+    if tracer_provider is None:
+        return NatsBroker(settings.nats_url, logger=None)
+    telemetry = NatsTelemetryMiddleware(
+        tracer_provider=tracer_provider, include_messages_counters=False
+    )
+    return NatsBroker(settings.nats_url, logger=None, middlewares=(telemetry,))
 
 
 async def declare_streams(broker: NatsBroker) -> None:

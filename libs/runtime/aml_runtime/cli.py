@@ -3,11 +3,14 @@
 aml up     start NATS, MongoDB (wire server), the local LLM and every service; wait
 aml demo   the same plus the reference memory system; run one smoke job on the synthetic
            dataset, show its progress and print the results table (exit 1 if it failed)
+aml rescore  score a predictions file against a dataset offline (see aml_runtime.rescore)
+aml trace  print the span tree of every trace of one request_id (from the stack's span files)
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import shutil
 import signal
@@ -19,12 +22,23 @@ from typing import Any
 
 import httpx
 
+from aml_evaluation.datasets import (
+    DatasetFileError,
+    bundle_hash,
+    load_dataset,
+    manifest_path,
+    read_manifest,
+)
+from aml_evaluation.prompts import load_prompt
+from aml_runtime import rescore, tracefiles
+from aml_runtime.llm import complete, make_llm_client
 from aml_runtime.platform import (
     PlatformConfig,
     register_memory_server,
     start_memory_server,
     start_platform,
 )
+from aml_runtime.settings import LLMSettings
 from aml_runtime.stack import EmbeddedStack, StackConfig
 
 DEFAULT_DATASETS_ROOT = Path(__file__).resolve().parents[4] / "shared" / "datasets"
@@ -51,11 +65,33 @@ def _parser() -> argparse.ArgumentParser:
         help="reuse the data dir instead of starting from an empty one",
     )
     demo.add_argument("--timeout", type=float, default=1800.0)
+    rescore = sub.add_parser("rescore", help="score a predictions file offline")
+    rescore.add_argument("--dataset", required=True, help="dataset id, e.g. locomo")
+    rescore.add_argument(
+        "--datasets-root",
+        type=Path,
+        default=Path(os.environ.get("AML_DATASETS_ROOT", DEFAULT_DATASETS_ROOT)),
+    )
+    rescore.add_argument("--predictions", type=Path, required=True, help="JSONL")
+    verdicts = rescore.add_mutually_exclusive_group(required=True)
+    verdicts.add_argument("--judge-labels", type=Path, help="JSONL of existing judge labels")
+    verdicts.add_argument(
+        "--judge", action="store_true", help="ask the spec's LLM judge (AML_LLM_* settings)"
+    )
+    rescore.add_argument("--rows", type=Path, help="write one JSON line per question here")
+    trace_cmd = sub.add_parser("trace", help="the span tree of one request_id")
+    trace_cmd.add_argument("request_id", help="an Add request_id or a question item id")
+    trace_cmd.add_argument("--data-dir", type=Path, default=Path(".aml") / "demo")
+    rescore.add_argument("--json", type=Path, help="write the results document here")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "rescore":
+        return asyncio.run(_rescore(args))
+    if args.command == "trace":
+        return _trace(args.request_id, args.data_dir / "traces")
     if args.command == "demo" and not args.keep_data and args.data_dir.exists():
         shutil.rmtree(args.data_dir)
     stack = EmbeddedStack(StackConfig(data_dir=args.data_dir))
@@ -103,8 +139,24 @@ def _demo(platform: Any, stack: EmbeddedStack, dataset: str, timeout: float) -> 
                 print(f"  [{error['stage']}/{error['kind']}] {error['item']}: {error['reason']}")
             return 1
         results = api.get(f"/v1/jobs/{job_id}/results").json()
+        first = api.get(f"/v1/jobs/{job_id}/audit", params={"stage": "add", "limit": 1}).json()
     print()
     print(render_results(results))
+    for record in first["records"]:
+        print(f"\nfollow one request: aml trace {record['request_id']} --data-dir {stack.data_dir}")
+    return 0
+
+
+def _trace(request_id: str, trace_dir: Path) -> int:
+    if not trace_dir.is_dir():
+        print(f"aml trace: no span files in {trace_dir}", file=sys.stderr)
+        return 2
+    found = tracefiles.traces_of(tracefiles.read_spans(trace_dir), request_id)
+    if not found:
+        print(f"aml trace: no trace of {request_id} in {trace_dir}", file=sys.stderr)
+        return 1
+    for trace_id, spans in found.items():
+        print("\n".join(tracefiles.render_tree(trace_id, spans)))
     return 0
 
 
@@ -133,16 +185,17 @@ def render_results(results: dict[str, Any]) -> str:
     """The per-category / per-dataset / Overall table, with question counts."""
     header = (
         f"{'dataset':<16}{'category':<16}{'questions':>10}{'scored':>8}{'failed':>8}"
-        f"{'J':>8}{'F1':>8}"
+        f"{'J':>8}{'F1':>8}{'BLEU-1':>8}"
     )
     rows = [header, "-" * len(header)]
 
     def row(dataset: str, category: str, m: dict[str, Any]) -> str:
         j = "-" if m["judge_accuracy"] is None else f"{100 * m['judge_accuracy']:.1f}"
         f1 = "-" if m["f1_mean"] is None else f"{100 * m['f1_mean']:.1f}"
+        bleu = "-" if m.get("bleu1_mean") is None else f"{100 * m['bleu1_mean']:.1f}"
         return (
             f"{dataset:<16}{category:<16}{m['questions']:>10}{m['scored']:>8}"
-            f"{m['failed']:>8}{j:>8}{f1:>8}"
+            f"{m['failed']:>8}{j:>8}{f1:>8}{bleu:>8}"
         )
 
     for dataset_id, data in results["datasets"].items():
@@ -155,6 +208,48 @@ def render_results(results: dict[str, Any]) -> str:
     if any(d["excluded_from_overall"] for d in results["datasets"].values()):
         rows.append("* reported apart, not counted in the dataset or Overall figures")
     return "\n".join(rows)
+
+
+async def _rescore(args: argparse.Namespace) -> int:
+    try:
+        dataset = load_dataset(args.dataset, args.datasets_root)
+    except (KeyError, DatasetFileError, OSError) as exc:
+        print(f"aml rescore: {exc}", file=sys.stderr)
+        return 2
+    known = {q.question_id for q in dataset.questions}
+    llm = None
+    try:
+        predictions = rescore.read_predictions(args.predictions, known)
+        labels = rescore.read_labels(args.judge_labels, known) if args.judge_labels else None
+        judge = None
+        if args.judge:
+            settings = LLMSettings()
+            llm = make_llm_client(settings)
+            client = llm
+
+            async def call(text: str) -> str:
+                return await complete(client, settings.judge_model, text, settings.judge_max_tokens)
+
+            prompt = load_prompt(settings.judge_prompt)
+            judge = rescore.llm_judge(call, prompt, settings.judge_runs, settings.judge_retries)
+        rows = await rescore.score_questions(dataset, predictions, labels, judge)
+    except (rescore.RescoreInputError, OSError) as exc:
+        print(f"aml rescore: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if llm is not None:
+            await llm.close()
+    results = rescore.results_of(dataset, rows)
+    manifest = read_manifest(manifest_path(dataset.dataset_id))
+    print(f"dataset {dataset.dataset_id} bundle {bundle_hash(manifest)}")
+    verdicts = f"labels from {args.judge_labels}" if labels is not None else "LLM"
+    print(f"F1 variant {dataset.f1_variant}; judge: {verdicts}")
+    print(render_results(results.model_dump(mode="json")))
+    if args.rows:
+        args.rows.write_text("".join(row.model_dump_json() + "\n" for row in rows))
+    if args.json:
+        args.json.write_text(results.model_dump_json(indent=2))
+    return 0
 
 
 if __name__ == "__main__":

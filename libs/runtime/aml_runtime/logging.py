@@ -8,6 +8,7 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import structlog
+from opentelemetry import trace
 
 # Names of fields that hold credentials, compared after lower-casing and `-` -> `_`.
 _SENSITIVE = frozenset(
@@ -44,6 +45,15 @@ def redact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[s
     return event
 
 
+def add_trace_ids(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """`trace_id` / `span_id` of the span the line was logged in, so logs and traces join."""
+    span_context = trace.get_current_span().get_span_context()
+    if span_context.is_valid:
+        event.setdefault("trace_id", format(span_context.trace_id, "032x"))
+        event.setdefault("span_id", format(span_context.span_id, "016x"))
+    return event
+
+
 def configure_logging(service: str, level: str = "INFO") -> None:
     logging.basicConfig(stream=sys.stderr, level=level.upper(), format="%(message)s")
     structlog.configure(
@@ -51,6 +61,7 @@ def configure_logging(service: str, level: str = "INFO") -> None:
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            add_trace_ids,
             redact,
             structlog.processors.format_exc_info,
             structlog.processors.JSONRenderer(),

@@ -25,6 +25,7 @@ from aml_contract.api import AuthMethod
 from aml_contract.participant import AddAccepted, AddResponse, SearchItem, SearchResponse
 from aml_runtime.capacity import CapacityLimiter
 from aml_runtime.settings import ParticipantCallSettings
+from aml_runtime.telemetry import stage_span
 from aml_runtime.urlsafety import SafeTransport, UnsafeUrl
 
 Failure = Literal[
@@ -344,10 +345,19 @@ class ParticipantClient:
             started, t0 = datetime.now(UTC), time.monotonic()
             retry_after: float | None = None
             try:
+                span = stage_span(
+                    f"participant.{operation}", attempt=attempt, participant_call=True
+                )
                 async with self._capacity(endpoint):
-                    response = await self._http.post(
-                        url, content=body, headers=headers, timeout=self._timeout
-                    )
+                    with span as current:
+                        try:
+                            response = await self._http.post(
+                                url, content=body, headers=headers, timeout=self._timeout
+                            )
+                        except httpx.HTTPError as exc:
+                            current.set_attribute("error.type", type(exc).__name__)
+                            raise
+                        current.set_attribute("http.response.status_code", response.status_code)
             except UnsafeUrl as exc:
                 # A refused target will not become safe by retrying.
                 await observe(_attempt(operation, attempt, started, t0, None, exc, "final"))

@@ -11,11 +11,12 @@ from pathlib import Path
 import httpx
 from pydantic import BaseModel
 
+from aml_contract.api import ReleaseBaseline
 from aml_runtime.processes import free_port, http_ready
 from aml_runtime.secrets import SecretBox
 from aml_runtime.stack import HOST, EmbeddedStack
 
-WORKERS = ("scheduler", "adder", "searcher", "answerer", "scorer")
+WORKERS = ("scheduler", "adder", "searcher", "answerer", "scorer", "publisher")
 GATEWAY = "gateway"
 MEMORY_SERVER = "memory-server"
 
@@ -30,9 +31,15 @@ class PlatformConfig(BaseModel):
     participant_max_attempts: int = 5
     # The local model is small and slow on CPU: a shorter context and answer keep a smoke run
     # at a few seconds per question. Production uses the release's spec defaults.
-    answer_context_chars: int = 800
+    answer_context_tokens: int = 200
+    # The local model at temperature 0 with a fixed seed gives the same reply when asked
+    # again: re-asking an unreadable judge reply would only cost time.
+    judge_retries: int = 0
     answer_max_tokens: int = 32
     judge_max_tokens: int = 24
+    # The operator's release baseline for the publication gate; None: not configured,
+    # so every finished job fails the baseline checks (AML_RELEASE_BASELINE is left unset).
+    release_baseline: ReleaseBaseline | None = None
     extra_env: dict[str, str] = {}
 
 
@@ -67,6 +74,8 @@ def start_platform(stack: EmbeddedStack, config: PlatformConfig) -> Platform:
         # The participant in a local stack is on loopback; production keeps this off.
         "AML_ALLOW_LOOPBACK_TARGETS": "true",
         "AML_DATASETS_ROOT": str(config.datasets_root),
+        # Spans as OTLP-JSON files beside the other data, for `aml trace`.
+        "AML_TRACE_DIR": str(data_dir / "traces"),
         "AML_ANSWER_MODEL": stack.llm_model,
         "AML_JUDGE_MODEL": stack.llm_model,
         "AML_ACK_WAIT_SECONDS": str(config.ack_wait_seconds),
@@ -74,13 +83,17 @@ def start_platform(stack: EmbeddedStack, config: PlatformConfig) -> Platform:
         "AML_WORKER_CONCURRENCY": str(config.worker_concurrency),
         "AML_LLM_CONCURRENCY": str(config.llm_concurrency),
         "AML_PARTICIPANT_MAX_ATTEMPTS": str(config.participant_max_attempts),
-        "AML_ANSWER_CONTEXT_CHARS": str(config.answer_context_chars),
+        "AML_ANSWER_CONTEXT_TOKENS": str(config.answer_context_tokens),
+        "AML_TOKEN_COUNTER": "llama.cpp",
+        "AML_JUDGE_RETRIES": str(config.judge_retries),
         "AML_ANSWER_MAX_TOKENS": str(config.answer_max_tokens),
         "AML_JUDGE_MAX_TOKENS": str(config.judge_max_tokens),
         "AML_PORT": str(gateway_port),
         "AML_HOST": HOST,
         **config.extra_env,
     }
+    if config.release_baseline is not None:
+        env["AML_RELEASE_BASELINE"] = config.release_baseline.model_dump_json()
     gateway_url = f"http://{HOST}:{gateway_port}"
     stack.start_process(
         GATEWAY,

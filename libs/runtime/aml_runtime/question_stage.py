@@ -23,6 +23,7 @@ from aml_runtime.broker import Exhausted, publish, run_delivery
 from aml_runtime.db import Document
 from aml_runtime.jobs import fail_job, job_is_active, now, record_error
 from aml_runtime.settings import CommonSettings
+from aml_runtime.telemetry import stage_span
 
 _NEXT: dict[QuestionStage, str | None] = {
     "search": subjects.WORK_ANSWER,
@@ -62,7 +63,9 @@ class QuestionStageWorker:
                 await fail_job(self.db, self.broker, work.job_id, self.stage, kind, reason)
             await self._hand_on(work, "failed")
 
-        await run_delivery(msg, self.settings, attempt, give_up)
+        ids = {"job_id": work.job_id, "request_id": work.item_id, "stage": self.stage}
+        with stage_span(f"aml.{self.stage}", delivery=delivery, **ids):
+            await run_delivery(msg, self.settings, attempt, give_up)
 
     async def _process(self, work: QuestionWork, delivery: int) -> None:
         existing = await self.db[self.collection].find_one({"_id": work.item_id}, {"state": 1})

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from faststream import FastStream
 from faststream.nats import NatsBroker
+from opentelemetry.sdk.trace import TracerProvider
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
@@ -15,6 +16,7 @@ from aml_runtime.broker import declare_streams, make_broker
 from aml_runtime.db import Document, connect, ensure_indexes
 from aml_runtime.logging import configure_logging
 from aml_runtime.settings import CommonSettings
+from aml_runtime.telemetry import configure_tracing
 
 Hook = Callable[[], Awaitable[None]]
 
@@ -24,12 +26,14 @@ class Runtime:
     broker: NatsBroker
     client: AsyncMongoClient[Document]
     db: AsyncDatabase[Document]
+    tracing: TracerProvider
 
 
 def open_runtime(name: str, settings: CommonSettings) -> Runtime:
     configure_logging(name, settings.log_level)
+    tracing = configure_tracing(name, settings.trace_dir)
     client, db = connect(settings)
-    return Runtime(broker=make_broker(settings), client=client, db=db)
+    return Runtime(broker=make_broker(settings, tracing), client=client, db=db, tracing=tracing)
 
 
 def serve(
@@ -53,5 +57,6 @@ def serve(
         if on_stop is not None:
             await on_stop()
         await runtime.client.close()
+        runtime.tracing.shutdown()  # flushes the spans still batched
 
     return app

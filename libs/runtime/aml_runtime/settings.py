@@ -5,6 +5,7 @@ servers (a NATS cluster, MongoDB, OpenAI) instead of the embedded stack."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -17,6 +18,8 @@ class CommonSettings(BaseSettings):
     mongo_url: str = "mongodb://127.0.0.1:27017/?directConnection=true"
     mongo_db: str = "aml"
     data_dir: Path = Path(".aml")
+    # Spans are also written here as OTLP-JSON files (read by `aml trace`); unset: not written.
+    trace_dir: Path | None = None
     log_level: str = "INFO"
     # A message is redelivered at most this many times before its item is marked failed.
     max_deliver: int = Field(default=5, ge=1)
@@ -33,12 +36,18 @@ class SpecSettings(CommonSettings):
     answer_model: str = "gpt-4o-mini"
     answer_prompt: str = "answer_v1"
     answer_max_tokens: int = Field(default=128, ge=1)
-    # Candidates are added in the participant's order until this many characters of memory
-    # text: a conservative stand-in for the model's token budget (about 4 characters a token).
-    answer_context_chars: int = Field(default=6000, ge=100)
+    # Candidates are added in the participant's order while their tokens fit this budget
+    # (aml_evaluation.context, rule context-v1).
+    answer_context_tokens: int = Field(default=2000, ge=16)
+    # `llama.cpp`: the answer model's own tokenizer through the server's /tokenize; `estimate`:
+    # the stated conservative estimate, for models whose tokenizer is not available offline.
+    token_counter: Literal["estimate", "llama.cpp"] = "estimate"
     judge_model: str = "gpt-4o-mini"
     judge_prompt: str = "judge_v1"
     judge_max_tokens: int = Field(default=64, ge=1)
+    # Judge calls per question (majority vote), and re-asks of a run whose reply is unreadable.
+    judge_runs: int = Field(default=1, ge=1, le=9)
+    judge_retries: int = Field(default=1, ge=0, le=5)
 
 
 class LLMSettings(SpecSettings):

@@ -245,7 +245,8 @@ def resolve_and_check(
         return [literal]
     try:
         answers = list(resolver(host, port))
-    except OSError as exc:
+    except (OSError, UnicodeError) as exc:
+        # UnicodeError: the IDNA codec refuses an empty label or one over 63 characters.
         raise UnresolvableHost(f"host {host} could not be resolved ({exc})") from None
     if not answers:
         raise UnresolvableHost(f"host {host} could not be resolved (no addresses)")

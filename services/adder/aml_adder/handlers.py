@@ -18,6 +18,7 @@ from aml_runtime.jobs import job_is_active, load_endpoint, now, record_error
 from aml_runtime.participants import CallFailed, ParticipantClient
 from aml_runtime.secrets import SecretBox
 from aml_runtime.settings import CommonSettings
+from aml_runtime.telemetry import stage_span
 
 
 @dataclass
@@ -36,7 +37,10 @@ class AddHandler:
             await self.finish(work, "failed", {"failure_kind": kind, "failure": reason})
             await record_error(self.db, work.job_id, "add", kind, work.request_id, reason)
 
-        await run_delivery(msg, self.settings, attempt, give_up)
+        delivery = msg.raw_message.metadata.num_delivered
+        ids = {"job_id": work.job_id, "request_id": work.request_id, "stage": "add"}
+        with stage_span("aml.add", delivery=delivery, **ids):
+            await run_delivery(msg, self.settings, attempt, give_up)
 
     async def add(self, work: AddWork, delivery: int) -> None:
         chunk = await self.db.add_chunks.find_one({"_id": work.request_id})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 from faststream import FastStream
 from faststream.nats import NatsMessage
 
@@ -11,7 +12,7 @@ from aml_contract import subjects
 from aml_contract.messages import QuestionWork
 from aml_evaluation.prompts import load_prompt
 from aml_runtime.broker import consume
-from aml_runtime.llm import make_llm_client
+from aml_runtime.llm import make_llm_client, make_token_counter
 from aml_runtime.question_stage import QuestionStageWorker
 from aml_runtime.service import open_runtime, serve
 
@@ -20,11 +21,17 @@ def create_app(settings: AnswererSettings | None = None) -> FastStream:
     settings = settings or AnswererSettings()
     rt = open_runtime("answerer", settings)
     llm = make_llm_client(settings)
-    compute = AnswerQuestion(settings, rt.db, llm, load_prompt(settings.answer_prompt))
+    http = httpx.AsyncClient(timeout=settings.llm_timeout_seconds)
+    count = make_token_counter(settings, http)
+    compute = AnswerQuestion(settings, rt.db, llm, load_prompt(settings.answer_prompt), count)
     worker = QuestionStageWorker("answer", settings, rt.db, rt.broker, compute)
 
     @consume(rt.broker, settings, subjects.WORK_ANSWER, "answerer", settings.llm_concurrency)
     async def on_answer_work(work: QuestionWork, msg: NatsMessage) -> None:
         await worker.handle(work, msg)
 
-    return serve(rt, on_stop=llm.close)
+    async def close() -> None:
+        await llm.close()
+        await http.aclose()
+
+    return serve(rt, on_stop=close)

@@ -12,7 +12,20 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.utils import is_body_allowed_for_status_code
+from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from aml_contract.errors import ErrorBody, ValidationErrorBody
+
+_COMPONENTS = "#/components/schemas/"
+# What FastAPI documents for 422 unless a route says otherwise: its own body, not ours.
+_FASTAPI_422 = ("HTTPValidationError", "ValidationError")
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """`responses=` for the errors a route answers, so clients (and schema checks) know the
+    body. 422 needs no entry: every route that validates input documents it already."""
+    return {status: {"model": ErrorBody} for status in statuses}
 
 
 def field_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
@@ -56,6 +69,46 @@ async def _http_error(_: Request, exc: Exception) -> Response:
     return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=exc.headers)
 
 
+def _replace_refs(node: Any, old: str, new: str) -> None:
+    if isinstance(node, dict):
+        if node.get("$ref") == old:
+            node["$ref"] = new
+        for value in node.values():
+            _replace_refs(value, old, new)
+    elif isinstance(node, list):
+        for value in node:
+            _replace_refs(value, old, new)
+
+
+def _document_validation_errors(app: FastAPI) -> None:
+    """FastAPI documents every 422 as its own `HTTPValidationError` (`detail` a list), but
+    `_validation_failed` answers `ValidationErrorBody`: the document is corrected once, when
+    it is first built, so every route says what it really sends."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        document = build()
+        schemas = document.get("components", {}).get("schemas", {})
+        if _FASTAPI_422[0] in schemas:
+            _, defined = models_json_schema(
+                [(ValidationErrorBody, "serialization")], ref_template=_COMPONENTS + "{model}"
+            )
+            for name in _FASTAPI_422:
+                schemas.pop(name, None)
+            schemas.update(defined["$defs"])
+            _replace_refs(
+                document["paths"],
+                _COMPONENTS + _FASTAPI_422[0],
+                _COMPONENTS + ValidationErrorBody.__name__,
+            )
+        return document
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_failed)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    _document_validation_errors(app)

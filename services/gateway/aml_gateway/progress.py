@@ -7,7 +7,14 @@ from datetime import UTC, datetime
 
 from pymongo.asynchronous.database import AsyncDatabase
 
-from aml_contract.api import STAGES, JobError, JobStatus, Stage, StageProgress
+from aml_contract.api import (
+    STAGES,
+    JobError,
+    JobStatus,
+    PublicationGate,
+    Stage,
+    StageProgress,
+)
 from aml_runtime.db import Document, read_time
 
 _STAGE_COLLECTION: dict[Stage, str] = {
@@ -72,4 +79,22 @@ async def job_status(db: AsyncDatabase[Document], job: Document) -> JobStatus:
         stages=stages,
         errors=errors,
         spec=job.get("spec", {}),
+        spec_hash=job.get("spec_hash"),
+        dataset_bundle_hash=job.get("dataset_bundle_hash"),
+        dataset_bundles=job.get("dataset_bundles", {}),
+        code_hash=job.get("code_hash"),
+        review_state=job.get("review_state"),
+        gate=stored_gate(job),
+        review_reason=job.get("review_reason"),
+    )
+
+
+def stored_gate(job: Document) -> PublicationGate | None:
+    """The publisher's gate outcome on a job, if the gate ran (R-3.8)."""
+    gate = job.get("gate")
+    if not isinstance(gate, dict):
+        return None
+    at = read_time(gate.get("at")) or read_time(job.get("finished_at")) or datetime.now(UTC)
+    return PublicationGate.model_validate(
+        {"checks": gate.get("checks") or [], "passed": bool(gate.get("passed")), "at": at}
     )

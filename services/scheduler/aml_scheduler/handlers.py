@@ -22,7 +22,8 @@ from aml_contract.messages import (
     message_id,
 )
 from aml_evaluation.aggregate import QuestionOutcome, aggregate
-from aml_evaluation.datasets import DatasetManifest, load_dataset, manifest_path
+from aml_evaluation.datasets import DatasetManifest, bundle_hash, load_dataset, manifest_path
+from aml_evaluation.spec import EvaluationSpec
 from aml_runtime.broker import publish
 from aml_runtime.db import Document, read_time
 from aml_runtime.jobs import (
@@ -37,8 +38,9 @@ from aml_runtime.jobs import (
 )
 from aml_runtime.participants import ParticipantClient
 from aml_runtime.secrets import SecretBox
+from aml_runtime.telemetry import current_trace_ids, item_trace
 from aml_scheduler.planning import (
-    evaluation_spec,
+    bundle_fingerprint,
     plan_chunks,
     plan_questions,
     plan_written_texts,
@@ -56,6 +58,9 @@ class Scheduler:
     broker: NatsBroker
     client: ParticipantClient
     box: SecretBox
+    # What this deployment evaluates with, recorded on every job it plans (R-6.4).
+    spec: EvaluationSpec
+    code_hash: str
 
     # -- events -----------------------------------------------------------------------------
 
@@ -122,15 +127,25 @@ class Scheduler:
         chunks: list[Document] = []
         questions: list[Document] = []
         excluded: dict[str, list[str]] = {}
+        bundles: dict[str, str] = {}
+        f1_variants: dict[str, str] = {}
         for dataset_id in job["datasets"]:
             dataset = load_dataset(dataset_id, self.settings.datasets_root)
             manifest = DatasetManifest.model_validate_json(manifest_path(dataset_id).read_text())
             excluded[dataset_id] = [manifest.categories[c] for c in manifest.excluded_from_overall]
+            bundles[dataset_id] = bundle_hash(manifest)
+            f1_variants[dataset_id] = dataset.f1_variant
             chunks += plan_chunks(job_id, dataset)
-            questions += plan_questions(job_id, dataset, self.settings.top_k)
+            questions += plan_questions(job_id, dataset, self.spec.top_k)
         await _insert_once(self.db, "add_chunks", chunks)
         await _insert_once(self.db, "written_texts", plan_written_texts(job_id, chunks))
         await _insert_once(self.db, "questions", questions)
+        spec_hash = self.spec.content_hash
+        await self.db.specs.update_one(
+            {"_id": spec_hash},
+            {"$setOnInsert": {"spec": self.spec.model_dump(mode="json")}},
+            upsert=True,
+        )
         await self.db.jobs.update_one(
             {"_id": job_id, "planned": False},
             {
@@ -138,10 +153,15 @@ class Scheduler:
                     "planned": True,
                     "state": "running",
                     "started_at": now(),
-                    "top_k": self.settings.top_k,
-                    "spec": evaluation_spec(self.settings),
+                    "top_k": self.spec.top_k,
+                    "spec": self.spec.summary(),
+                    "spec_hash": spec_hash,
+                    "code_hash": self.code_hash,
+                    "dataset_bundles": bundles,
+                    "dataset_bundle_hash": bundle_fingerprint(bundles),
                     "users": sorted({chunk["user_id"] for chunk in chunks}),
                     "excluded_categories": excluded,
+                    "f1_variants": f1_variants,
                     "totals": {"add": len(chunks), "questions": len(questions)},
                 }
             },
@@ -165,9 +185,12 @@ class Scheduler:
                 await self._release_questions(job_id, user)
             elif pending["state"] == "pending":
                 work = AddWork(job_id=job_id, request_id=pending["_id"])
-                await publish(
-                    self.broker, subjects.WORK_ADD, work, message_id("add", pending["_id"])
-                )
+                ids = {"job_id": job_id, "request_id": pending["_id"], "user_id": user}
+                with item_trace("aml.release", pending["_id"], stage="add", **ids):
+                    await self._note_trace("add_chunks", pending["_id"])
+                    await publish(
+                        self.broker, subjects.WORK_ADD, work, message_id("add", pending["_id"])
+                    )
 
     async def _release_questions(self, job_id: str, user_id: str) -> None:
         marker = f"{job_id}/{user_id}"
@@ -177,14 +200,23 @@ class Scheduler:
             {"job_id": job_id, "user_id": user_id}, {"_id": 1}
         ):
             work = QuestionWork(job_id=job_id, item_id=question["_id"])
-            await publish(
-                self.broker,
-                subjects.WORK_SEARCH,
-                work,
-                message_id(subjects.WORK_SEARCH, question["_id"]),
-            )
+            ids = {"job_id": job_id, "request_id": question["_id"], "user_id": user_id}
+            with item_trace("aml.release", question["_id"], stage="search", **ids):
+                await self._note_trace("questions", question["_id"])
+                await publish(
+                    self.broker,
+                    subjects.WORK_SEARCH,
+                    work,
+                    message_id(subjects.WORK_SEARCH, question["_id"]),
+                )
         # Written only after every publish went out: a crash before it re-publishes (harmless).
         await _insert_once(self.db, "question_releases", [{"_id": marker, "job_id": job_id}])
+
+    async def _note_trace(self, collection: str, item_id: str) -> None:
+        """The item's trace id, on the item, for auditors (the same on every release)."""
+        trace_id = current_trace_ids().get("trace_id")
+        if trace_id is not None:
+            await self.db[collection].update_one({"_id": item_id}, {"$set": {"trace_id": trace_id}})
 
     async def complete_if_done(self, job_id: str) -> None:
         job = await self.db.jobs.find_one({"_id": job_id})
@@ -198,7 +230,11 @@ class Scheduler:
         if finished < job["totals"]["questions"]:
             return
         results = aggregate(
-            job_id, "completed", await self.outcomes(job_id), job.get("excluded_categories", {})
+            job_id,
+            "completed",
+            await self.outcomes(job_id),
+            job.get("excluded_categories", {}),
+            job.get("f1_variants", {}),
         )
         updated = await self.db.jobs.update_one(
             {"_id": job_id, "state": "running"},
@@ -215,23 +251,38 @@ class Scheduler:
             await publish_finished(self.broker, job_id, "completed")
 
     async def outcomes(self, job_id: str) -> list[QuestionOutcome]:
-        scores = {doc["_id"]: doc async for doc in self.db.scores.find({"job_id": job_id})}
+        """Each question's final record: its score, or the stage where it failed and why."""
+        final: dict[str, Document] = {}
+        for collection in ("searches", "answers"):
+            async for doc in self.db[collection].find({"job_id": job_id, "state": "failed"}):
+                final.setdefault(doc["_id"], doc)
+        async for doc in self.db.scores.find({"job_id": job_id}):
+            final.setdefault(doc["_id"], doc)
         outcomes = []
         async for question in self.db.questions.find(
-            {"job_id": job_id}, {"dataset_id": 1, "category_name": 1}
+            {"job_id": job_id}, {"dataset_id": 1, "category_name": 1, "question_id": 1}
         ):
-            score = scores.get(question["_id"])
-            scored = score is not None and score["state"] == "done"
-            outcomes.append(
-                QuestionOutcome(
-                    dataset_id=question["dataset_id"],
-                    category_name=question["category_name"],
-                    scored=scored,
-                    judge_label=score.get("judge_label") if score and scored else None,
-                    f1=score.get("f1") if score and scored else None,
-                )
-            )
+            record = final.get(question["_id"], {})
+            outcomes.append(question_outcome(question, record))
         return outcomes
+
+
+def question_outcome(question: Document, record: Document) -> QuestionOutcome:
+    """A question's outcome from its final stage record (a score, or a failed stage)."""
+    scored = record.get("state") == "done" and "category_name" in record
+    return QuestionOutcome(
+        question_id=question.get("question_id"),
+        dataset_id=question["dataset_id"],
+        category_name=question["category_name"],
+        scored=scored,
+        failure_kind=None if scored else record.get("failure_kind", PLATFORM_ERROR),
+        judge_label=record.get("judge_label") if scored else None,
+        judge_labels=record.get("judge_labels", []) if scored else [],
+        f1=record.get("f1") if scored else None,
+        bleu1=record.get("bleu1") if scored else None,
+        multiple_choice=bool(record.get("multiple_choice")),
+        choice_correct=record.get("choice_correct") if scored else None,
+    )
 
 
 async def _insert_once(db: AsyncDatabase[Document], collection: str, docs: list[Document]) -> None:

@@ -12,6 +12,8 @@ from faststream.nats import NatsMessage
 from aml_contract import subjects
 from aml_contract.messages import AddDone, JobSubmitted, QuestionDone
 from aml_runtime.broker import Handler, consume, run_delivery
+from aml_runtime.codehash import code_hash
+from aml_runtime.evaluation_spec import build_spec
 from aml_runtime.participants import ParticipantClient
 from aml_runtime.secrets import SecretBox
 from aml_runtime.service import open_runtime, serve
@@ -28,7 +30,9 @@ def create_app(settings: SchedulerSettings | None = None) -> FastStream:
     settings = settings or SchedulerSettings()
     rt = open_runtime("scheduler", settings)
     client = ParticipantClient.from_settings(settings)
-    scheduler = Scheduler(settings, rt.db, rt.broker, client, SecretBox(settings.secret_keys))
+    box = SecretBox(settings.secret_keys)
+    spec = build_spec(settings)
+    scheduler = Scheduler(settings, rt.db, rt.broker, client, box, spec, code_hash())
 
     def events(subject: str) -> Callable[[Handler], Handler]:
         return consume(rt.broker, settings, subject, f"scheduler-{subject.split('.')[-1]}", 4)

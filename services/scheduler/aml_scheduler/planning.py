@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from aml_contract.participant import AddRequest, SearchRequest, encode, memory_user_id
-from aml_evaluation.chunker import CHUNKER_VERSION, plan_adds
+from aml_evaluation.chunker import plan_adds
 from aml_evaluation.datasets import Dataset
-from aml_evaluation.prompts import load_prompt
-from aml_evaluation.scoring import F1_VERSION
-from aml_evaluation.wordcount import WORD_COUNTER_VERSION
 from aml_runtime.isolation import content_text, owners_of_texts
-from aml_runtime.settings import SpecSettings
 
 Document = dict[str, Any]
 
@@ -33,6 +30,8 @@ def plan_chunks(job_id: str, dataset: Dataset) -> list[Document]:
             "messages": len(chunk.request.messages),
             "body": encode(chunk.request),
             "state": "pending",
+            # The trace of this item, set when it is released (aml_runtime.telemetry).
+            "trace_id": None,
         }
         for chunk in plan_adds(dataset, job_id)
     ]
@@ -58,27 +57,13 @@ def plan_questions(job_id: str, dataset: Dataset, top_k: int) -> list[Document]:
                 "category": question.category,
                 "category_name": question.category_name,
                 "gold_answer": question.answer,
+                "options": question.options,
+                "f1_variant": dataset.f1_variant,
                 "search_body": encode(request),
+                "trace_id": None,
             }
         )
     return documents
-
-
-def evaluation_spec(settings: SpecSettings) -> dict[str, str]:
-    """Everything a release holds constant, with versions and prompt hashes."""
-    answer = load_prompt(settings.answer_prompt)
-    judge = load_prompt(settings.judge_prompt)
-    return {
-        "top_k": str(settings.top_k),
-        "chunker": CHUNKER_VERSION,
-        "word_counter": WORD_COUNTER_VERSION,
-        "answer_model": settings.answer_model,
-        "answer_prompt": f"{answer.name}@{answer.sha256[:12]}",
-        "answer_context_chars": str(settings.answer_context_chars),
-        "judge_model": settings.judge_model,
-        "judge_prompt": f"{judge.name}@{judge.sha256[:12]}",
-        "f1": F1_VERSION,
-    }
 
 
 def plan_written_texts(job_id: str, chunks: list[Document]) -> list[Document]:
@@ -94,3 +79,9 @@ def plan_written_texts(job_id: str, chunks: list[Document]) -> list[Document]:
         {"_id": f"{job_id}/{digest}", "job_id": job_id, "users": users}
         for digest, users in owners_of_texts(writes).items()
     ]
+
+
+def bundle_fingerprint(bundles: dict[str, str]) -> str:
+    """One hash over a job's dataset bundles: sha256 of the sorted `id:bundle-hash` lines."""
+    lines = "".join(f"{dataset_id}:{digest}\n" for dataset_id, digest in sorted(bundles.items()))
+    return hashlib.sha256(lines.encode("utf-8")).hexdigest()

@@ -10,11 +10,12 @@ from fastapi import APIRouter, Header
 from aml_contract.api import AccessRequest, AccessRequestView
 from aml_gateway import access_requests
 from aml_gateway.deps import ServicesDep, TeamDep, current_team
+from aml_gateway.errors import error_responses
 
 router = APIRouter(prefix="/v1/access-requests", tags=["access"])
 
 
-@router.post("", status_code=201)
+@router.post("", status_code=201, responses=error_responses(401))
 async def submit_access_request(
     body: AccessRequest,
     svc: ServicesDep,
@@ -30,7 +31,7 @@ async def submit_access_request(
     return await access_requests.submit(svc, body, team_id)
 
 
-@router.get("/{request_id}")
+@router.get("/{request_id}", responses=error_responses(401, 404))
 async def get_access_request(request_id: str, svc: ServicesDep, team: TeamDep) -> AccessRequestView:
     """A request bound to the calling key's team: its add_version requests, and the new_key
     request that created the team."""

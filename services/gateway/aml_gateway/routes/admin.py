@@ -15,6 +15,7 @@ from aml_contract.api import (
 )
 from aml_gateway import access_requests
 from aml_gateway.deps import AdminDep, ServicesDep
+from aml_gateway.errors import error_responses
 from aml_gateway.registry import (
     VersionSpec,
     check_participant_urls,
@@ -23,7 +24,8 @@ from aml_gateway.registry import (
     store_secret,
 )
 
-router = APIRouter(prefix="/v1/admin", tags=["admin"])
+# Every admin route answers 403 to anyone without the admin token.
+router = APIRouter(prefix="/v1/admin", tags=["admin"], responses=error_responses(403))
 
 
 @router.post("/versions", status_code=201)
@@ -64,12 +66,12 @@ async def list_access_requests(
     return await access_requests.list_requests(svc.db, state)
 
 
-@router.post("/access-requests/{request_id}/approve")
+@router.post("/access-requests/{request_id}/approve", responses=error_responses(404, 409))
 async def approve_access_request(request_id: str, svc: ServicesDep, _: AdminDep) -> AccessApproved:
     return await access_requests.approve(svc, request_id)
 
 
-@router.post("/access-requests/{request_id}/reject")
+@router.post("/access-requests/{request_id}/reject", responses=error_responses(404, 409))
 async def reject_access_request(
     request_id: str, body: AccessRejection, svc: ServicesDep, _: AdminDep
 ) -> AccessRequestView:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import uuid
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 from bson import ObjectId
 from bson.errors import InvalidId
@@ -25,9 +25,9 @@ from aml_contract.api import (
     QuotaExceeded,
     SearchAudit,
 )
-from aml_contract.errors import ErrorBody
 from aml_contract.messages import JobSubmitted, message_id
 from aml_gateway.deps import Services, ServicesDep, TeamDep
+from aml_gateway.errors import error_responses
 from aml_gateway.progress import job_status
 from aml_gateway.submissions import PriorRun, Refusal, Submission, check_submission
 from aml_runtime.broker import publish
@@ -36,9 +36,7 @@ from aml_runtime.jobs import PLATFORM_ERROR
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody} for status in (401, 404, 409, 422)
-}
+_ERRORS = error_responses(401, 404, 409)
 # Two submissions of one team racing for the same sequence number: the loser re-reads the
 # team's jobs and is judged again, so quotas hold under concurrency. More rounds than this
 # only under a flood, which is answered 409.
@@ -176,13 +174,13 @@ async def submit_job(body: JobSubmission, svc: ServicesDep, team: TeamDep) -> Jo
     raise HTTPException(409, {"reason": "too many submissions at once; try again"})
 
 
-@router.get("", responses={401: {"model": ErrorBody}})
+@router.get("", responses=error_responses(401))
 async def list_jobs(svc: ServicesDep, team: TeamDep) -> list[JobStatus]:
     jobs = svc.db.jobs.find({"team_id": team["_id"]}).sort("created_at", -1).limit(100)
     return [await job_status(svc.db, job) async for job in jobs]
 
 
-@router.get("/{job_id}", responses={401: {"model": ErrorBody}, 404: {"model": ErrorBody}})
+@router.get("/{job_id}", responses=error_responses(401, 404))
 async def get_job(job_id: str, svc: ServicesDep, team: TeamDep) -> JobStatus:
     return await job_status(svc.db, await _own_job(svc, team, job_id))
 

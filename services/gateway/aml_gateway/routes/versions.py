@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException
 
 from aml_contract.api import Capacity, VersionView
-from aml_contract.errors import ErrorBody
 from aml_gateway.deps import ServicesDep, TeamDep
+from aml_gateway.errors import error_responses
 from aml_runtime.db import Document, read_time
 
 router = APIRouter(prefix="/v1/versions", tags=["versions"])
@@ -29,13 +29,13 @@ def _view(version: Document) -> VersionView:
     )
 
 
-@router.get("", responses={401: {"model": ErrorBody}})
+@router.get("", responses=error_responses(401))
 async def list_versions(svc: ServicesDep, team: TeamDep) -> list[VersionView]:
     versions = svc.db.versions.find({"team_id": team["_id"]}).sort("created_at", 1)
     return [_view(version) async for version in versions]
 
 
-@router.get("/{version_id}", responses={401: {"model": ErrorBody}, 404: {"model": ErrorBody}})
+@router.get("/{version_id}", responses=error_responses(401, 404))
 async def get_version(version_id: str, svc: ServicesDep, team: TeamDep) -> VersionView:
     version = await svc.db.versions.find_one({"_id": version_id, "team_id": team["_id"]})
     if version is None:

@@ -1,0 +1,22 @@
+# One image for every AML service (compose.yaml picks the service with its command:
+# `python -m aml_gateway`, `python -m aml_scheduler`, ...). Installs the project from the
+# repository's own files with the pinned dependencies of pyproject.toml; runs as a non-root user.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+COPY pyproject.toml /src/pyproject.toml
+COPY libs /src/libs
+COPY services /src/services
+COPY tools /src/tools
+RUN pip install /src && rm -rf /src
+
+RUN useradd --system --uid 10001 --create-home --home-dir /home/aml aml
+USER 10001:10001
+WORKDIR /home/aml
+
+EXPOSE 8000
+CMD ["python", "-m", "aml_gateway"]

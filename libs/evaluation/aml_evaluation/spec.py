@@ -1,0 +1,74 @@
+"""The evaluation spec (SPEC R-6.4): everything a release holds constant between jobs, as one
+document with a content hash. Two jobs with the same spec hash were answered and scored the
+same way; changing any model, parameter, prompt text or scorer version changes the hash."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SPEC_SCHEMA: Final = "aml-eval-spec/1"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModelCall(_Frozen):
+    """One fixed use of a language model: which model, how, and with which prompt."""
+
+    model: str
+    temperature: float = 0.0
+    max_tokens: int = Field(ge=1)
+    prompt: str = Field(description="Prompt name, e.g. answer_v1.")
+    prompt_sha256: str = Field(description="sha256 of the prompt file's exact bytes.")
+
+
+class ContextBudget(_Frozen):
+    """How much of the participant's candidates the answer model sees (R-6.1)."""
+
+    max_tokens: int = Field(ge=1, description="Tokens of memory text in the answer prompt.")
+    counter: str = Field(description="How tokens are counted (see aml_evaluation.context).")
+
+
+class EvaluationSpec(_Frozen):
+    schema_version: Literal["aml-eval-spec/1"] = SPEC_SCHEMA
+    answer: ModelCall
+    context: ContextBudget
+    judge: ModelCall
+    judge_runs: int = Field(ge=1, description="Judge calls per question; majority label.")
+    scorers: dict[str, str] = Field(
+        description="Scorer name → version (F1 variants, BLEU-1, option accuracy, judge parser)."
+    )
+    top_k: int = Field(ge=1)
+    chunker: str
+    word_counter: str
+
+    def canonical_json(self) -> bytes:
+        """Sorted keys, no insignificant whitespace: the bytes the hash is taken over."""
+        return json.dumps(
+            self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+        ).encode("utf-8")
+
+    @property
+    def content_hash(self) -> str:
+        return hashlib.sha256(self.canonical_json()).hexdigest()
+
+    def summary(self) -> dict[str, str]:
+        """The flat view shown with every job."""
+        return {
+            "spec_hash": self.content_hash,
+            "top_k": str(self.top_k),
+            "chunker": self.chunker,
+            "word_counter": self.word_counter,
+            "answer_model": self.answer.model,
+            "answer_prompt": f"{self.answer.prompt}@{self.answer.prompt_sha256[:12]}",
+            "context_budget": f"{self.context.max_tokens} tokens ({self.context.counter})",
+            "judge_model": self.judge.model,
+            "judge_prompt": f"{self.judge.prompt}@{self.judge.prompt_sha256[:12]}",
+            "judge_runs": str(self.judge_runs),
+            **{f"scorer.{name}": version for name, version in sorted(self.scorers.items())},
+        }

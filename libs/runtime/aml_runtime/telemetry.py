@@ -1,0 +1,154 @@
+"""OpenTelemetry tracing for every service (SPEC R-8.3 - R-8.5).
+
+One trace per job item: the scheduler starts it when it releases the item (`item_trace`), the
+NATS headers carry it from service to service (FastStream's telemetry middleware, installed by
+`aml_runtime.broker.make_broker`), each stage adds its span (`stage_span`) and the outgoing HTTP
+calls to the participant and the LLM are child spans (httpx instrumentation).
+
+Spans go to an OTLP collector when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, and, with
+`AML_TRACE_DIR`, also to OTLP-JSON files (one `ExportTraceServiceRequest` per line) that
+`aml trace` reads. Span attributes are ids, stages and attempts only: never a secret, a gold
+answer or a memory body.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict  # type: ignore[import-untyped]
+from opentelemetry import context, trace
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, TraceFlags, Tracer
+
+TRACER_NAME = "aml"
+
+
+class OtlpJsonFileExporter(SpanExporter):
+    """Appends each batch as one OTLP-JSON line to `<dir>/<service>-<pid>.jsonl`: the format an
+    OTLP/HTTP JSON receiver accepts, so the files can also be replayed into a collector."""
+
+    def __init__(self, directory: Path, service: str) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self._path = directory / f"{service}-{os.getpid()}.jsonl"
+        self._lock = threading.Lock()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        line = json.dumps(otlp_json(encode_spans(spans)), separators=(",", ":"))
+        with self._lock, self._path.open("a", encoding="utf-8") as out:
+            out.write(line + "\n")
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
+
+
+_ID_FIELDS = frozenset({"traceId", "spanId", "parentSpanId"})
+
+
+def otlp_json(request: Any) -> dict[str, Any]:
+    """An ExportTraceServiceRequest in the OTLP/HTTP JSON encoding: the protobuf JSON mapping,
+    except that trace and span ids are hex strings, not base64."""
+    document: dict[str, Any] = MessageToDict(request)
+
+    def fix(node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in _ID_FIELDS and isinstance(value, str):
+                    node[key] = base64.b64decode(value).hex()
+                else:
+                    fix(value)
+        elif isinstance(node, list):
+            for value in node:
+                fix(value)
+
+    fix(document)
+    return document
+
+
+def configure_tracing(service: str, trace_dir: Path | None) -> TracerProvider:
+    """The service's tracer provider, made global so instrumentations use it too."""
+    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    if trace_dir is not None:
+        exporter = OtlpJsonFileExporter(trace_dir, service)
+        provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
+    trace.set_tracer_provider(provider)
+    instrument_http(provider)
+    return provider
+
+
+def instrument_http(provider: TracerProvider) -> None:
+    """Every httpx client (participant calls, LLM calls) makes a client span per request. Only
+    method, URL and status are recorded: no headers, so no Authorization value."""
+    from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+
+    instrumentor = HTTPXClientInstrumentor()
+    if not instrumentor.is_instrumented_by_opentelemetry:
+        instrumentor.instrument(tracer_provider=provider)
+
+
+def tracer() -> Tracer:
+    return trace.get_tracer(TRACER_NAME)
+
+
+def _attributes(**ids: Any) -> dict[str, Any]:
+    return {f"aml.{key}": value for key, value in ids.items() if value is not None}
+
+
+def item_trace_ids(item_key: str) -> tuple[int, int]:
+    """The trace id of a job item, and the id of its (never recorded) root: derived from the
+    item's key, so every release of the item, however often and by whichever replica, lands in
+    the same trace."""
+    digest = hashlib.sha256(item_key.encode("utf-8")).digest()
+    return int.from_bytes(digest[:16], "big") or 1, int.from_bytes(digest[16:24], "big") or 1
+
+
+@contextmanager
+def item_trace(name: str, item_key: str, **ids: Any) -> Iterator[Span]:
+    """A span in the trace of one job item (see item_trace_ids), not a child of whatever event
+    released it."""
+    trace_id, root_id = item_trace_ids(item_key)
+    root = SpanContext(
+        trace_id=trace_id,
+        span_id=root_id,
+        is_remote=True,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+    )
+    token = context.attach(trace.set_span_in_context(NonRecordingSpan(root)))
+    try:
+        with tracer().start_as_current_span(name, attributes=_attributes(**ids)) as span:
+            yield span
+    finally:
+        context.detach(token)
+
+
+@contextmanager
+def stage_span(name: str, **ids: Any) -> Iterator[Span]:
+    """A stage's work on an item, inside the trace the message carried."""
+    with tracer().start_as_current_span(name, attributes=_attributes(**ids)) as span:
+        yield span
+
+
+def current_trace_ids() -> dict[str, str]:
+    """`trace_id` / `span_id` of the current span (for logs and stored documents), or {}."""
+    span_context = trace.get_current_span().get_span_context()
+    if not span_context.is_valid:
+        return {}
+    return {
+        "trace_id": format(span_context.trace_id, "032x"),
+        "span_id": format(span_context.span_id, "016x"),
+    }

@@ -1,0 +1,306 @@
+"""What the public web pages show, computed from public leaderboard entries only (pure: no
+I/O). The templates in `templates/` lay it out; `static/` sorts tables and draws the charts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, get_args
+from urllib.parse import quote, urlencode
+
+from aml_contract.api import Board, LeaderboardEntry, Metrics, Track
+
+TRACKS: tuple[Track, ...] = get_args(Track)
+BOARDS: tuple[Board, ...] = get_args(Board)
+TRACK_NAMES: dict[Track, str] = {
+    "textual": "Textual",
+    "multimodal": "Multimodal",
+    "coding": "Coding",
+}
+BOARD_NAMES: dict[Board, str] = {"academic": "Academic", "industrial": "Industrial"}
+# How many entries a category chart compares (the table has them all).
+CHART_ENTRIES = 8
+DASH = "—"
+
+# Served with every page: no script, style or connection from anywhere but the gateway itself,
+# no framing, no referrer (a job page's URL names the job).
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
+        "form-action 'self'; frame-ancestors 'none'"
+    ),
+    "Referrer-Policy": "no-referrer",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+}
+
+
+def headline(metrics: Metrics) -> float | None:
+    """The number a board ranks by: accuracy, else the judge's accuracy."""
+    return metrics.accuracy if metrics.accuracy is not None else metrics.judge_accuracy
+
+
+def percent(value: float | None) -> str:
+    return DASH if value is None else f"{value * 100:.1f}%"
+
+
+def board_href(track: str, board: str) -> str:
+    return "/leaderboard?" + urlencode({"track": track, "board": board})
+
+
+def system_href(system_name: str) -> str:
+    return "/systems/" + quote(system_name, safe="")
+
+
+@dataclass(frozen=True)
+class Cell:
+    text: str
+    # What the table sorts by: a number, an ISO time or the text; "" sorts last.
+    value: str = ""
+    href: str | None = None
+    # The row's header cell (the system or version name).
+    row_header: bool = False
+
+
+@dataclass(frozen=True)
+class Column:
+    label: str
+    kind: Literal["number", "text"] = "number"
+    # Rank and the like are shown, not sorted.
+    sortable: bool = True
+
+
+@dataclass
+class Table:
+    caption: str
+    columns: list[Column]
+    rows: list[list[Cell]] = field(default_factory=list)
+    # The column the rows arrive sorted by, and how.
+    sorted_by: int | None = None
+    sorted_direction: Literal["ascending", "descending"] = "descending"
+
+
+@dataclass(frozen=True)
+class Tab:
+    label: str
+    href: str
+    current: bool
+
+
+@dataclass(frozen=True)
+class Chart:
+    """One chart for static/charts.js; the same numbers are in a table on the page."""
+
+    id: str
+    type: Literal["bar", "line"]
+    title: str
+    description: str
+    labels: list[str]
+    series: list[dict[str, Any]]
+
+
+def _metric(metrics: Metrics | None) -> Cell:
+    value = headline(metrics) if metrics is not None else None
+    return Cell(percent(value), "" if value is None else f"{value:.6f}")
+
+
+def _f1(metrics: Metrics) -> Cell:
+    value = metrics.f1_mean
+    return Cell(DASH if value is None else f"{value:.3f}", "" if value is None else f"{value:.6f}")
+
+
+def _published(at: datetime) -> Cell:
+    return Cell(at.strftime("%Y-%m-%d"), at.isoformat())
+
+
+def _models(entry: LeaderboardEntry) -> str:
+    declared = entry.declared_models
+    if declared is None:
+        return DASH
+    parts = [declared.embedding_model or "", *declared.llms, declared.reranker or ""]
+    return ", ".join(part for part in parts if part) or DASH
+
+
+def dataset_columns(entries: Iterable[LeaderboardEntry]) -> list[tuple[str, list[str]]]:
+    """Each dataset with its categories, in the order the entries first name them."""
+    found: dict[str, list[str]] = {}
+    for entry in entries:
+        for dataset_id, results in entry.datasets.items():
+            categories = found.setdefault(dataset_id, [])
+            categories.extend(c for c in results.categories if c not in categories)
+    return list(found.items())
+
+
+def board_table(entries: Sequence[LeaderboardEntry], caption: str) -> Table:
+    datasets = dataset_columns(entries)
+    columns = [
+        Column("Rank", sortable=False),
+        Column("System", "text"),
+        Column("Version", "text"),
+        Column("Team", "text"),
+        Column("Board", "text"),
+        Column("Declared models", "text"),
+        Column("Overall"),
+        Column("Overall F1"),
+    ]
+    for dataset_id, categories in datasets:
+        columns.append(Column(dataset_id))
+        columns.extend(Column(f"{dataset_id}: {category}") for category in categories)
+    columns += [Column("Questions"), Column("Published")]
+    table = Table(caption, columns, sorted_by=6, sorted_direction="descending")
+    for rank, entry in enumerate(entries, start=1):
+        row = [
+            Cell(str(rank), str(rank)),
+            Cell(entry.system_name, entry.system_name, system_href(entry.system_name), True),
+            Cell(entry.version_label, entry.version_label),
+            Cell(entry.team_name, entry.team_name),
+            Cell(BOARD_NAMES[entry.board], entry.board),
+            Cell(_models(entry), _models(entry)),
+            _metric(entry.overall),
+            _f1(entry.overall),
+        ]
+        for dataset_id, categories in datasets:
+            results = entry.datasets.get(dataset_id)
+            row.append(_metric(results.overall if results else None))
+            row.extend(
+                _metric(results.categories.get(category) if results else None)
+                for category in categories
+            )
+        row += [Cell(str(entry.overall.questions), str(entry.overall.questions))]
+        row.append(_published(entry.published_at))
+        table.rows.append(row)
+    return table
+
+
+def _chart_value(metrics: Metrics | None) -> float | None:
+    value = headline(metrics) if metrics is not None else None
+    return None if value is None else round(value * 100, 1)
+
+
+def category_charts(entries: Sequence[LeaderboardEntry]) -> list[Chart]:
+    """Per dataset, each category's accuracy for the best entries of the board."""
+    shown = entries[:CHART_ENTRIES]
+    charts = []
+    for index, (dataset_id, categories) in enumerate(dataset_columns(shown)):
+        series = []
+        for entry in shown:
+            results = entry.datasets.get(dataset_id)
+            values = [
+                _chart_value(results.categories.get(c) if results else None) for c in categories
+            ]
+            series.append({"label": f"{entry.system_name} {entry.version_label}", "values": values})
+        charts.append(
+            Chart(
+                id=f"chart-categories-{index}",
+                type="bar",
+                title=f"{dataset_id}: accuracy per category",
+                description=(
+                    f"Bar chart of the accuracy per category on {dataset_id} for the "
+                    f"{len(shown)} best entries; the table above has every number."
+                ),
+                labels=categories,
+                series=series,
+            )
+        )
+    return charts
+
+
+@dataclass(frozen=True)
+class TrackHistory:
+    track: Track
+    title: str
+    table: Table
+    chart: Chart
+
+
+def system_histories(entries: Sequence[LeaderboardEntry]) -> list[TrackHistory]:
+    """Per track (scores are never compared across tracks), the versions in publication
+    order: a table and a line chart of Overall over time, one line per board."""
+    histories = []
+    for track in TRACKS:
+        mine = [entry for entry in entries if entry.track == track]
+        if not mine:
+            continue
+        title = f"{TRACK_NAMES[track]} track"
+        datasets = dataset_columns(mine)
+        columns = [
+            Column("Version", "text"),
+            Column("Board", "text"),
+            Column("Team", "text"),
+            Column("Overall"),
+            Column("Overall F1"),
+            *(Column(dataset_id) for dataset_id, _ in datasets),
+            Column("Questions"),
+            Column("Published"),
+        ]
+        table = Table(
+            f"{title}: published versions, oldest first",
+            columns,
+            sorted_by=len(columns) - 1,
+            sorted_direction="ascending",
+        )
+        for entry in mine:
+            row = [
+                Cell(entry.version_label, entry.version_label, row_header=True),
+                Cell(BOARD_NAMES[entry.board], entry.board),
+                Cell(entry.team_name, entry.team_name),
+                _metric(entry.overall),
+                _f1(entry.overall),
+            ]
+            for dataset_id, _ in datasets:
+                results = entry.datasets.get(dataset_id)
+                row.append(_metric(results.overall if results else None))
+            row += [
+                Cell(str(entry.overall.questions), str(entry.overall.questions)),
+                _published(entry.published_at),
+            ]
+            table.rows.append(row)
+        labels = [
+            f"{entry.version_label} ({entry.published_at.strftime('%Y-%m-%d')})" for entry in mine
+        ]
+        series = [
+            {
+                "label": BOARD_NAMES[board],
+                "values": [
+                    _chart_value(entry.overall) if entry.board == board else None for entry in mine
+                ],
+            }
+            for board in BOARDS
+            if any(entry.board == board for entry in mine)
+        ]
+        chart = Chart(
+            id=f"chart-history-{track}",
+            type="line",
+            title=f"{title}: Overall over time",
+            description=(
+                f"Line chart of the Overall accuracy of each published version on the {track} "
+                "track, oldest first; the table above has every number."
+            ),
+            labels=labels,
+            series=series,
+        )
+        histories.append(TrackHistory(track, title, table, chart))
+    return histories
+
+
+def chart_data(charts: Iterable[Chart]) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": chart.id,
+            "type": chart.type,
+            "title": chart.title,
+            "labels": chart.labels,
+            "series": chart.series,
+        }
+        for chart in charts
+    ]
+
+
+def track_tabs(track: Track, board: Board) -> list[Tab]:
+    return [Tab(TRACK_NAMES[t], board_href(t, board), t == track) for t in TRACKS]
+
+
+def board_tabs(track: Track, board: Board) -> list[Tab]:
+    return [Tab(BOARD_NAMES[b], board_href(track, b), b == board) for b in BOARDS]

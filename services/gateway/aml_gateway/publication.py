@@ -1,0 +1,328 @@
+"""Admin review of gated jobs and the public leaderboard (R-3.8, R-3.9, R-5.3, R-7.4).
+
+The publisher gates every finished job and leaves `review_state` on it: `pending_review` when
+the gate passed, `gate_failed` otherwise. An admin then approves or rejects a pending job.
+
+Approval is one guarded update of the job (`pending_review` → `approved`, naming the entry to
+be created), then the insert of the leaderboard entry, whose `job_id` is unique: of two
+concurrent approvals one update wins and the other answers 409, and no job ever has two
+entries. Should the insert fail, the approval is undone; should the process die between the two
+writes, `repair_entries` (run at start-up) creates the missing entry.
+
+Public answers are built field by field from `LeaderboardEntry`, so nothing else stored on an
+entry (job, team and version ids, the results fingerprint) or on a team (key hash, contact)
+can reach them; and an entry is shown only while its job is approved and it is not
+disqualified.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping
+from datetime import datetime
+
+import structlog
+from fastapi import HTTPException
+from pymongo import ASCENDING
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import DuplicateKeyError
+
+from aml_contract.api import (
+    Board,
+    LeaderboardEntry,
+    PublicationRecord,
+    ReviewState,
+    ReviewView,
+    Track,
+)
+from aml_evaluation.aggregate import results_fingerprint
+from aml_gateway.deps import Services
+from aml_gateway.pages import headline
+from aml_gateway.progress import stored_gate
+from aml_runtime.db import Document, read_time
+
+log = structlog.get_logger()
+
+LIST_LIMIT = 500
+PUBLIC_FIELDS = tuple(LeaderboardEntry.model_fields)
+# What an entry copies from its job; a job without them cannot be published.
+_JOB_HASHES = ("spec_hash", "code_hash", "dataset_bundle_hash")
+
+
+async def ensure_indexes(db: AsyncDatabase[Document]) -> None:
+    # One entry per job, whatever races: the second insert is refused.
+    await db.leaderboard.create_index([("job_id", ASCENDING)], unique=True)
+    await db.leaderboard.create_index([("track", ASCENDING), ("board", ASCENDING)])
+    await db.leaderboard.create_index([("system_name", ASCENDING)])
+    await db.jobs.create_index([("review_state", ASCENDING)])
+
+
+def rank_key(entry: LeaderboardEntry) -> tuple[bool, float, datetime, str]:
+    """Best Overall first, entries without a score last; ties: the earlier publication."""
+    value = headline(entry.overall)
+    return (value is None, -(value or 0.0), entry.published_at, entry.entry_id)
+
+
+def _conflict(reason: str) -> HTTPException:
+    return HTTPException(409, {"reason": reason})
+
+
+async def _job(db: AsyncDatabase[Document], job_id: str) -> Document:
+    job = await db.jobs.find_one({"_id": job_id})
+    if job is None:
+        raise HTTPException(404, {"reason": f"job {job_id} not found"})
+    return job
+
+
+async def _owners(db: AsyncDatabase[Document], job: Document) -> tuple[Document, Document]:
+    version = await db.versions.find_one({"_id": job["version_id"]})
+    team = await db.teams.find_one({"_id": job["team_id"]})
+    if version is None or team is None:
+        raise _conflict(f"job {job['_id']}: its version or team no longer exists")
+    return version, team
+
+
+def review_view(job: Document, version: Document | None, team: Document | None) -> ReviewView:
+    results = job.get("results") or {}
+    spec = job.get("spec") or {}
+    return ReviewView.model_validate(
+        {
+            "job_id": job["_id"],
+            "review_state": job["review_state"],
+            "gate": stored_gate(job),
+            "mode": job["mode"],
+            "track": job["track"],
+            "run_label": job["run_label"],
+            "version_id": job["version_id"],
+            "system_name": version.get("system_name") if version else None,
+            "version_label": version.get("version_label") if version else None,
+            "board": version.get("board") if version else None,
+            "team_id": job["team_id"],
+            "team_name": team.get("name") if team else None,
+            "finished_at": read_time(job.get("finished_at")),
+            "overall": results.get("overall"),
+            "answer_model": spec.get("answer_model"),
+            **{name: job.get(name) for name in _JOB_HASHES},
+            "reviewed_at": read_time(job.get("reviewed_at")),
+            "reason": job.get("review_reason"),
+            "entry_id": job.get("entry_id"),
+        }
+    )
+
+
+async def _view(db: AsyncDatabase[Document], job: Document) -> ReviewView:
+    version = await db.versions.find_one({"_id": job["version_id"]})
+    team = await db.teams.find_one({"_id": job["team_id"]})
+    return review_view(job, version, team)
+
+
+async def list_reviews(db: AsyncDatabase[Document], state: ReviewState) -> list[ReviewView]:
+    jobs = db.jobs.find({"review_state": state}).sort("created_at", 1).limit(LIST_LIMIT)
+    return [await _view(db, job) async for job in jobs]
+
+
+def entry_document(
+    job: Document, version: Document, team: Document, entry_id: str, published_at: datetime
+) -> Document:
+    """The leaderboard submission record of an approved job: the public fields, plus what binds
+    it to its job (never shown publicly)."""
+    results = job.get("results")
+    answer_model = (job.get("spec") or {}).get("answer_model")
+    missing = [name for name in _JOB_HASHES if not job.get(name)]
+    if not answer_model:
+        missing.append("answer_model")
+    if not isinstance(results, Mapping) or "datasets" not in results:
+        missing.append("results")
+    if missing:
+        raise _conflict(f"job {job['_id']} cannot be published: no {', '.join(missing)}")
+    assert isinstance(results, Mapping)
+    declaration = version.get("declaration") or {}
+    document: Document = {
+        "_id": entry_id,
+        "entry_id": entry_id,
+        "system_name": version["system_name"],
+        "version_label": version["version_label"],
+        "team_name": team["name"],
+        "board": version["board"],
+        "track": job["track"],
+        "overall": results["overall"],
+        "datasets": results["datasets"],
+        **{name: job[name] for name in _JOB_HASHES},
+        "answer_model": answer_model,
+        "published_at": published_at,
+        "declared_models": declaration.get("declared_models"),
+        "repository_url": declaration.get("repository_url"),
+        "job_id": job["_id"],
+        "version_id": job["version_id"],
+        "team_id": job["team_id"],
+        "results_fingerprint": results_fingerprint(results["datasets"]),
+        # Written explicitly: nx-27017 matches no missing field with `$ne`.
+        "disqualified": False,
+        "disqualified_reason": None,
+        "disqualified_at": None,
+    }
+    # Refused here, before the job's review state moves, rather than after.
+    PublicationRecord.model_validate(document)
+    return document
+
+
+def record(document: Document) -> PublicationRecord:
+    return PublicationRecord.model_validate(
+        {
+            **document,
+            # nx-27017 reads a boolean written by `$set` back as 0/1.
+            "disqualified": bool(document.get("disqualified")),
+            "published_at": read_time(document["published_at"]),
+            "disqualified_at": read_time(document.get("disqualified_at")),
+        }
+    )
+
+
+def public_entry(document: Document) -> LeaderboardEntry:
+    """Only the public fields, named one by one (R-7.4)."""
+    fields = {name: document.get(name) for name in PUBLIC_FIELDS}
+    fields["published_at"] = read_time(document["published_at"])
+    return LeaderboardEntry.model_validate(fields)
+
+
+async def approve(svc: Services, job_id: str) -> PublicationRecord:
+    db = svc.db
+    job = await _job(db, job_id)
+    state = job.get("review_state")
+    if state != "pending_review":
+        raise _conflict(
+            f"job {job_id} is {state or 'not gated'}: only a job pending review can be approved"
+        )
+    gate = stored_gate(job)
+    if gate is None or not gate.passed:
+        raise _conflict(f"job {job_id} has no passed publication gate")
+    version, team = await _owners(db, job)
+    published_at = svc.clock()
+    entry_id = f"lb-{uuid.uuid4().hex[:12]}"
+    document = entry_document(job, version, team, entry_id, published_at)
+    decided = await db.jobs.update_one(
+        {"_id": job_id, "review_state": "pending_review"},
+        {"$set": {"review_state": "approved", "reviewed_at": published_at, "entry_id": entry_id}},
+    )
+    if decided.modified_count == 0:
+        raise _conflict(f"job {job_id} was already reviewed")
+    try:
+        await db.leaderboard.insert_one(document)
+    except DuplicateKeyError:
+        # An entry for this job exists already (an approval undone after its insert had in
+        # fact landed): that one stands, and the job names it.
+        existing = await db.leaderboard.find_one({"job_id": job_id})
+        if existing is None:
+            raise
+        await db.jobs.update_one({"_id": job_id}, {"$set": {"entry_id": existing["_id"]}})
+        return record(existing)
+    except Exception:
+        # No entry: the job goes back to waiting, so the approval can simply be repeated.
+        await db.jobs.update_one(
+            {"_id": job_id, "review_state": "approved", "entry_id": entry_id},
+            {"$set": {"review_state": "pending_review", "reviewed_at": None, "entry_id": None}},
+        )
+        raise
+    log.info("publication_approved", job_id=job_id, entry_id=entry_id)
+    return record(document)
+
+
+async def reject(svc: Services, job_id: str, reason: str) -> ReviewView:
+    db = svc.db
+    job = await _job(db, job_id)
+    state = job.get("review_state")
+    if state != "pending_review":
+        raise _conflict(
+            f"job {job_id} is {state or 'not gated'}: only a job pending review can be rejected"
+        )
+    decided = await db.jobs.update_one(
+        {"_id": job_id, "review_state": "pending_review"},
+        {
+            "$set": {
+                "review_state": "rejected",
+                "review_reason": reason,
+                "reviewed_at": svc.clock(),
+            }
+        },
+    )
+    if decided.modified_count == 0:
+        raise _conflict(f"job {job_id} was already reviewed")
+    log.info("publication_rejected", job_id=job_id)
+    return await _view(db, await _job(db, job_id))
+
+
+async def list_records(db: AsyncDatabase[Document]) -> list[PublicationRecord]:
+    found = db.leaderboard.find({}).sort("published_at", -1).limit(LIST_LIMIT)
+    return [record(document) async for document in found]
+
+
+async def disqualify(svc: Services, entry_id: str, reason: str) -> PublicationRecord:
+    db = svc.db
+    entry = await db.leaderboard.find_one({"_id": entry_id})
+    if entry is None:
+        raise HTTPException(404, {"reason": f"leaderboard entry {entry_id} not found"})
+    if entry.get("disqualified"):
+        raise _conflict(f"leaderboard entry {entry_id} is already disqualified")
+    updated = await db.leaderboard.update_one(
+        {"_id": entry_id, "disqualified": False},
+        {
+            "$set": {
+                "disqualified": True,
+                "disqualified_reason": reason,
+                "disqualified_at": svc.clock(),
+            }
+        },
+    )
+    if updated.modified_count == 0:
+        raise _conflict(f"leaderboard entry {entry_id} is already disqualified")
+    log.info("leaderboard_entry_disqualified", entry_id=entry_id, job_id=entry.get("job_id"))
+    found = await db.leaderboard.find_one({"_id": entry_id})
+    assert found is not None
+    return record(found)
+
+
+async def _public(db: AsyncDatabase[Document], query: Document) -> list[LeaderboardEntry]:
+    documents = await db.leaderboard.find({**query, "disqualified": False}).to_list(LIST_LIMIT)
+    # Belt and braces: an entry is public only while its job is approved.
+    approved = {
+        job["_id"]
+        async for job in db.jobs.find(
+            {"_id": {"$in": [d["job_id"] for d in documents]}, "review_state": "approved"},
+            {"_id": 1},
+        )
+    }
+    return [public_entry(d) for d in documents if d["job_id"] in approved]
+
+
+async def board_entries(
+    db: AsyncDatabase[Document], track: Track, board: Board | None
+) -> list[LeaderboardEntry]:
+    query: Document = {"track": track}
+    if board is not None:
+        query["board"] = board
+    return sorted(await _public(db, query), key=rank_key)
+
+
+async def system_entries(db: AsyncDatabase[Document], system_name: str) -> list[LeaderboardEntry]:
+    entries = await _public(db, {"system_name": system_name})
+    return sorted(entries, key=lambda entry: (entry.published_at, entry.entry_id))
+
+
+async def repair_entries(db: AsyncDatabase[Document], clock: Callable[[], datetime]) -> int:
+    """Create the entry of every approved job that has none (the process died between the
+    approval and the insert). Returns how many were created."""
+    created = 0
+    async for job in db.jobs.find({"review_state": "approved"}):
+        if not job.get("entry_id") or await db.leaderboard.find_one({"job_id": job["_id"]}):
+            continue
+        try:
+            version, team = await _owners(db, job)
+            published_at = read_time(job.get("reviewed_at")) or clock()
+            document = entry_document(job, version, team, job["entry_id"], published_at)
+            await db.leaderboard.insert_one(document)
+        except (HTTPException, DuplicateKeyError) as exc:
+            log.warning("leaderboard_repair_skipped", job_id=job["_id"], error=repr(exc))
+            continue
+        created += 1
+        log.info("leaderboard_entry_repaired", job_id=job["_id"], entry_id=job["entry_id"])
+    return created

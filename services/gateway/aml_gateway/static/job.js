@@ -1,0 +1,226 @@
+// A team's private job page. The Leaderboard API Key is asked for in a form, kept only in this
+// tab's sessionStorage and sent as a Bearer header to the JSON API; it never goes into a URL.
+// While the job runs, its status is read again every 2 seconds.
+(function () {
+  "use strict";
+
+  var KEY = "aml.leaderboardApiKey";
+  var POLL_MS = 2000;
+  var STAGES = ["add", "search", "answer", "score", "aggregate"];
+  var jobId = decodeURIComponent(window.location.pathname.replace(/\/+$/, "").split("/").pop());
+  var timer = null;
+  var lastAnnounced = "";
+
+  function $(id) { return document.getElementById(id); }
+
+  function storedKey() {
+    try { return window.sessionStorage.getItem(KEY); } catch (error) { return null; }
+  }
+
+  function storeKey(value) {
+    try { window.sessionStorage.setItem(KEY, value); } catch (error) { /* private mode */ }
+  }
+
+  function forgetKey() {
+    try { window.sessionStorage.removeItem(KEY); } catch (error) { /* nothing stored */ }
+  }
+
+  function stopPolling() {
+    if (timer !== null) { window.clearTimeout(timer); timer = null; }
+  }
+
+  function showForm(message) {
+    stopPolling();
+    $("job-section").hidden = true;
+    $("key-section").hidden = false;
+    var error = $("key-error");
+    error.textContent = message || "";
+    error.hidden = !message;
+  }
+
+  function percent(value) {
+    return value === null || value === undefined ? "—" : (value * 100).toFixed(1) + "%";
+  }
+
+  function number(value, digits) {
+    return value === null || value === undefined ? "—" : value.toFixed(digits);
+  }
+
+  function cell(row, text, header, className) {
+    var element = document.createElement(header ? "th" : "td");
+    if (header) element.scope = "row";
+    if (className) element.className = className;
+    element.textContent = text;
+    row.appendChild(element);
+    return element;
+  }
+
+  function fillRows(tableId, rows) {
+    var body = $(tableId).tBodies[0];
+    body.textContent = "";
+    rows.forEach(function (cells) {
+      var row = document.createElement("tr");
+      cells.forEach(function (spec, index) { cell(row, spec.text, index === 0, spec.className); });
+      body.appendChild(row);
+    });
+  }
+
+  function elapsed(seconds) {
+    var whole = Math.round(seconds);
+    var hours = Math.floor(whole / 3600);
+    var minutes = Math.floor((whole % 3600) / 60);
+    var rest = whole % 60;
+    return (hours ? hours + " h " : "") + (hours || minutes ? minutes + " min " : "") + rest + " s";
+  }
+
+  var REVIEW = {
+    gate_failed: "not publishable: the automatic gate failed",
+    pending_review: "gate passed, waiting for admin review",
+    approved: "approved and published",
+    rejected: "rejected by the admins",
+  };
+
+  function renderStatus(job) {
+    $("job-state").textContent = job.state;
+    $("job-stage").textContent = job.stage || "—";
+    $("job-mode").textContent = job.mode;
+    $("job-track").textContent = job.track;
+    $("job-label").textContent = job.run_label;
+    $("job-elapsed").textContent = elapsed(job.elapsed_seconds);
+    var review = job.review_state ? REVIEW[job.review_state] || job.review_state : "not reviewed";
+    if (job.review_reason) review += " (" + job.review_reason + ")";
+    $("job-review").textContent = review;
+
+    STAGES.forEach(function (stage) {
+      var progress = job.stages[stage] || { total: 0, done: 0, failed: 0 };
+      var bar = $("progress-" + stage);
+      bar.max = Math.max(progress.total, 1);
+      bar.value = Math.min(progress.done + progress.failed, bar.max);
+      var text = progress.total ? progress.done + " of " + progress.total + " done" : "not planned yet";
+      if (progress.failed) text += ", " + progress.failed + " failed";
+      $("progress-" + stage + "-text").textContent = text;
+    });
+
+    var errors = job.errors || [];
+    $("errors-empty").hidden = errors.length > 0;
+    $("errors-wrap").hidden = errors.length === 0;
+    fillRows("errors-table", errors.map(function (error) {
+      return [{ text: error.stage }, { text: error.kind }, { text: error.item || "—" }, { text: error.reason }];
+    }));
+
+    var gate = job.gate;
+    $("gate-block").hidden = !gate;
+    if (gate) {
+      fillRows("gate-table", gate.checks.map(function (check) {
+        return [
+          { text: check.name },
+          { text: check.passed ? "passed" : "failed", className: check.passed ? "passed" : "failed" },
+          { text: check.reason },
+        ];
+      }));
+    }
+
+    var announcement = "Job " + job.state + (job.stage ? ", stage " + job.stage : "");
+    if (announcement !== lastAnnounced) {
+      $("job-live").textContent = announcement + ".";
+      lastAnnounced = announcement;
+    }
+    $("poll-note").hidden = job.state === "completed" || job.state === "failed";
+  }
+
+  function renderResults(results) {
+    var rows = [];
+    var overall = results.overall;
+    rows.push([
+      { text: "Overall" }, { text: "all" }, { text: String(overall.questions), className: "number" },
+      { text: String(overall.scored), className: "number" }, { text: String(overall.failed), className: "number" },
+      { text: percent(overall.accuracy), className: "number" }, { text: percent(overall.judge_accuracy), className: "number" },
+      { text: number(overall.f1_mean, 3), className: "number" },
+    ]);
+    Object.keys(results.datasets).forEach(function (datasetId) {
+      var dataset = results.datasets[datasetId];
+      var entries = [["overall", dataset.overall]];
+      Object.keys(dataset.categories).forEach(function (name) { entries.push([name, dataset.categories[name]]); });
+      entries.forEach(function (entry) {
+        var metrics = entry[1];
+        rows.push([
+          { text: datasetId }, { text: entry[0] }, { text: String(metrics.questions), className: "number" },
+          { text: String(metrics.scored), className: "number" }, { text: String(metrics.failed), className: "number" },
+          { text: percent(metrics.accuracy), className: "number" }, { text: percent(metrics.judge_accuracy), className: "number" },
+          { text: number(metrics.f1_mean, 3), className: "number" },
+        ]);
+      });
+    });
+    fillRows("results-table", rows);
+    $("results-block").hidden = false;
+  }
+
+  function request(path) {
+    return window.fetch(path, {
+      headers: { Authorization: "Bearer " + storedKey(), Accept: "application/json" },
+      cache: "no-store",
+      credentials: "omit",
+      referrerPolicy: "no-referrer",
+    });
+  }
+
+  function refused(response) {
+    if (response.status === 401) {
+      forgetKey();
+      showForm("That key was not accepted. Check the Leaderboard API Key and try again.");
+    } else if (response.status === 404) {
+      showForm("This key has no job with this id.");
+    } else {
+      showForm("The job could not be read (HTTP " + response.status + "). Try again later.");
+    }
+  }
+
+  function poll() {
+    timer = null;
+    var base = "/v1/jobs/" + encodeURIComponent(jobId);
+    request(base)
+      .then(function (response) {
+        if (!response.ok) { refused(response); return null; }
+        return response.json();
+      })
+      .then(function (job) {
+        if (!job) return;
+        $("key-section").hidden = true;
+        $("job-section").hidden = false;
+        renderStatus(job);
+        if (job.state === "completed") {
+          return request(base + "/results").then(function (response) {
+            if (response.ok) return response.json().then(renderResults);
+          });
+        }
+        if (job.state !== "failed") timer = window.setTimeout(poll, POLL_MS);
+      })
+      .catch(function () {
+        // A network hiccup: try again at the next tick rather than give up.
+        timer = window.setTimeout(poll, POLL_MS);
+      });
+  }
+
+  function start() {
+    $("job-id").textContent = jobId;
+    $("key-form").addEventListener("submit", function (event) {
+      event.preventDefault();
+      var input = $("api-key");
+      var key = input.value.trim();
+      if (!key) { showForm("Enter the Leaderboard API Key."); input.focus(); return; }
+      storeKey(key);
+      input.value = "";
+      stopPolling();
+      poll();
+    });
+    $("forget-key").addEventListener("click", function () {
+      forgetKey();
+      showForm("");
+      $("api-key").focus();
+    });
+    if (storedKey()) poll();
+  }
+
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
+})();

@@ -1,0 +1,64 @@
+"""Composition root of the publisher: `python -m aml_publisher`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import structlog
+from faststream import FastStream
+from faststream.nats import NatsMessage
+
+from aml_contract import subjects
+from aml_contract.messages import JobFinished
+from aml_publisher.handlers import Publisher
+from aml_publisher.settings import PublisherSettings
+from aml_runtime.broker import consume, run_delivery
+from aml_runtime.service import open_runtime, serve
+from aml_runtime.telemetry import stage_span
+
+log = structlog.get_logger()
+
+# The durable consumer on AML_FINISHED (limits retention: the stream keeps every message, so a
+# new consumer starts by replaying the whole history, which the gate's idempotence makes safe).
+DURABLE = "publisher"
+
+
+def create_app(settings: PublisherSettings | None = None) -> FastStream:
+    settings = settings or PublisherSettings()
+    rt = open_runtime("publisher", settings)
+    publisher = Publisher(settings, rt.db)
+    if settings.release_baseline is None:
+        log.warning("publisher.no_release_baseline", effect="every job fails the baseline checks")
+
+    @consume(rt.broker, settings, subjects.JOB_FINISHED, DURABLE, settings.consumer_concurrency)
+    async def on_job_finished(event: JobFinished, msg: NatsMessage) -> None:
+        async def gave_up(kind: str, reason: str) -> None:
+            # Nothing is lost: the periodic reconciliation gates every finished job left ungated.
+            log.warning("gate.gave_up", job_id=event.job_id, kind=kind, reason=reason)
+
+        with stage_span("aml.gate", job_id=event.job_id):
+            await run_delivery(msg, settings, lambda: publisher.on_job_finished(event), gave_up)
+
+    async def reconcile_forever() -> None:
+        # The event path gates at once (and a new durable consumer replays the stream's whole
+        # history); this is only the safety net, so it first waits one interval.
+        while True:
+            await asyncio.sleep(settings.reconcile_interval_seconds)
+            try:
+                await publisher.reconcile()
+            except Exception:
+                log.exception("gate.reconcile_failed")
+
+    background: list[asyncio.Task[None]] = []
+
+    async def start() -> None:
+        background.append(asyncio.create_task(reconcile_forever()))
+
+    async def stop() -> None:
+        for task in background:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    return serve(rt, on_start=start, on_stop=stop)

@@ -1,0 +1,546 @@
+"""The web pages in a real browser (Playwright driving Debian's Chromium): the public board with
+its tabs, sorting and charts, a system's history, a team's private job page with live progress,
+and the same pages at phone width. Screenshots go to `test-output/screenshots/`.
+
+The gateway is the real app served by uvicorn on loopback, on a real nx-27017 and nats-server;
+entries are published through the real admin routes from finished, gated job documents written
+as the scheduler and the publisher leave them."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from leaderboard_support import PER_CATEGORY, finished_job, results, serve, version_body
+from pydantic import SecretStr
+from pymongo import MongoClient
+
+from aml_gateway.main import create_app
+from aml_gateway.settings import GatewaySettings
+from aml_runtime.db import Document
+from aml_runtime.secrets import SecretBox
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = "/usr/bin/chromium"
+if not Path(CHROMIUM).exists():
+    pytest.skip(
+        f"{CHROMIUM} is not installed (Debian package `chromium`; .ci/run installs it)",
+        allow_module_level=True,
+    )
+sync_api = pytest.importorskip("playwright.sync_api", reason="the `playwright` package (dev extra)")
+
+ADMIN_TOKEN = "b" * 32
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-output" / "screenshots"
+LAUNCH_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+PHONE = {"width": 390, "height": 844}
+T0 = datetime(2027, 2, 1, 9, 0, tzinfo=UTC)
+
+# (team, system, version, board, track, correct answers per category of 10)
+SEEDS: list[tuple[str, str, str, str, str, dict[str, int]]] = [
+    (
+        "Northwind Labs",
+        "recall-graph",
+        "1.0",
+        "academic",
+        "textual",
+        {"single-hop": 6, "multi-hop": 4, "temporal": 5, "open-domain": 3},
+    ),
+    (
+        "Northwind Labs",
+        "recall-graph",
+        "1.1",
+        "academic",
+        "textual",
+        {"single-hop": 8, "multi-hop": 6, "temporal": 6, "open-domain": 5},
+    ),
+    (
+        "Northwind Labs",
+        "recall-graph",
+        "2.0",
+        "academic",
+        "textual",
+        {"single-hop": 9, "multi-hop": 8, "temporal": 7, "open-domain": 6},
+    ),
+    (
+        "Example Corp",
+        "zettel-memory",
+        "3.2",
+        "academic",
+        "textual",
+        {"single-hop": 9, "multi-hop": 5, "temporal": 9, "open-domain": 4},
+    ),
+    (
+        "Aalto Group",
+        "bm25-baseline",
+        "0.1",
+        "academic",
+        "textual",
+        {"single-hop": 5, "multi-hop": 2, "temporal": 3, "open-domain": 2},
+    ),
+    (
+        "Example Corp",
+        "zettel-memory",
+        "3.2-pro",
+        "industrial",
+        "textual",
+        {"single-hop": 10, "multi-hop": 9, "temporal": 8, "open-domain": 7},
+    ),
+    (
+        "Example Corp",
+        "zettel-code",
+        "1.0",
+        "industrial",
+        "coding",
+        {"single-hop": 7, "multi-hop": 7, "temporal": 7, "open-domain": 7},
+    ),
+]
+
+
+@dataclass(frozen=True)
+class Site:
+    base_url: str
+    running_job: str
+    pending_job: str
+    team_key: str
+    mongo_url: str
+    mongo_db: str
+
+    def update_job(self, job_id: str, fields: Document) -> None:
+        with MongoClient(self.mongo_url) as mongo:
+            mongo[self.mongo_db].jobs.update_one({"_id": job_id}, {"$set": fields})
+
+    def mark_done(self, collection: str, job_id: str, count: int, state: str = "done") -> None:
+        with MongoClient(self.mongo_url) as mongo:
+            mongo[self.mongo_db][collection].insert_many(
+                [
+                    {
+                        "_id": f"{job_id}/{collection}/{uuid.uuid4().hex}",
+                        "job_id": job_id,
+                        "state": state,
+                    }
+                    for _ in range(count)
+                ]
+            )
+
+
+@dataclass
+class Clock:
+    """The gateway's clock: each entry is published 20 days after the previous one."""
+
+    at: datetime = T0
+
+    def __call__(self) -> datetime:
+        return self.at
+
+
+def _seed(client: httpx.Client, mongo: Any, clock: Clock) -> tuple[str, str, str]:
+    """Publish every SEEDS entry through the admin routes; return a running job, a job pending
+    review and their team's key."""
+    versions: dict[tuple[str, str], dict[str, Any]] = {}
+    keys: dict[str, str] = {}
+    for index, (team, system, label, board, track, correct) in enumerate(SEEDS):
+        response = client.post(
+            "/v1/admin/versions",
+            json=version_body(team, system, label, board=board, track=track),
+            headers=ADMIN,
+        )
+        assert response.status_code == 201, response.text
+        version = response.json()
+        versions[(system, label)] = version
+        if version["leaderboard_api_key"]:
+            keys[team] = version["leaderboard_api_key"]
+        at = T0 + timedelta(days=20 * index)
+        job = finished_job(version["team_id"], version["version_id"], correct, at, track=track)
+        mongo.jobs.insert_one(job)
+        clock.at = at + timedelta(days=3)
+        approved = client.post(f"/v1/admin/reviews/{job['_id']}/approve", headers=ADMIN)
+        assert approved.status_code == 200, approved.text
+    # A pending job that must not show, and the team's own running job for its private page.
+    owner = versions[("recall-graph", "2.0")]
+    pending = finished_job(owner["team_id"], owner["version_id"], {"single-hop": 10}, T0)
+    mongo.jobs.insert_one(pending)
+    running = finished_job(
+        owner["team_id"], owner["version_id"], {}, T0, state="running", review_state=None
+    )
+    running["started_at"] = datetime.now(UTC) - timedelta(seconds=75)
+    mongo.jobs.insert_one(running)
+    return running["_id"], pending["_id"], keys["Northwind Labs"]
+
+
+@pytest.fixture(scope="module")
+def site(mongo_url: str, nats_url: str) -> Iterator[Site]:
+    settings = GatewaySettings(
+        mongo_url=mongo_url,
+        nats_url=nats_url,
+        mongo_db=f"aml_pages_{uuid.uuid4().hex[:8]}",
+        admin_token=SecretStr(ADMIN_TOKEN),
+        secret_keys=SecretStr(SecretBox.new_key()),
+        allow_loopback_targets=True,
+        environment="development",
+    )
+    clock = Clock()
+    server, thread, base_url = serve(create_app(settings, clock))
+    try:
+        with httpx.Client(base_url=base_url, timeout=30) as client, MongoClient(mongo_url) as mongo:
+            running, pending, key = _seed(client, mongo[settings.mongo_db], clock)
+        yield Site(base_url, running, pending, key, mongo_url, settings.mongo_db)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@dataclass
+class Watched:
+    page: Any
+    problems: list[str]
+
+
+@pytest.fixture
+def watched(browser: Any, site: Site) -> Iterator[Watched]:
+    """A desktop page whose console errors (a CSP refusal, a script error) fail the test."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, base_url=site.base_url)
+    page = context.new_page()
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    page.on(
+        "response",
+        lambda r: problems.append(f"{r.status} {r.url}") if r.status >= 400 else None,
+    )
+    try:
+        yield Watched(page, problems)
+    finally:
+        context.close()
+    assert problems == [], problems
+
+
+def shot(page: Any, name: str) -> None:
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+def column(page: Any, table: str, index: int) -> list[str]:
+    cells: list[str] = page.eval_on_selector_all(
+        f"{table} tbody tr",
+        f"rows => rows.map(r => r.cells[{index}].textContent.trim())",
+    )
+    return cells
+
+
+def header_index(page: Any, table: str, label: str) -> int:
+    index: int = page.eval_on_selector_all(
+        f"{table} thead th",
+        "(cells, label) => cells.findIndex(c => c.textContent.trim() === label)",
+        label,
+    )
+    assert index >= 0, label
+    return index
+
+
+# Text and its effective background, for every visible element that holds text directly.
+CONTRAST_PROBLEMS = """
+() => {
+  const rgb = (value) => (value.match(/[\\d.]+/g) || []).map(Number);
+  const lum = ([r, g, b]) => {
+    const f = (c) => {
+      c /= 255;
+      return c <= 0.03928 ? c / 12.92 : Math.pow((c + 0.055) / 1.055, 2.4);
+    };
+    return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+  };
+  const background = (el) => {
+    for (let node = el; node; node = node.parentElement) {
+      const c = rgb(getComputedStyle(node).backgroundColor);
+      if (c.length >= 3 && (c.length < 4 || c[3] > 0)) return c;
+    }
+    return [255, 255, 255];
+  };
+  const problems = [];
+  for (const el of document.querySelectorAll("body *")) {
+    const own = Array.from(el.childNodes).some((n) => n.nodeType === 3 && n.textContent.trim());
+    const box = el.getBoundingClientRect();
+    if (!own || box.width === 0 || box.height === 0 || el.closest(".visually-hidden")) continue;
+    const style = getComputedStyle(el);
+    if (style.visibility === "hidden") continue;
+    const [a, b] = [lum(rgb(style.color)), lum(background(el))];
+    const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+    if (ratio < 4.5) problems.push(`${el.tagName}.${el.className}: ${ratio.toFixed(2)}`);
+  }
+  return problems;
+}
+"""
+
+
+def assert_accessible_basics(page: Any) -> None:
+    assert page.get_attribute("html", "lang") == "en"
+    assert page.locator("a.skip-link[href='#main']").count() == 1
+    assert page.locator("main#main").count() == 1
+    # Every header cell of a data table says what it heads.
+    assert page.locator("table thead th:not([scope='col'])").count() == 0
+    assert page.locator("table tbody th:not([scope='row'])").count() == 0
+    unlabelled = page.eval_on_selector_all(
+        "input, select, textarea",
+        "els => els.filter(e => !(e.labels && e.labels.length)).map(e => e.id)",
+    )
+    assert unlabelled == []
+    assert page.evaluate(CONTRAST_PROBLEMS) == []
+
+
+def test_board_tabs_sorting_and_charts(watched: Watched, site: Site) -> None:
+    page = watched.page
+    page.goto("/")
+    assert page.title().startswith("Textual track, Academic board")
+    assert_accessible_basics(page)
+    # Keyboard: the first Tab reaches the skip link, which moves focus to the main content.
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.className") == "skip-link"
+    page.keyboard.press("Enter")
+    assert page.evaluate("document.activeElement.id") == "main"
+
+    table = "#board"
+    systems = column(page, table, header_index(page, table, "System"))
+    # Best Overall first; the pending job and the other board/track are not there.
+    assert column(page, table, header_index(page, table, "Version")) == [
+        "2.0",
+        "3.2",
+        "1.1",
+        "1.0",
+        "0.1",
+    ]
+    assert systems == [
+        "recall-graph",
+        "zettel-memory",
+        "recall-graph",
+        "recall-graph",
+        "bm25-baseline",
+    ]
+    overall = page.locator(f"{table} thead th", has_text="Overall").first
+    assert overall.get_attribute("aria-sort") == "descending"
+    # Charts: one per dataset, drawn by the vendored Chart.js.
+    page.wait_for_function("() => window.Chart && Object.keys(Chart.instances).length === 1")
+    assert page.locator("canvas[role='img']").count() == 1
+    shot(page, "leaderboard-textual-academic")
+
+    # Sort by System with the keyboard: focus its header button and press Enter.
+    system_button = page.locator(f"{table} thead th button", has_text="System")
+    system_button.focus()
+    page.keyboard.press("Enter")
+    # Focus is visible: a solid 3px outline on the focused control.
+    outline = page.evaluate(
+        "() => { const s = getComputedStyle(document.activeElement);"
+        " return [document.activeElement.textContent.trim(), s.outlineStyle, s.outlineWidth]; }"
+    )
+    assert outline == ["System", "solid", "3px"]
+    header = page.locator(f"{table} thead th", has=page.locator("button", has_text="System"))
+    assert header.get_attribute("aria-sort") == "ascending"
+    assert overall.get_attribute("aria-sort") is None
+    after = column(page, table, header_index(page, table, "System"))
+    assert after == sorted(systems) and after != systems
+    system_button.click()
+    assert header.get_attribute("aria-sort") == "descending"
+    assert column(page, table, header_index(page, table, "System")) == sorted(systems)[::-1]
+    # Numbers sort as numbers: Overall ascending puts the lowest first.
+    page.locator(f"{table} thead th button", has_text="Overall F1").click()
+    f1 = [float(v) for v in column(page, table, header_index(page, table, "Overall F1"))]
+    assert f1 == sorted(f1, reverse=True)
+    assert "Sorted by Overall F1, descending." in page.inner_text("[data-sort-status]")
+    shot(page, "leaderboard-sorted-by-f1")
+
+    # Tabs are links: Industrial, then Coding, keep the other choice.
+    page.get_by_role("navigation", name="Board").get_by_role("link", name="Industrial").click()
+    page.wait_for_url("**/leaderboard?track=textual&board=industrial")
+    current = page.get_by_role("navigation", name="Board").locator("[aria-current='page']")
+    assert current.inner_text() == "Industrial"
+    assert column(page, table, header_index(page, table, "Version")) == ["3.2-pro"]
+    page.get_by_role("navigation", name="Track").get_by_role("link", name="Coding").click()
+    page.wait_for_url("**/leaderboard?track=coding&board=industrial")
+    assert column(page, table, header_index(page, table, "System")) == ["zettel-code"]
+    page.get_by_role("navigation", name="Track").get_by_role("link", name="Multimodal").click()
+    page.wait_for_url("**/leaderboard?track=multimodal&board=industrial")
+    assert "No entry has been published" in page.inner_text("main")
+    shot(page, "leaderboard-multimodal-empty")
+
+
+def test_system_page_shows_versions_over_time(watched: Watched, site: Site) -> None:
+    page = watched.page
+    page.goto("/leaderboard?track=textual&board=academic")
+    page.locator("#board tbody a", has_text="recall-graph").first.click()
+    page.wait_for_url("**/systems/recall-graph")
+    assert page.inner_text("h1") == "recall-graph"
+    assert_accessible_basics(page)
+    table = "#history-textual"
+    assert column(page, table, 0) == ["1.0", "1.1", "2.0"]
+    published = column(page, table, header_index(page, table, "Published"))
+    assert published == sorted(published)
+    page.wait_for_function("() => window.Chart && Object.keys(Chart.instances).length === 1")
+    chart = page.evaluate(
+        "() => { const c = Object.values(Chart.instances)[0];"
+        " return {type: c.config.type, labels: c.data.labels, values: c.data.datasets[0].data}; }"
+    )
+    assert chart["type"] == "line"
+    assert [label.split(" ")[0] for label in chart["labels"]] == ["1.0", "1.1", "2.0"]
+    assert chart["values"] == [45.0, 62.5, 75.0]
+    shot(page, "system-recall-graph")
+
+
+def test_private_job_page_shows_live_progress(watched: Watched, site: Site) -> None:
+    page = watched.page
+    job = site.running_job
+    site.update_job(job, {"totals": {"add": 8, "questions": 4 * PER_CATEGORY}})
+    site.mark_done("add_chunks", job, 5)
+    site.mark_done("add_chunks", job, 1, state="failed")
+    page.goto(f"/jobs/{job}")
+    assert page.inner_text("#job-id") == job
+    assert_accessible_basics(page)
+    field = page.get_by_label("Leaderboard API Key")
+    assert field.get_attribute("type") == "password"
+
+    # A wrong key is refused and forgotten.
+    field.fill("aml_not-a-key")
+    page.get_by_role("button", name="Show the job").click()
+    page.get_by_text("That key was not accepted").wait_for()
+    assert page.evaluate("sessionStorage.length") == 0
+    # That 401 was the point; anything after it is a fault.
+    assert any("401" in problem for problem in watched.problems)
+    watched.problems.clear()
+
+    requests: list[str] = []
+    page.on("request", lambda r: requests.append(r.url))
+    field.fill(site.team_key)
+    page.get_by_role("button", name="Show the job").click()
+    page.locator("#job-section").wait_for(state="visible")
+    assert page.locator("#key-section").is_hidden()
+    assert page.inner_text("#job-state") == "running"
+    assert page.inner_text("#job-stage") == "add"
+    add = page.get_by_label("Add", exact=True)
+    assert add.evaluate("e => [e.tagName, e.value, e.max]") == ["PROGRESS", 6, 8]
+    assert page.inner_text("#progress-add-text") == "5 of 8 done, 1 failed"
+    shot(page, "job-running")
+
+    # Polled every 2 s: new progress shows without a reload.
+    site.mark_done("add_chunks", job, 2)
+    site.mark_done("searches", job, 12)
+    page.wait_for_function(
+        "() => document.getElementById('progress-search').value === 12", timeout=10_000
+    )
+    assert page.inner_text("#progress-add-text") == "7 of 8 done, 1 failed"
+
+    # The job ends: the results table appears and polling stops.
+    correct = {"single-hop": 9, "multi-hop": 8, "temporal": 7, "open-domain": 6}
+    site.update_job(
+        job,
+        {
+            "state": "completed",
+            "finished_at": datetime.now(UTC),
+            "results": results(job, correct),
+        },
+    )
+    page.locator("#results-block").wait_for(state="visible", timeout=10_000)
+    assert page.inner_text("#job-state") == "completed"
+    rows = page.locator("#results-table tbody tr")
+    assert rows.count() == 1 + 1 + 4  # Overall, the dataset's overall, its four categories
+    assert "75.0%" in rows.first.inner_text()
+    shot(page, "job-completed")
+
+    # The key went only into a header, never into a URL, and stays in this tab's storage.
+    assert requests and all(site.team_key not in url for url in requests)
+    assert all(url.startswith(site.base_url) for url in requests)
+    stored = page.evaluate("sessionStorage.getItem('aml.leaderboardApiKey')")
+    assert stored == site.team_key
+    assert page.evaluate("localStorage.length") == 0
+    assert site.team_key not in page.url
+    page.get_by_role("button", name="Forget the key").click()
+    assert page.evaluate("sessionStorage.length") == 0
+    assert page.locator("#key-section").is_visible()
+
+
+def test_pages_fit_a_phone(browser: Any, site: Site) -> None:
+    context = browser.new_context(
+        viewport=PHONE,
+        device_scale_factor=2,
+        is_mobile=True,
+        has_touch=True,
+        base_url=site.base_url,
+    )
+    page = context.new_page()
+    try:
+        pages = {
+            "phone-leaderboard": "/leaderboard?track=textual&board=academic",
+            "phone-system": "/systems/recall-graph",
+            "phone-job": f"/jobs/{site.running_job}",
+        }
+        for name, path in pages.items():
+            page.goto(path)
+            page.wait_for_load_state("networkidle")
+            width = page.evaluate(
+                "() => [document.documentElement.scrollWidth, document.body.scrollWidth,"
+                " window.innerWidth]"
+            )
+            assert width[0] <= width[2] and width[1] <= width[2], (path, width)
+            shot(page, name)
+        # The wide table scrolls inside its own wrapper, not the page.
+        page.goto("/leaderboard?track=textual&board=academic")
+        wrapped = page.evaluate(
+            "() => { const w = document.querySelector('.table-wrap');"
+            " return [w.scrollWidth > w.clientWidth, getComputedStyle(w).overflowX]; }"
+        )
+        assert wrapped == [True, "auto"]
+        # The private job page with the key, its progress bars at phone width.
+        page.goto(f"/jobs/{site.running_job}")
+        page.get_by_label("Leaderboard API Key").fill(site.team_key)
+        page.get_by_role("button", name="Show the job").click()
+        page.locator("#job-section").wait_for(state="visible")
+        assert page.locator("progress").count() == 5
+        width = page.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
+        assert width[0] <= width[1], width
+        shot(page, "phone-job-with-key")
+    finally:
+        context.close()
+
+
+def test_no_secret_reaches_a_page(watched: Watched, site: Site) -> None:
+    page = watched.page
+    seen: list[str] = []
+    for path in (
+        "/",
+        "/leaderboard?track=textual&board=industrial",
+        "/leaderboard?track=coding&board=industrial",
+        "/systems/recall-graph",
+        "/systems/zettel-memory",
+        f"/jobs/{site.running_job}",
+    ):
+        response = page.goto(path)
+        assert response is not None and response.status == 200
+        seen.append(page.content())
+    text = "\n".join(seen)
+    for secret in (site.team_key, ADMIN_TOKEN, "msk-secret", "key_hash", "secret_ref"):
+        assert secret not in text
+    # A job not yet approved shows nowhere, not even its id.
+    assert site.pending_job not in text

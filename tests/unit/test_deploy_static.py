@@ -1,0 +1,632 @@
+"""The compose deployment, checked statically (CI has no Docker engine: nothing here is started).
+
+compose.yaml, the Dockerfile, .dockerignore and the configs under deploy/ are read as files and
+checked against each other and against the code: services, healthchecks and their dependencies,
+build contexts, mounts and volumes, secrets only by substitution, AML_* variables that are real
+settings fields, commands that run modules that exist, the Grafana provisioning and dashboard,
+the collector pipelines and the Tempo config. Every failure names the service or file at fault.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from functools import cache
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "compose.yaml"
+DOCKERFILE = ROOT / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
+DEPLOY = ROOT / "deploy"
+COLLECTOR = DEPLOY / "otel-collector.yaml"
+TEMPO = DEPLOY / "tempo.yaml"
+GRAFANA_DATASOURCES = DEPLOY / "grafana" / "provisioning" / "datasources"
+GRAFANA_PROVIDERS = DEPLOY / "grafana" / "provisioning" / "dashboards"
+GRAFANA_DASHBOARDS = DEPLOY / "grafana" / "dashboards"
+
+# compose service -> its settings class (module, class name).
+AML_SETTINGS = {
+    "gateway": ("aml_gateway.settings", "GatewaySettings"),
+    "scheduler": ("aml_scheduler.settings", "SchedulerSettings"),
+    "adder": ("aml_adder.settings", "AdderSettings"),
+    "searcher": ("aml_searcher.settings", "SearcherSettings"),
+    "answerer": ("aml_answerer.settings", "AnswererSettings"),
+    "scorer": ("aml_scorer.settings", "ScorerSettings"),
+    "publisher": ("aml_publisher.settings", "PublisherSettings"),
+}
+INFRA = {"nats", "mongo", "otel-collector", "tempo", "grafana"}
+# Who must wait for whom to be healthy.
+REQUIRED_DEPENDENCIES = {
+    **{name: {"nats", "mongo"} for name in AML_SETTINGS},
+    "grafana": {"tempo"},
+    "otel-collector": {"tempo"},
+}
+# Variables that hold a secret: only a required substitution, `${VAR:?message}`, is allowed.
+SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|API_KEY|PRIVATE")
+REQUIRED_SUBSTITUTION = re.compile(r"^\$\{[A-Za-z_][A-Za-z0-9_]*:?\?[^}]*\}$")
+SUBSTITUTION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
+OTEL_VARIABLES = {
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "OTEL_SERVICE_NAME",
+    "OTEL_SEMCONV_STABILITY_OPT_IN",
+    "OTEL_RESOURCE_ATTRIBUTES",
+    "OTEL_TRACES_SAMPLER",
+    "OTEL_TRACES_SAMPLER_ARG",
+}
+# Dashboard panels that must exist: title -> fragments its TraceQL query must contain.
+REQUIRED_PANELS = {
+    "Job throughput per stage": ["rate()", "by (span.aml.stage)"],
+    "Participant call latency p50 / p95": [
+        "span.aml.participant_call = true",
+        "quantile_over_time(duration",
+    ],
+    "Participant call errors": [
+        "span.aml.participant_call = true",
+        "span.http.response.status_code",
+        "span.error.type",
+        "rate()",
+    ],
+}
+
+
+def _problems(found: list[str]) -> str:
+    return "\n".join(["", *found])
+
+
+@cache
+def _yaml(path: Path) -> Any:
+    assert path.is_file(), f"{path.relative_to(ROOT)} is missing"
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        pytest.fail(f"{path.relative_to(ROOT)} is not valid YAML: {exc}")
+
+
+def _compose() -> dict[str, Any]:
+    data = _yaml(COMPOSE)
+    assert isinstance(data, dict), "compose.yaml: the top level must be a mapping"
+    assert isinstance(data.get("services"), dict), "compose.yaml: no `services` mapping"
+    return data
+
+
+def _services() -> dict[str, dict[str, Any]]:
+    services: dict[str, dict[str, Any]] = _compose()["services"]
+    return services
+
+
+def _environment(service: dict[str, Any]) -> dict[str, str]:
+    """`environment` as a mapping, whether written as a mapping or as a `KEY=value` list."""
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
+    return {str(key): "" if value is None else str(value) for key, value in env.items()}
+
+
+def _resolve(value: str) -> str:
+    """A value as compose would see it with no variable set: `${X:-d}` -> d, `${X:?m}` -> a
+    placeholder (compose would refuse to start; the value is the operator's)."""
+
+    def one(match: re.Match[str]) -> str:
+        operator, argument = match.group(2), match.group(3)
+        if operator in (":-", "-"):
+            return argument
+        return f"operator-{match.group(1).lower()}-value-of-enough-length"
+
+    return SUBSTITUTION.sub(one, value)
+
+
+def _command(service: dict[str, Any]) -> list[str]:
+    command = service.get("command")
+    return command.split() if isinstance(command, str) else list(command or [])
+
+
+def _healthcheck_test(service: dict[str, Any]) -> list[str]:
+    test = (service.get("healthcheck") or {}).get("test")
+    return [test] if isinstance(test, str) else list(test or [])
+
+
+def _url_in(words: list[str]) -> str | None:
+    return next((word for word in words if word.startswith(("http://", "https://"))), None)
+
+
+def _volumes(service: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(type, source, target) of each mount, from the short or the long syntax."""
+    mounts = []
+    for volume in service.get("volumes") or []:
+        if isinstance(volume, dict):
+            mounts.append(
+                (volume.get("type", "volume"), volume.get("source", ""), volume["target"])
+            )
+            continue
+        source, _, rest = volume.partition(":")
+        target = rest.split(":")[0] if rest else source
+        kind = "bind" if source.startswith((".", "/", "~", "$")) else "volume"
+        mounts.append((kind, source if rest else "", target))
+    return mounts
+
+
+def _bind_target(service: str, host_path: str) -> str:
+    """Where `host_path` (relative to the repository) is mounted in `service`."""
+    for kind, source, target in _volumes(_services()[service]):
+        if kind == "bind" and (ROOT / source).resolve() == (ROOT / host_path).resolve():
+            return target
+    pytest.fail(f"compose.yaml: service `{service}` does not mount ./{host_path}")
+
+
+# -- compose.yaml -------------------------------------------------------------------------------
+
+
+def test_compose_has_every_service() -> None:
+    missing = sorted((INFRA | set(AML_SETTINGS)) - set(_services()))
+    assert not missing, f"compose.yaml: services missing: {missing}"
+
+
+def test_every_service_has_an_image_or_a_build_and_a_healthcheck() -> None:
+    found = []
+    for name, service in _services().items():
+        if not service.get("image") and not service.get("build"):
+            found.append(f"compose.yaml: service `{name}` has neither `image` nor `build`")
+        test = _healthcheck_test(service)
+        if not test or test[0] not in ("CMD", "CMD-SHELL") or len(test) < 2:
+            found.append(f"compose.yaml: service `{name}` has no healthcheck test (CMD ...)")
+        if (service.get("healthcheck") or {}).get("disable"):
+            found.append(f"compose.yaml: service `{name}` disables its healthcheck")
+    assert not found, _problems(found)
+
+
+def test_dependencies_exist_wait_for_healthy_and_have_no_cycle() -> None:
+    services = _services()
+    found = []
+    graph: dict[str, set[str]] = {}
+    for name, service in services.items():
+        depends = service.get("depends_on") or {}
+        if isinstance(depends, list):
+            found.append(f"compose.yaml: `{name}`.depends_on is a list: use `condition:`")
+            depends = {dependency: {} for dependency in depends}
+        graph[name] = set(depends)
+        for dependency, options in depends.items():
+            if dependency not in services:
+                found.append(f"compose.yaml: `{name}` depends on unknown service `{dependency}`")
+            condition = (options or {}).get("condition")
+            if condition != "service_healthy":
+                found.append(
+                    f"compose.yaml: `{name}` -> `{dependency}` has condition {condition!r}, "
+                    "not service_healthy"
+                )
+        for needed in sorted(REQUIRED_DEPENDENCIES.get(name, set()) - set(depends)):
+            found.append(f"compose.yaml: `{name}` must depend on `{needed}` (service_healthy)")
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if name in path:
+            found.append(f"compose.yaml: dependency cycle {' -> '.join((*path, name))}")
+            return
+        for dependency in sorted(graph.get(name, set())):
+            visit(dependency, (*path, name))
+
+    for name in sorted(graph):
+        visit(name, ())
+    assert not found, _problems(sorted(set(found)))
+
+
+def test_build_contexts_and_dockerfiles_exist() -> None:
+    found = []
+    for name, service in _services().items():
+        build = service.get("build")
+        if build is None:
+            continue
+        build = {"context": build} if isinstance(build, str) else build
+        context = ROOT / build.get("context", ".")
+        if not context.is_dir():
+            found.append(f"compose.yaml: `{name}` build context {context} does not exist")
+            continue
+        inline = build.get("dockerfile_inline")
+        if inline is not None:
+            if not re.search(r"^FROM\s+\S+", inline, re.MULTILINE):
+                found.append(f"compose.yaml: `{name}` dockerfile_inline has no FROM")
+            continue
+        dockerfile = context / build.get("dockerfile", "Dockerfile")
+        if not dockerfile.is_file():
+            found.append(f"compose.yaml: `{name}` Dockerfile {dockerfile} does not exist")
+    assert not found, _problems(found)
+
+
+def test_bind_mounts_exist_and_named_volumes_are_declared() -> None:
+    declared = set(_compose().get("volumes") or {})
+    found = []
+    for name, service in _services().items():
+        for kind, source, target in _volumes(service):
+            if kind == "bind":
+                if not source.startswith("./") or "$" in source:
+                    found.append(
+                        f"compose.yaml: `{name}` bind-mounts {source!r}: use a path inside the "
+                        "repository, relative (./...)"
+                    )
+                elif not (ROOT / source).exists():
+                    found.append(f"compose.yaml: `{name}` bind-mounts {source}, which is missing")
+            elif kind == "volume" and source and source not in declared:
+                found.append(
+                    f"compose.yaml: `{name}` mounts volume `{source}` at {target}, not declared "
+                    "under the top-level `volumes`"
+                )
+    assert not found, _problems(found)
+
+
+def test_no_literal_secret() -> None:
+    found = []
+    for name, service in _services().items():
+        for key, value in _environment(service).items():
+            if SECRET_NAME.search(key) and not REQUIRED_SUBSTITUTION.match(value):
+                found.append(
+                    f"compose.yaml: `{name}` sets {key} to {value!r}: a secret must come from "
+                    f"a required substitution such as ${{{key}:?set it}}"
+                )
+    for key in ("AML_SECRET_KEYS", "AML_ADMIN_TOKEN"):
+        if not _environment(_services()["gateway"]).get(key):
+            found.append(f"compose.yaml: the gateway needs {key}")
+    for name in ("answerer", "scorer"):
+        if not _environment(_services()[name]).get("AML_LLM_API_KEY"):
+            found.append(f"compose.yaml: `{name}` needs AML_LLM_API_KEY")
+    assert not found, _problems(found)
+
+
+@pytest.mark.parametrize("name", sorted(AML_SETTINGS))
+def test_aml_variables_are_settings_fields_of_the_service(name: str) -> None:
+    module, class_name = AML_SETTINGS[name]
+    settings_class = getattr(importlib.import_module(module), class_name)
+    prefix = settings_class.model_config.get("env_prefix", "")
+    assert prefix.upper() == "AML_", f"{module}.{class_name}: env_prefix is {prefix!r}"
+    fields = {field.lower() for field in settings_class.model_fields}
+    env = _environment(_services()[name])
+    found = []
+    values = {}
+    for key, value in env.items():
+        if key.upper().startswith("AML_"):
+            field = key[len("AML_") :].lower()  # pydantic-settings is case-insensitive
+            if field not in fields:
+                found.append(
+                    f"compose.yaml: `{name}` sets {key}, but {module}.{class_name} has no "
+                    f"field `{field}`"
+                )
+            else:
+                values[field] = _resolve(value)
+        elif key not in OTEL_VARIABLES:
+            found.append(f"compose.yaml: `{name}` sets {key}: neither AML_* nor a known OTEL_*")
+    for key in ("AML_NATS_URL", "AML_MONGO_URL", "OTEL_EXPORTER_OTLP_ENDPOINT"):
+        if key not in env:
+            found.append(f"compose.yaml: `{name}` does not set {key}")
+    if env.get("OTEL_SERVICE_NAME") != name:
+        found.append(f"compose.yaml: `{name}` must set OTEL_SERVICE_NAME={name}")
+    assert not found, _problems(found)
+    # The values themselves are valid for the settings class (types, enums, bounds).
+    try:
+        settings_class(**values)
+    except ValueError as exc:
+        pytest.fail(f"compose.yaml: `{name}` environment is rejected by {class_name}: {exc}")
+
+
+def test_service_urls_point_at_compose_services() -> None:
+    services = _services()
+    collector_http = _collector()["receivers"]["otlp"]["protocols"]["http"]["endpoint"]
+    found = []
+    for name in AML_SETTINGS:
+        env = _environment(services[name])
+        for key in ("AML_NATS_URL", "AML_MONGO_URL", "OTEL_EXPORTER_OTLP_ENDPOINT"):
+            host = urlsplit(env.get(key, "")).hostname
+            if host not in services:
+                found.append(f"compose.yaml: `{name}` {key} names host {host!r}, not a service")
+        if "replicaSet=" not in env.get("AML_MONGO_URL", ""):
+            found.append(f"compose.yaml: `{name}` AML_MONGO_URL must name the replica set")
+        endpoint = urlsplit(env.get("OTEL_EXPORTER_OTLP_ENDPOINT", ""))
+        if endpoint.hostname != "otel-collector" or endpoint.port != _port(collector_http):
+            found.append(
+                f"compose.yaml: `{name}` OTEL_EXPORTER_OTLP_ENDPOINT is not the collector's "
+                f"OTLP/HTTP receiver ({collector_http} in deploy/otel-collector.yaml)"
+            )
+    assert not found, _problems(found)
+
+
+@pytest.mark.parametrize("name", sorted(AML_SETTINGS))
+def test_aml_service_runs_its_module(name: str) -> None:
+    service = _services()[name]
+    command = _command(service)
+    expected = f"aml_{name}"
+    assert command == ["python", "-m", expected], (
+        f"compose.yaml: `{name}` command is {command}, expected python -m {expected}"
+    )
+    assert find_spec(expected) is not None, f"compose.yaml: `{name}` runs {expected}: not found"
+    assert find_spec(f"{expected}.__main__") is not None, f"{expected} has no __main__ module"
+    build = service.get("build")
+    context = build if isinstance(build, str) else (build or {}).get("context")
+    assert context == ".", f"compose.yaml: `{name}` must be built from the repository's Dockerfile"
+
+
+def test_python_healthchecks_run_modules_that_exist() -> None:
+    found = []
+    for name, service in _services().items():
+        test = _healthcheck_test(service)
+        if "-m" in test:
+            module = test[test.index("-m") + 1]
+            if find_spec(module) is None:
+                found.append(f"compose.yaml: `{name}` healthcheck runs {module}: not found")
+    assert not found, _problems(found)
+
+
+def test_gateway_listens_where_it_is_published_and_probed() -> None:
+    gateway = _services()["gateway"]
+    env = _environment(gateway)
+    assert env.get("AML_HOST") == "0.0.0.0", "compose.yaml: the gateway must set AML_HOST=0.0.0.0"
+    assert env.get("AML_ENVIRONMENT") == "production", "compose.yaml: gateway AML_ENVIRONMENT"
+    port = int(env.get("AML_PORT", "0"))
+    published = [str(mapping).rsplit(":", 1)[-1] for mapping in gateway.get("ports") or []]
+    assert str(port) in published, f"compose.yaml: gateway ports {published} miss AML_PORT {port}"
+    url = _url_in(_healthcheck_test(gateway))
+    assert url is not None, "compose.yaml: the gateway healthcheck must GET a URL"
+    assert urlsplit(url).port == port and urlsplit(url).path == "/health", (
+        f"compose.yaml: gateway healthcheck {url} is not GET /health on AML_PORT {port}"
+    )
+
+
+# -- Dockerfile and .dockerignore ---------------------------------------------------------------
+
+
+def _instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of the Dockerfile, continuation lines joined."""
+    assert DOCKERFILE.is_file(), "Dockerfile is missing"
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text(encoding="utf-8"))
+    lines = [line.strip() for line in text.splitlines()]
+    return [
+        (parts[0].upper(), parts[1] if len(parts) > 1 else "")
+        for line in lines
+        if line and not line.startswith("#")
+        for parts in [line.split(None, 1)]
+    ]
+
+
+def _ignored() -> set[str]:
+    assert DOCKERIGNORE.is_file(), ".dockerignore is missing"
+    lines = DOCKERIGNORE.read_text(encoding="utf-8").splitlines()
+    return {line.strip().rstrip("/") for line in lines if line.strip() and line[0] != "#"}
+
+
+def test_dockerfile_installs_the_project_and_runs_a_service_as_non_root() -> None:
+    instructions = _instructions()
+    froms = [args for op, args in instructions if op == "FROM"]
+    assert froms and froms[0].startswith("python:3.11-slim"), f"Dockerfile: FROM is {froms}"
+    copies = [args.split() for op, args in instructions if op == "COPY"]
+    found = []
+    destinations = {}
+    for words in copies:
+        *sources, destination = [word for word in words if not word.startswith("--")]
+        for source in sources:
+            if not (ROOT / source).exists():
+                found.append(f"Dockerfile: COPY {source}: missing from the build context")
+            if source.rstrip("/") in _ignored():
+                found.append(f"Dockerfile: COPY {source}: excluded by .dockerignore")
+            destinations[source.rstrip("/")] = destination
+    project = destinations.get("pyproject.toml", "")
+    project_dir = project.rsplit("/", 1)[0] if project.endswith("pyproject.toml") else project
+    installs = [args for op, args in instructions if op == "RUN" and "pip install" in args]
+    if not any(
+        re.search(rf"pip install\s+({re.escape(project_dir)}|\.)(\s|$)", run) for run in installs
+    ):
+        found.append(f"Dockerfile: no `pip install` of the copied project ({project_dir})")
+    users = [args for op, args in instructions if op == "USER"]
+    if not users or users[-1].split(":")[0] in ("root", "0"):
+        found.append(f"Dockerfile: must end as a non-root USER, has {users}")
+    commands = [args for op, args in instructions if op in ("CMD", "ENTRYPOINT")]
+    if not commands:
+        found.append("Dockerfile: no CMD or ENTRYPOINT")
+    else:
+        command = json.loads(commands[-1])
+        if command[:2] != ["python", "-m"] or find_spec(command[2]) is None:
+            found.append(f"Dockerfile: CMD {command} does not run an existing module")
+    assert not found, _problems(found)
+
+
+def test_dockerignore_keeps_local_state_out_of_the_image() -> None:
+    missing = {".venv", ".aml", ".git", ".env", ".pytest_cache", ".mypy_cache"} - _ignored()
+    assert not missing, f".dockerignore must exclude {sorted(missing)}"
+
+
+# -- Grafana ------------------------------------------------------------------------------------
+
+
+def _provisioned_datasources() -> dict[str, dict[str, Any]]:
+    files = sorted(GRAFANA_DATASOURCES.glob("*.yaml"))
+    assert files, f"no datasource file in {GRAFANA_DATASOURCES.relative_to(ROOT)}"
+    found = {}
+    for path in files:
+        for source in _yaml(path).get("datasources") or []:
+            assert source.get("uid"), f"{path.relative_to(ROOT)}: datasource without uid"
+            found[source["uid"]] = source
+    return found
+
+
+def _dashboards() -> dict[Path, dict[str, Any]]:
+    files = sorted(GRAFANA_DASHBOARDS.glob("*.json"))
+    assert files, f"no dashboard in {GRAFANA_DASHBOARDS.relative_to(ROOT)}"
+    loaded = {}
+    for path in files:
+        try:
+            loaded[path] = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            pytest.fail(f"{path.relative_to(ROOT)} is not valid JSON: {exc}")
+    return loaded
+
+
+def _datasource_refs(node: Any) -> list[str]:
+    """Every datasource uid a dashboard refers to, anywhere in it."""
+    if isinstance(node, list):
+        return [uid for item in node for uid in _datasource_refs(item)]
+    if not isinstance(node, dict):
+        return []
+    found = [uid for key, value in node.items() for uid in _datasource_refs(value)]
+    reference = node.get("datasource")
+    if isinstance(reference, dict) and "uid" in reference:
+        found.append(reference["uid"])
+    return found
+
+
+def _panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    panels = []
+    for panel in dashboard.get("panels") or []:
+        panels.append(panel)
+        panels.extend(panel.get("panels") or [])  # panels inside collapsed rows
+    return panels
+
+
+def test_grafana_tempo_datasource_points_at_tempo() -> None:
+    sources = _provisioned_datasources()
+    assert "tempo" in sources, "grafana datasources: no datasource with uid `tempo`"
+    tempo = sources["tempo"]
+    assert tempo.get("type") == "tempo", "grafana datasource `tempo` must have type tempo"
+    url = urlsplit(tempo.get("url", ""))
+    port = _yaml(TEMPO)["server"]["http_listen_port"]
+    assert url.hostname == "tempo" and url.port == port, (
+        f"grafana datasource `tempo` url {tempo.get('url')} is not http://tempo:{port}"
+    )
+
+
+def test_grafana_provisioning_is_mounted_where_the_providers_look() -> None:
+    assert _bind_target("grafana", "deploy/grafana/provisioning") == "/etc/grafana/provisioning"
+    mounted = _bind_target("grafana", "deploy/grafana/dashboards")
+    providers = [
+        provider
+        for path in sorted(GRAFANA_PROVIDERS.glob("*.yaml"))
+        for provider in _yaml(path).get("providers") or []
+    ]
+    assert providers, "deploy/grafana/provisioning/dashboards: no dashboard provider"
+    paths = {(provider.get("options") or {}).get("path") for provider in providers}
+    assert mounted in paths, (
+        f"grafana dashboard providers read {sorted(map(str, paths))}, but compose.yaml mounts "
+        f"deploy/grafana/dashboards at {mounted}"
+    )
+
+
+def test_dashboards_use_provisioned_datasources_and_traceql() -> None:
+    uids = set(_provisioned_datasources())
+    found = []
+    for path, dashboard in _dashboards().items():
+        where = path.relative_to(ROOT)
+        if not dashboard.get("uid") or not dashboard.get("title"):
+            found.append(f"{where}: a dashboard needs a uid and a title")
+        for uid in sorted(set(_datasource_refs(dashboard)) - uids):
+            found.append(f"{where}: datasource uid {uid!r} is not provisioned ({sorted(uids)})")
+        for panel in _panels(dashboard):
+            if panel.get("type") == "row":
+                continue
+            targets = panel.get("targets") or []
+            if not targets:
+                found.append(f"{where}: panel {panel.get('title')!r} has no query")
+            for target in targets:
+                if target.get("queryType") != "traceql" or not target.get("query"):
+                    found.append(f"{where}: panel {panel.get('title')!r} needs a TraceQL query")
+    assert not found, _problems(found)
+
+
+def test_dashboard_has_the_required_panels() -> None:
+    queries: dict[str, list[str]] = {}
+    for dashboard in _dashboards().values():
+        for panel in _panels(dashboard):
+            targets = panel.get("targets") or []
+            queries[panel.get("title", "")] = [target.get("query", "") for target in targets]
+    found = []
+    for title, fragments in REQUIRED_PANELS.items():
+        if title not in queries:
+            found.append(f"deploy/grafana/dashboards: no panel titled {title!r}")
+            continue
+        for fragment in fragments:
+            if not any(fragment in query for query in queries[title]):
+                found.append(f"deploy/grafana/dashboards: panel {title!r} lacks {fragment!r}")
+    assert not found, _problems(found)
+
+
+# -- OpenTelemetry collector and Tempo ----------------------------------------------------------
+
+
+def _collector() -> dict[str, Any]:
+    config = _yaml(COLLECTOR)
+    assert isinstance(config, dict), "deploy/otel-collector.yaml: not a mapping"
+    return config
+
+
+def _port(endpoint: str) -> int | None:
+    return urlsplit(endpoint if "://" in endpoint else f"//{endpoint}").port
+
+
+def test_collector_pipelines_reference_defined_components() -> None:
+    config = _collector()
+    service = config.get("service") or {}
+    pipelines = service.get("pipelines") or {}
+    found = [] if "traces" in pipelines else ["deploy/otel-collector.yaml: no traces pipeline"]
+    for pipeline, parts in pipelines.items():
+        for kind in ("receivers", "processors", "exporters"):
+            defined = set(config.get(kind) or {})
+            if kind != "processors" and not parts.get(kind):
+                found.append(f"deploy/otel-collector.yaml: pipeline {pipeline} has no {kind}")
+            for component in parts.get(kind) or []:
+                if component not in defined:
+                    found.append(
+                        f"deploy/otel-collector.yaml: pipeline {pipeline} uses {kind[:-1]} "
+                        f"{component!r}, not defined under `{kind}`"
+                    )
+    for extension in service.get("extensions") or []:
+        if extension not in (config.get("extensions") or {}):
+            found.append(f"deploy/otel-collector.yaml: extension {extension!r} is not defined")
+    assert not found, _problems(found)
+
+
+def test_collector_exports_to_tempo_and_is_probed_on_its_health_port() -> None:
+    config = _collector()
+    exporters = config["service"]["pipelines"]["traces"]["exporters"]
+    tempo_grpc = _yaml(TEMPO)["distributor"]["receivers"]["otlp"]["protocols"]["grpc"]
+    otlp = [config["exporters"][name] for name in exporters if name.split("/")[0] == "otlp"]
+    assert otlp, "deploy/otel-collector.yaml: the traces pipeline has no otlp exporter"
+    endpoint = otlp[0]["endpoint"]
+    assert endpoint.split(":")[0] == "tempo" and _port(endpoint) == _port(tempo_grpc["endpoint"]), (
+        f"deploy/otel-collector.yaml: otlp exporter {endpoint} is not Tempo's OTLP gRPC "
+        f"receiver (tempo:{_port(tempo_grpc['endpoint'])} in deploy/tempo.yaml)"
+    )
+    assert (otlp[0].get("tls") or {}).get("insecure") is True, (
+        "deploy/otel-collector.yaml: the otlp exporter to tempo must set tls.insecure"
+    )
+    health = config["extensions"]["health_check"]["endpoint"]
+    probe = _url_in(_healthcheck_test(_services()["otel-collector"]))
+    assert probe is not None and urlsplit(probe).port == _port(health), (
+        f"compose.yaml: otel-collector healthcheck {probe} is not the health_check port {health}"
+    )
+
+
+def test_tempo_config_enables_traceql_metrics_and_matches_compose() -> None:
+    config = _yaml(TEMPO)
+    assert isinstance(config, dict), "deploy/tempo.yaml: not a mapping"
+    processors = config["overrides"]["defaults"]["metrics_generator"]["processors"]
+    assert "local-blocks" in processors, (
+        "deploy/tempo.yaml: overrides.defaults.metrics_generator.processors needs local-blocks "
+        "(TraceQL metrics queries of the dashboard)"
+    )
+    assert config["storage"]["trace"]["backend"] == "local", "deploy/tempo.yaml: storage backend"
+    probe = _url_in(_healthcheck_test(_services()["tempo"]))
+    port = config["server"]["http_listen_port"]
+    assert probe is not None and urlsplit(probe).port == port and probe.endswith("/ready"), (
+        f"compose.yaml: tempo healthcheck {probe} is not /ready on http_listen_port {port}"
+    )
+    assert _bind_target("tempo", "deploy/tempo.yaml") in " ".join(_command(_services()["tempo"]))
+    data = [target for kind, _, target in _volumes(_services()["tempo"]) if kind == "volume"]
+    paths = [
+        config["storage"]["trace"]["wal"]["path"],
+        config["storage"]["trace"]["local"]["path"],
+        config["metrics_generator"]["storage"]["path"],
+        config["metrics_generator"]["traces_storage"]["path"],
+    ]
+    outside = [path for path in paths if not any(path.startswith(f"{d}/") for d in data)]
+    assert not outside, f"deploy/tempo.yaml: {outside} are not on tempo's data volume {data}"

@@ -1,0 +1,81 @@
+"""The evaluation spec and its content hash (R-6.4)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from aml_evaluation.prompts import load_prompt
+from aml_evaluation.spec import EvaluationSpec, ModelCall
+from aml_runtime.evaluation_spec import build_spec
+from aml_runtime.settings import SpecSettings
+
+
+def _spec(**overrides: object) -> EvaluationSpec:
+    return build_spec(SpecSettings(**overrides))  # type: ignore[arg-type]
+
+
+def test_the_same_settings_give_the_same_hash() -> None:
+    spec = _spec()
+    assert spec.content_hash == _spec().content_hash
+    assert len(spec.content_hash) == 64
+    assert spec.content_hash == hashlib.sha256(spec.canonical_json()).hexdigest()
+    summary = spec.summary()
+    assert summary["spec_hash"] == spec.content_hash
+    assert summary["answer_prompt"].startswith("answer_v1@")
+    assert summary["scorer.f1_locomo"] == "f1-locomo-v1"
+    assert summary["scorer.bleu1"] == "bleu1-nltk-v1"
+
+
+def test_changing_a_prompt_text_changes_the_hash() -> None:
+    """The spec holds the prompt's sha256 over its exact bytes: one edited character in the
+    prompt file gives another hash."""
+    spec = _spec()
+    prompt = load_prompt("answer_v1")
+    edited = (prompt.text + " ").encode("utf-8")
+    answer = spec.answer.model_copy(update={"prompt_sha256": hashlib.sha256(edited).hexdigest()})
+    changed = spec.model_copy(update={"answer": answer})
+    assert spec.answer.prompt_sha256 == prompt.sha256
+    assert changed.content_hash != spec.content_hash
+
+
+def test_changing_which_prompt_changes_the_hash() -> None:
+    base = _spec()
+    swapped = _spec(answer_prompt="judge_v1")
+    assert swapped.content_hash != base.content_hash
+    assert swapped.answer.prompt_sha256 == load_prompt("judge_v1").sha256
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("top_k", 10),
+        ("answer_model", "other-model"),
+        ("answer_max_tokens", 7),
+        ("answer_context_tokens", 1234),
+        ("token_counter", "llama.cpp"),
+        ("judge_model", "other-judge"),
+        ("judge_max_tokens", 9),
+        ("judge_runs", 3),
+        ("judge_retries", 0),
+    ],
+)
+def test_every_setting_of_the_spec_changes_the_hash(field: str, value: object) -> None:
+    assert _spec(**{field: value}).content_hash != _spec().content_hash
+
+
+def test_settings_outside_the_spec_do_not_change_the_hash() -> None:
+    assert _spec(mongo_url="mongodb://elsewhere").content_hash == _spec().content_hash
+
+
+def test_unknown_prompt_fails() -> None:
+    with pytest.raises(FileNotFoundError):
+        _spec(answer_prompt="answer_v999")
+
+
+def test_spec_is_frozen() -> None:
+    spec = _spec()
+    with pytest.raises(ValueError):
+        spec.answer.model = "x"  # type: ignore[misc]
+    assert isinstance(spec.answer, ModelCall)
