@@ -206,9 +206,11 @@ async def test_status_forever(
     assert failed.value.reason.startswith(f"{operation}: ")
     assert_same_request_every_time(participant, operation, body, count)
     assert [r.status for r in participant.requests()] == [status] * count
-    # One Attempt per HTTP exchange; an exhausted retry budget records its last one as a retry.
-    outcome = "retry" if kind == "participant_outage" else "final"
-    assert observe.outcomes() == [(operation, n, status, outcome) for n in range(1, count + 1)]
+    # One Attempt per HTTP exchange; every one a retry but the last, which is final.
+    outcomes = ["retry"] * (count - 1) + ["final"]
+    assert observe.outcomes() == [
+        (operation, n, status, outcomes[n - 1]) for n in range(1, count + 1)
+    ]
     assert all(a.error_class is None and a.latency_ms >= 0 for a in observe.attempts)
 
 
@@ -255,7 +257,7 @@ async def test_409_is_never_success_for_add(
         await client.add(participant.endpoint(), add_body(), IDS, observe)
     assert failed.value.kind == "participant_outage"
     assert len(participant.requests()) == MAX_ATTEMPTS
-    assert [a.outcome for a in observe.attempts] == ["retry"] * MAX_ATTEMPTS
+    assert [a.outcome for a in observe.attempts] == ["retry"] * (MAX_ATTEMPTS - 1) + ["final"]
 
 
 async def test_wrong_credentials_are_an_authentication_error(
@@ -311,7 +313,7 @@ async def test_dropped_forever_is_an_outage(
     assert failed.value.kind == "participant_outage"
     assert "network error" in failed.value.reason
     assert_same_request_every_time(participant, operation, body, MAX_ATTEMPTS)
-    assert [a.outcome for a in observe.attempts] == ["retry"] * MAX_ATTEMPTS
+    assert [a.outcome for a in observe.attempts] == ["retry"] * (MAX_ATTEMPTS - 1) + ["final"]
 
 
 async def test_a_dropped_add_that_persisted_is_stored_once(

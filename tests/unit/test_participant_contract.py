@@ -550,7 +550,7 @@ async def test_exhausted_attempts_is_participant_outage() -> None:
     assert "3 attempts" in info.value.reason
     assert "503" in info.value.reason
     assert len(script.requests) == 3
-    assert [a.outcome for a in observe.attempts] == ["retry", "retry", "retry"]
+    assert [a.outcome for a in observe.attempts] == ["retry", "retry", "final"]
     # No pointless sleep after the last attempt.
     assert [attempt for attempt, _ in policy._calls] == [1, 2]
 

@@ -732,3 +732,22 @@ class SystemHistory(BaseModel):
 
 # JobStatus names the publication models defined after it.
 JobStatus.model_rebuild()
+
+
+class RetentionExtension(BaseModel):
+    """An admin keeps a run's derived data past the 30 days of R-7.5."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"keep_until": "2027-06-30T00:00:00Z", "reason": "integrity review"}]
+        },
+    )
+    keep_until: datetime
+    reason: LongText
+
+
+class RetentionView(BaseModel):
+    job_id: str
+    keep_until: datetime
+    reason: str

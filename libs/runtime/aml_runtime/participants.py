@@ -344,6 +344,10 @@ class ParticipantClient:
         for attempt in range(1, self._policy.max_attempts + 1):
             started, t0 = datetime.now(UTC), time.monotonic()
             retry_after: float | None = None
+            # A retryable failure is audited as "final" on the last attempt: none follows it.
+            again: Literal["retry", "final"] = (
+                "retry" if attempt < self._policy.max_attempts else "final"
+            )
             try:
                 span = stage_span(
                     f"participant.{operation}", attempt=attempt, participant_call=True
@@ -363,7 +367,7 @@ class ParticipantClient:
                 await observe(_attempt(operation, attempt, started, t0, None, exc, "final"))
                 raise CallFailed("wrong_url", f"{operation}: {exc.reason}") from None
             except httpx.HTTPError as exc:
-                await observe(_attempt(operation, attempt, started, t0, None, exc, "retry"))
+                await observe(_attempt(operation, attempt, started, t0, None, exc, again))
                 last = f"network error: {type(exc).__name__}"
             else:
                 status = response.status_code
@@ -377,7 +381,7 @@ class ParticipantClient:
                 if status not in retryable:
                     await observe(_attempt(operation, attempt, started, t0, status, None, "final"))
                     raise CallFailed("contract_error", f"{operation}: unexpected HTTP {status}")
-                await observe(_attempt(operation, attempt, started, t0, status, None, "retry"))
+                await observe(_attempt(operation, attempt, started, t0, status, None, again))
                 last = f"HTTP {status}"
                 retry_after = parse_retry_after(response.headers.get("Retry-After"))
             if attempt < self._policy.max_attempts:

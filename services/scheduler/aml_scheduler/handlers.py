@@ -5,6 +5,7 @@ guarded updates, so a redelivered event or the periodic reconciliation changes n
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 import structlog
 from faststream.nats import NatsBroker
@@ -37,6 +38,7 @@ from aml_runtime.jobs import (
     run_overdue,
 )
 from aml_runtime.participants import ParticipantClient
+from aml_runtime.retention import purge_expired
 from aml_runtime.secrets import SecretBox
 from aml_runtime.telemetry import current_trace_ids, item_trace
 from aml_scheduler.planning import (
@@ -93,6 +95,12 @@ class Scheduler:
 
     async def on_question_done(self, event: QuestionDone) -> None:
         await self.complete_if_done(event.job_id)
+
+    async def purge_expired(self) -> None:
+        """Retention (R-7.5), run with the reconciliation."""
+        retention = timedelta(days=self.settings.retention_days)
+        for job_id in await purge_expired(self.db, now(), retention):
+            log.info("job.retention_purged", job_id=job_id)
 
     async def reconcile(self) -> None:
         """Re-drive every unfinished job from its stored state (after a crash of anything)."""

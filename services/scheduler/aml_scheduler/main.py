@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
+import structlog
 from faststream import FastStream
 from faststream.nats import NatsMessage
 
@@ -19,6 +20,8 @@ from aml_runtime.secrets import SecretBox
 from aml_runtime.service import open_runtime, serve
 from aml_scheduler.handlers import Scheduler
 from aml_scheduler.settings import SchedulerSettings
+
+log = structlog.get_logger()
 
 
 async def _dropped(kind: str, reason: str) -> None:
@@ -52,6 +55,10 @@ def create_app(settings: SchedulerSettings | None = None) -> FastStream:
     async def reconcile_forever() -> None:
         while True:
             await scheduler.reconcile()
+            try:
+                await scheduler.purge_expired()
+            except Exception:
+                log.exception("retention.failed")
             await asyncio.sleep(settings.reconcile_interval_seconds)
 
     background: list[asyncio.Task[None]] = []

@@ -12,3 +12,6 @@ class SchedulerSettings(ParticipantCallSettings, SpecSettings):
     # Every running job is re-checked this often, so a crash between a database write and a
     # publish can delay a job but never strand it.
     reconcile_interval_seconds: float = Field(default=20.0, gt=0)
+    # A run's derived data (bodies, candidates, answers) is deleted this long after it ended,
+    # unless an admin keeps it longer.
+    retention_days: float = Field(default=30.0, gt=0)

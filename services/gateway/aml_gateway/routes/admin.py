@@ -3,13 +3,17 @@ team directly (used by the demo and the tests)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from datetime import UTC
+
+from fastapi import APIRouter, HTTPException
 
 from aml_contract.api import (
     AccessApproved,
     AccessRejection,
     AccessRequestView,
     AccessState,
+    RetentionExtension,
+    RetentionView,
     VersionRegistered,
     VersionRegistration,
 )
@@ -76,3 +80,24 @@ async def reject_access_request(
     request_id: str, body: AccessRejection, svc: ServicesDep, _: AdminDep
 ) -> AccessRequestView:
     return await access_requests.reject(svc, request_id, body.reason)
+
+
+@router.post("/jobs/{job_id}/retention", responses=error_responses(404, 409))
+async def extend_retention(
+    job_id: str, body: RetentionExtension, svc: ServicesDep, _: AdminDep
+) -> RetentionView:
+    """Keep a run's bodies, candidates and answers until `keep_until` (R-7.5); only before
+    they are deleted, since deleted data cannot come back."""
+    keep_until = body.keep_until if body.keep_until.tzinfo else body.keep_until.replace(tzinfo=UTC)
+    if keep_until <= svc.clock():
+        raise HTTPException(422, {"reason": "keep_until must be in the future"})
+    job = await svc.db.jobs.find_one({"_id": job_id}, {"retention_purged_at": 1})
+    if job is None:
+        raise HTTPException(404, {"reason": f"job {job_id} not found"})
+    if job.get("retention_purged_at") is not None:
+        raise HTTPException(409, {"reason": f"job {job_id}'s run data was already deleted"})
+    await svc.db.jobs.update_one(
+        {"_id": job_id},
+        {"$set": {"retention_keep_until": keep_until, "retention_reason": body.reason}},
+    )
+    return RetentionView(job_id=job_id, keep_until=keep_until, reason=body.reason)
