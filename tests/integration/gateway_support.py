@@ -3,16 +3,19 @@ nats-server, with a loopback HTTP server standing in for a participant's Health 
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
+import uvicorn
 from pydantic import SecretStr
 from pymongo import AsyncMongoClient
 
@@ -140,3 +143,34 @@ async def submit_access_request(
     assert response.status_code == 201, response.text
     created: dict[str, Any] = response.json()
     return created
+
+
+@dataclass
+class Clock:
+    """The gateway's clock, moved by the test across quota and retention boundaries."""
+
+    at: datetime
+
+    def __call__(self) -> datetime:
+        return self.at
+
+    def advance(self, span: timedelta) -> None:
+        self.at += span
+
+
+def serve_in_thread(app: Any) -> tuple[uvicorn.Server, threading.Thread, str]:
+    """The app served by uvicorn on a free loopback port, in a thread with its own loop (not
+    the main thread, so uvicorn installs no signal handlers)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError("the gateway did not start (its lifespan failed?)")
+        time.sleep(0.05)
+    return server, thread, f"http://127.0.0.1:{port}"

@@ -3,15 +3,10 @@ writes it, gated as the publisher leaves it, ready for admin review through the 
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 import uuid
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, get_args
-
-import uvicorn
 
 from aml_contract.api import GateCheckName
 from aml_evaluation.aggregate import QuestionOutcome, aggregate
@@ -122,20 +117,3 @@ def finished_job(
         job["review_state"] = review_state
         job["gate"] = gate(at, passed=review_state != "gate_failed")
     return job
-
-
-def serve(app: Any) -> tuple[uvicorn.Server, threading.Thread, str]:
-    """The app served by uvicorn on a free loopback port, in a thread with its own loop."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            server.should_exit = True
-            raise RuntimeError("the gateway did not start (its lifespan failed?)")
-        time.sleep(0.05)
-    return server, thread, f"http://127.0.0.1:{port}"

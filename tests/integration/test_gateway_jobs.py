@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_support import ADMIN, Gateway, health_server, open_gateway, request_body
+from gateway_support import ADMIN, Clock, Gateway, health_server, open_gateway, request_body
 from pymongo import AsyncMongoClient
 
 from aml_contract.api import JobState
@@ -39,17 +39,6 @@ CHECKLIST = {
 
 
 @dataclass
-class Clock:
-    at: datetime = T0
-
-    def __call__(self) -> datetime:
-        return self.at
-
-    def advance(self, span: timedelta) -> None:
-        self.at += span
-
-
-@dataclass
 class Team:
     key: str
     team_id: str
@@ -68,7 +57,7 @@ def participant() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def clock() -> Clock:
-    return Clock()
+    return Clock(T0)
 
 
 @pytest.fixture(scope="module")
@@ -337,7 +326,7 @@ async def test_another_team_sees_nothing_of_the_first(
 async def test_seasons_from_settings_bound_the_quota(
     mongo_url: str, nats_url: str, participant: str
 ) -> None:
-    clock = Clock()
+    clock = Clock(T0)
     quotas = QuotaPolicy(
         seasons=[
             Season(name="S1", starts_at=T0 + timedelta(days=1), ends_at=T0 + timedelta(days=90))

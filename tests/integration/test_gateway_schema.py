@@ -10,9 +10,6 @@ team is registered first, so generated requests carry working credentials (the a
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
-import uvicorn
+from gateway_support import serve_in_thread
 from hypothesis import strategies as st
 from pydantic import SecretStr
 from schemathesis.checks import not_a_server_error, response_schema_conformance
@@ -135,23 +132,6 @@ class LiveGateway:
     team_key: str
 
 
-def _serve(app: Any) -> tuple[uvicorn.Server, threading.Thread, str]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
-    # Not the main thread, so uvicorn installs no signal handlers; the loop is its own.
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            server.should_exit = True
-            raise RuntimeError("the gateway did not start (its lifespan failed?)")
-        time.sleep(0.05)
-    return server, thread, f"http://127.0.0.1:{port}"
-
-
 def _created(response: httpx.Response) -> dict[str, Any]:
     assert response.status_code == 201, response.text
     body: dict[str, Any] = response.json()
@@ -169,7 +149,7 @@ def live_gateway(mongo_url: str, nats_url: str) -> Iterator[LiveGateway]:
         allow_loopback_targets=True,
         environment="development",
     )
-    server, thread, base_url = _serve(create_app(settings))
+    server, thread, base_url = serve_in_thread(create_app(settings))
     try:
         with httpx.Client(base_url=base_url, timeout=30) as client:
             created = _seed(client, base_url)

@@ -19,6 +19,7 @@ import pytest
 from gateway_support import (
     ADMIN,
     ADMIN_TOKEN,
+    Clock,
     Gateway,
     health_server,
     open_gateway,
@@ -44,17 +45,6 @@ SECRET_MARKS = ("0.975", "97.5", "0.98125")
 
 
 @dataclass
-class Clock:
-    at: datetime = T0
-
-    def __call__(self) -> datetime:
-        return self.at
-
-    def advance(self, span: timedelta) -> None:
-        self.at += span
-
-
-@dataclass
 class Version:
     version_id: str
     team_id: str
@@ -67,7 +57,7 @@ class Version:
 
 @pytest.fixture(scope="module")
 def clock() -> Clock:
-    return Clock()
+    return Clock(T0)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,8 @@ from typing import Any
 
 import httpx
 import pytest
-from leaderboard_support import PER_CATEGORY, finished_job, results, serve, version_body
+from gateway_support import Clock, serve_in_thread
+from leaderboard_support import PER_CATEGORY, finished_job, results, version_body
 from pydantic import SecretStr
 from pymongo import MongoClient
 
@@ -140,16 +141,6 @@ class Site:
             )
 
 
-@dataclass
-class Clock:
-    """The gateway's clock: each entry is published 20 days after the previous one."""
-
-    at: datetime = T0
-
-    def __call__(self) -> datetime:
-        return self.at
-
-
 def _seed(client: httpx.Client, mongo: Any, clock: Clock) -> tuple[str, str, str]:
     """Publish every SEEDS entry through the admin routes; return a running job, a job pending
     review and their team's key."""
@@ -195,8 +186,8 @@ def site(mongo_url: str, nats_url: str) -> Iterator[Site]:
         allow_loopback_targets=True,
         environment="development",
     )
-    clock = Clock()
-    server, thread, base_url = serve(create_app(settings, clock))
+    clock = Clock(T0)
+    server, thread, base_url = serve_in_thread(create_app(settings, clock))
     try:
         with httpx.Client(base_url=base_url, timeout=30) as client, MongoClient(mongo_url) as mongo:
             running, pending, key = _seed(client, mongo[settings.mongo_db], clock)

@@ -3,9 +3,12 @@ before anything is consumed, and a clean shutdown."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+import structlog
 from faststream import FastStream
 from faststream.nats import NatsBroker
 from opentelemetry.sdk.trace import TracerProvider
@@ -19,6 +22,7 @@ from aml_runtime.settings import CommonSettings
 from aml_runtime.telemetry import configure_tracing
 
 Hook = Callable[[], Awaitable[None]]
+log = structlog.get_logger()
 
 
 @dataclass
@@ -36,10 +40,36 @@ def open_runtime(name: str, settings: CommonSettings) -> Runtime:
     return Runtime(broker=make_broker(settings, tracing), client=client, db=db, tracing=tracing)
 
 
+@dataclass(frozen=True)
+class Periodic:
+    """Work a service repeats in the background every `interval` seconds while it runs (after
+    waiting one interval first when `wait_first`). A failed pass is logged; the next one runs."""
+
+    name: str
+    interval: float
+    run: Hook
+    wait_first: bool = False
+
+
+async def _repeat(task: Periodic) -> None:
+    if task.wait_first:
+        await asyncio.sleep(task.interval)
+    while True:
+        try:
+            await task.run()
+        except Exception:
+            log.exception("periodic.failed", task=task.name)
+        await asyncio.sleep(task.interval)
+
+
 def serve(
-    runtime: Runtime, on_start: Hook | None = None, on_stop: Hook | None = None
+    runtime: Runtime,
+    on_start: Hook | None = None,
+    on_stop: Hook | None = None,
+    every: Sequence[Periodic] = (),
 ) -> FastStream:
     app = FastStream(runtime.broker)
+    background: list[asyncio.Task[None]] = []
 
     @app.on_startup
     async def prepare() -> None:
@@ -51,9 +81,14 @@ def serve(
     async def started() -> None:
         if on_start is not None:
             await on_start()
+        background.extend(asyncio.create_task(_repeat(task)) for task in every)
 
     @app.on_shutdown
     async def close() -> None:
+        for running in background:
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
         if on_stop is not None:
             await on_stop()
         await runtime.client.close()

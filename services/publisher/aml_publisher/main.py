@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-
 import structlog
 from faststream import FastStream
 from faststream.nats import NatsMessage
@@ -14,7 +11,7 @@ from aml_contract.messages import JobFinished
 from aml_publisher.handlers import Publisher
 from aml_publisher.settings import PublisherSettings
 from aml_runtime.broker import consume, run_delivery
-from aml_runtime.service import open_runtime, serve
+from aml_runtime.service import Periodic, open_runtime, serve
 from aml_runtime.telemetry import stage_span
 
 log = structlog.get_logger()
@@ -40,25 +37,9 @@ def create_app(settings: PublisherSettings | None = None) -> FastStream:
         with stage_span("aml.gate", job_id=event.job_id):
             await run_delivery(msg, settings, lambda: publisher.on_job_finished(event), gave_up)
 
-    async def reconcile_forever() -> None:
-        # The event path gates at once (and a new durable consumer replays the stream's whole
-        # history); this is only the safety net, so it first waits one interval.
-        while True:
-            await asyncio.sleep(settings.reconcile_interval_seconds)
-            try:
-                await publisher.reconcile()
-            except Exception:
-                log.exception("gate.reconcile_failed")
-
-    background: list[asyncio.Task[None]] = []
-
-    async def start() -> None:
-        background.append(asyncio.create_task(reconcile_forever()))
-
-    async def stop() -> None:
-        for task in background:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    return serve(rt, on_start=start, on_stop=stop)
+    # The event path gates at once (and a new durable consumer replays the stream's whole
+    # history); the reconciliation is only the safety net, so it first waits one interval.
+    reconcile = Periodic(
+        "gate-reconcile", settings.reconcile_interval_seconds, publisher.reconcile, wait_first=True
+    )
+    return serve(rt, every=[reconcile])

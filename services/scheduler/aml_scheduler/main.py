@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Callable
 
-import structlog
 from faststream import FastStream
 from faststream.nats import NatsMessage
 
@@ -17,12 +14,9 @@ from aml_runtime.codehash import code_hash
 from aml_runtime.evaluation_spec import build_spec
 from aml_runtime.participants import ParticipantClient
 from aml_runtime.secrets import SecretBox
-from aml_runtime.service import open_runtime, serve
+from aml_runtime.service import Periodic, open_runtime, serve
 from aml_scheduler.handlers import Scheduler
 from aml_scheduler.settings import SchedulerSettings
-
-log = structlog.get_logger()
-
 
 async def _dropped(kind: str, reason: str) -> None:
     """Scheduler events only re-drive stored state; the periodic reconciliation covers an event
@@ -52,25 +46,15 @@ def create_app(settings: SchedulerSettings | None = None) -> FastStream:
     async def on_question_done(event: QuestionDone, msg: NatsMessage) -> None:
         await run_delivery(msg, settings, lambda: scheduler.on_question_done(event), _dropped)
 
-    async def reconcile_forever() -> None:
-        while True:
-            await scheduler.reconcile()
-            try:
-                await scheduler.purge_expired()
-            except Exception:
-                log.exception("retention.failed")
-            await asyncio.sleep(settings.reconcile_interval_seconds)
-
-    background: list[asyncio.Task[None]] = []
-
-    async def start() -> None:
-        background.append(asyncio.create_task(reconcile_forever()))
-
     async def stop() -> None:
-        for task in background:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
         await client.aclose()
 
-    return serve(rt, on_start=start, on_stop=stop)
+    interval = settings.reconcile_interval_seconds
+    return serve(
+        rt,
+        on_stop=stop,
+        every=[
+            Periodic("reconcile", interval, scheduler.reconcile),
+            Periodic("retention", interval, scheduler.purge_expired),
+        ],
+    )
