@@ -295,6 +295,9 @@ async def test_review_publishes_approved_jobs_only(gateway: Gateway, db: Any, cl
     assert {r["entry_id"] for r in records if r["disqualified"]} == {second_entry["entry_id"]}
     kept = next(r for r in records if r["disqualified"])
     assert kept["job_id"] == second and kept["overall"]["accuracy"] == 0.85
+    # The team's job says so, with the reason.
+    job = ok(await gw.client.get(f"/v1/jobs/{second}", headers=alpha1.auth))
+    assert (job["review_state"], job["review_reason"]) == ("disqualified", reason["reason"])
     # The pages follow the same rule.
     page = (await gw.client.get("/leaderboard?track=textual&board=industrial")).text
     assert "alpha-mem" in page and "75.0%" in page and "85.0%" not in page

@@ -598,7 +598,7 @@ GateCheckName = Literal[
     "question_counts",
     "not_duplicate",
 ]
-ReviewState = Literal["gate_failed", "pending_review", "approved", "rejected"]
+ReviewState = Literal["gate_failed", "pending_review", "approved", "rejected", "disqualified"]
 
 
 class GateCheck(BaseModel):

@@ -275,6 +275,11 @@ async def disqualify(svc: Services, entry_id: str, reason: str) -> PublicationRe
     )
     if updated.modified_count == 0:
         raise _conflict(f"leaderboard entry {entry_id} is already disqualified")
+    # The team sees it on its job too; the record keeps the approval it had.
+    await db.jobs.update_one(
+        {"_id": entry["job_id"], "review_state": "approved"},
+        {"$set": {"review_state": "disqualified", "review_reason": reason}},
+    )
     log.info("leaderboard_entry_disqualified", entry_id=entry_id, job_id=entry.get("job_id"))
     found = await db.leaderboard.find_one({"_id": entry_id})
     assert found is not None

@@ -18,6 +18,7 @@ from aml_runtime.service import Periodic, open_runtime, serve
 from aml_scheduler.handlers import Scheduler
 from aml_scheduler.settings import SchedulerSettings
 
+
 async def _dropped(kind: str, reason: str) -> None:
     """Scheduler events only re-drive stored state; the periodic reconciliation covers an event
     that ran out of deliveries, so nothing is lost by dropping it."""
