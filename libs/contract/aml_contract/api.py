@@ -508,14 +508,19 @@ class AccessRequest(BaseModel):
             )
 
 
-class AccessRejection(BaseModel):
+class ReasonBody(BaseModel):
+    """A decision's body: only its reason. Subclasses give their own example."""
+
+    model_config = ConfigDict(extra="forbid")
+    reason: LongText
+
+
+class AccessRejection(ReasonBody):
     model_config = ConfigDict(
-        extra="forbid",
         json_schema_extra={
             "examples": [{"reason": "The Health URL did not answer; please resubmit."}]
         },
     )
-    reason: LongText
 
 
 class HealthCheck(BaseModel):
@@ -677,24 +682,20 @@ class ReviewView(BaseModel):
     entry_id: str | None = Field(description="The leaderboard entry created on approval.")
 
 
-class ReviewRejection(BaseModel):
+class ReviewRejection(ReasonBody):
     model_config = ConfigDict(
-        extra="forbid",
         json_schema_extra={
             "examples": [{"reason": "The run used an outdated memory-system build; rerun."}]
         },
     )
-    reason: LongText
 
 
-class Disqualification(BaseModel):
+class Disqualification(ReasonBody):
     model_config = ConfigDict(
-        extra="forbid",
         json_schema_extra={
             "examples": [{"reason": "Results copied from another team's submission (R-3.9)."}]
         },
     )
-    reason: LongText
 
 
 class PublicationRecord(LeaderboardEntry):

@@ -78,31 +78,34 @@ def _datasets(body: JobSubmission, svc: Services) -> list[str]:
 
 async def _prior_runs(svc: Services, team_id: str) -> tuple[list[PriorRun], int]:
     """The team's jobs as the rules see them, and the highest submission number so far."""
-    runs: list[PriorRun] = []
-    last_seq = 0
-    async for job in svc.db.jobs.find({"team_id": team_id}):
-        last_seq = max(last_seq, job.get("submission_seq", 0))
-        passed = False
-        if job["mode"] == "smoke" and job["state"] == "completed":
-            # Items the platform itself failed are not held against the participant.
-            participant_errors = await svc.db.job_errors.count_documents(
-                {"job_id": job["_id"], "kind": {"$ne": PLATFORM_ERROR}}
-            )
-            passed = participant_errors == 0
-        runs.append(
-            PriorRun(
-                job_id=job["_id"],
-                version_id=job["version_id"],
-                mode=job["mode"],
-                track=job["track"],
-                run_label=job["run_label"],
-                state=job["state"],
-                created_at=read_time(job["created_at"]),
-                finished_at=read_time(job.get("finished_at")),
-                failure_kind=job.get("failure_kind"),
-                passed=passed,
-            )
+    jobs = await svc.db.jobs.find({"team_id": team_id}).to_list()
+    completed_smokes = [
+        j["_id"] for j in jobs if j["mode"] == "smoke" and j["state"] == "completed"
+    ]
+    # A smoke passed when no item failed because of the participant: one query for all of them
+    # (items the platform itself failed are not held against the participant).
+    flawed = {
+        error["job_id"]
+        async for error in svc.db.job_errors.find(
+            {"job_id": {"$in": completed_smokes}, "kind": {"$ne": PLATFORM_ERROR}}, {"job_id": 1}
         )
+    }
+    runs = [
+        PriorRun(
+            job_id=job["_id"],
+            version_id=job["version_id"],
+            mode=job["mode"],
+            track=job["track"],
+            run_label=job["run_label"],
+            state=job["state"],
+            created_at=read_time(job["created_at"]),
+            finished_at=read_time(job.get("finished_at")),
+            failure_kind=job.get("failure_kind"),
+            passed=job["_id"] in completed_smokes and job["_id"] not in flawed,
+        )
+        for job in jobs
+    ]
+    last_seq = max((job.get("submission_seq", 0) for job in jobs), default=0)
     return runs, last_seq
 
 
