@@ -4,13 +4,12 @@ independent clients, as replicas would be."""
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pytest
 from pymongo import AsyncMongoClient
 
-from aml_runtime.capacity import CapacityLimiter
+from aml_runtime.capacity import Capacity, CapacityLimiter
 
 pytestmark = pytest.mark.integration
 
@@ -18,26 +17,36 @@ pytestmark = pytest.mark.integration
 async def _drive(
     mongo_url: str, key: str, replicas: int, calls: int, max_concurrency: int, max_rps: float
 ) -> tuple[int, list[float]]:
+    """`calls` requests, each admitted and sent under the capacity, through `replicas`
+    limiters; returns the peak concurrency and the departure stamps."""
     clients: list[AsyncMongoClient[dict[str, Any]]] = [
         AsyncMongoClient(mongo_url) for _ in range(replicas)
     ]
     limiters = [CapacityLimiter(client["aml_capacity"]) for client in clients]
+    capacity = Capacity(key=key, max_concurrency=max_concurrency, max_rps=max_rps)
     in_flight = peak = 0
-    starts: list[float] = []
+    departures: list[float] = []
 
     async def call(limiter: CapacityLimiter) -> None:
         nonlocal in_flight, peak
-        async with limiter.slot(key, max_concurrency, max_rps):
-            in_flight += 1
-            peak = max(peak, in_flight)
-            starts.append(time.monotonic())
-            await asyncio.sleep(0.05)
-            in_flight -= 1
+        admission = await limiter.admit(capacity)
+        try:
+            async with admission.request() as departure:
+                in_flight += 1
+                peak = max(peak, in_flight)
+                # What httpcore's trace reports when the request's headers go out.
+                await departure.trace("http11.send_request_headers.started", {})
+                assert departure.at is not None
+                departures.append(departure.at)
+                await asyncio.sleep(0.05)
+                in_flight -= 1
+        finally:
+            await admission.release()
 
     await asyncio.gather(*(call(limiters[i % replicas]) for i in range(calls)))
     for client in clients:
         await client.close()
-    return peak, sorted(starts)
+    return peak, sorted(departures)
 
 
 async def test_concurrency_never_exceeds_the_declared_limit(mongo_url: str) -> None:
@@ -48,15 +57,47 @@ async def test_concurrency_never_exceeds_the_declared_limit(mongo_url: str) -> N
 
 
 async def test_rate_never_exceeds_the_declared_limit(mongo_url: str) -> None:
-    _, starts = await _drive(mongo_url, "v-rate", 4, 12, max_concurrency=50, max_rps=4)
-    # Any one-second window holds at most 4 starts (less the scheduling delay between a slot's
-    # write and this test noting the start, which a loaded 2-core machine can stretch).
-    for first in starts:
-        assert sum(1 for t in starts if first <= t < first + 0.9) <= 4
-    assert starts[-1] - starts[0] >= 2.0  # 12 starts at 4/s need at least two seconds
+    _, departures = await _drive(mongo_url, "v-rate", 4, 12, max_concurrency=50, max_rps=4)
+    # Slots are stamped with the departure itself, so any second holds at most 4 departures
+    # however loaded the machine is (the margin only adds room).
+    for first in departures:
+        assert sum(1 for t in departures if first <= t < first + 1.0) <= 4
+    assert departures[-1] - departures[0] >= 2.0  # 12 departures at 4/s need two periods
 
 
 async def test_fractional_rate(mongo_url: str) -> None:
-    _, starts = await _drive(mongo_url, "v-slow", 2, 3, max_concurrency=5, max_rps=2.5)
-    # ceil(2.5) = 3 slots, each reusable after 1.2 s: three starts can go at once.
-    assert len(starts) == 3
+    _, departures = await _drive(mongo_url, "v-frac", 2, 5, max_concurrency=5, max_rps=2.5)
+    # 2.5/s: two slots of one second each; never three departures within a second.
+    assert len(departures) == 5
+    for first in departures:
+        assert sum(1 for t in departures if first <= t < first + 1.0) <= 2
+    assert departures[-1] - departures[0] >= 2.0
+
+
+async def test_an_admission_never_waits(mongo_url: str) -> None:
+    """try_admit answers at once: None while the key is at its limit, and a slot again once an
+    admission is released (the rule that lets a worker skip a busy version)."""
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_url)
+    limiter = CapacityLimiter(client["aml_capacity"])
+    capacity = Capacity(key="v-busy", max_concurrency=1, max_rps=1000)
+    first = await limiter.try_admit(capacity)
+    assert first is not None
+    assert await limiter.try_admit(capacity) is None
+    await first.release()
+    again = await limiter.try_admit(capacity)
+    assert again is not None
+    await again.release()
+    # A rate slot taken but never used is given back: the next admission is not delayed.
+    slow = Capacity(key="v-unused", max_concurrency=5, max_rps=0.001)
+    unused = await limiter.try_admit(slow)
+    assert unused is not None
+    await unused.release()
+    used = await limiter.try_admit(slow)
+    assert used is not None
+    async with used.request():
+        pass
+    await used.release()
+    # Used once, the only rate slot of 0.001/s is gone for 1000 s.
+    assert await limiter.try_admit(slow) is None
+    assert await limiter.wait_hint(slow) > 900
+    await client.close()

@@ -1,66 +1,81 @@
-"""The delivery policy on a real nats-server with JetStream: transient failures come back, an
-item that exhausts its deliveries is given up with its reason, and publishes are de-duplicated."""
+"""The delivery policy on a real nats-server with JetStream, through the stage worker that every
+worker uses: transient failures come back, an item that exhausts its deliveries is given up with
+its reason, and publishes are de-duplicated."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
-from faststream.nats import NatsBroker, NatsMessage
+from faststream.nats import NatsBroker
+from pymongo import AsyncMongoClient
 
 from aml_contract import subjects
-from aml_contract.messages import QuestionWork, message_id
-from aml_runtime.broker import Exhausted, declare_streams, publish, run_delivery, subscriber_options
+from aml_contract.messages import QuestionWork
+from aml_runtime.broker import Exhausted, declare_streams, publish_work, run_delivery
+from aml_runtime.capacity import CapacityLimiter
 from aml_runtime.settings import CommonSettings
+from aml_runtime.stage_worker import StageWorker, WorkItem, participant_lanes
 
 pytestmark = pytest.mark.integration
 
 
 async def _run(
-    nats_url: str, subject: str, behaviour: dict[str, int], durable: str, wait: float
+    nats_url: str, mongo_url: str, version: str, behaviour: dict[str, int], wait: float
 ) -> tuple[list[tuple[str, int]], list[tuple[str, str, str]]]:
-    """Consume `subject` with the production options; `behaviour[item]` = failures before
+    """Work `behaviour`'s items with the production worker; `behaviour[item]` = failures before
     success (-1: always fail, -2: a final error at once)."""
     settings = CommonSettings(
         nats_url=nats_url, max_deliver=3, ack_wait_seconds=5, redelivery_delay_seconds=0.05
     )
-    broker = NatsBroker(nats_url)
     deliveries: list[tuple[str, int]] = []
     given_up: list[tuple[str, str, str]] = []
 
-    @broker.subscriber(**subscriber_options(settings, subject, durable, 4))
-    async def handle(work: QuestionWork, msg: NatsMessage) -> None:
-        delivery = msg.raw_message.metadata.num_delivered
-        deliveries.append((work.item_id, delivery))
+    async def handle(work: QuestionWork, item: WorkItem) -> None:
+        deliveries.append((work.item_id, item.delivered))
 
         async def attempt() -> None:
             failures = behaviour[work.item_id]
             if failures == -2:
                 raise Exhausted("contract_error", "search item 1: id must be a non-empty string")
-            if failures == -1 or delivery <= failures:
+            if failures == -1 or item.delivered <= failures:
                 raise ConnectionError("participant unreachable")
 
         async def give_up(kind: str, reason: str) -> None:
             given_up.append((work.item_id, kind, reason))
 
-        await run_delivery(msg, settings, attempt, give_up)
+        await run_delivery(item.delivery, settings, attempt, give_up)
 
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_url)
+    db = client[f"aml_delivery_{version}"]
+    broker = NatsBroker(nats_url)
     async with broker:
         await broker.connect()
         await declare_streams(broker)
-        await broker.start()
+        worker = StageWorker(
+            participant_lanes("search", "t-delivery", db),
+            QuestionWork,
+            handle,
+            CapacityLimiter(db),
+            settings,
+            max_in_flight=4,
+        )
+        await worker.start(broker)
         for item in behaviour:
-            work = QuestionWork(job_id="job", item_id=item)
-            await publish(broker, subject, work, message_id(durable, item))
+            work = QuestionWork(job_id="job", version_id=version, item_id=item)
+            await publish_work(broker, "search", work, f"{version}/{item}")
             # The same message id again is dropped by the broker.
-            await publish(broker, subject, work, message_id(durable, item))
+            await publish_work(broker, "search", work, f"{version}/{item}")
         await asyncio.sleep(wait)
+        await worker.stop()
+    await client.close()
     return deliveries, given_up
 
 
-async def test_retry_give_up_and_deduplication(nats_url: str) -> None:
+async def test_retry_give_up_and_deduplication(nats_url: str, mongo_url: str) -> None:
     behaviour = {"ok": 0, "flaky": 1, "down": -1, "invalid": -2}
-    deliveries, given_up = await _run(nats_url, subjects.WORK_SEARCH, behaviour, "t1", 3.0)
+    deliveries, given_up = await _run(nats_url, mongo_url, "ver-t1", behaviour, 4.0)
 
     count = {item: sum(1 for i, _ in deliveries if i == item) for item in behaviour}
     # De-duplicated publish: "ok" once; "flaky" once more after its failure; "down" until the
@@ -73,12 +88,12 @@ async def test_retry_give_up_and_deduplication(nats_url: str) -> None:
     ]  # fmt: skip
 
 
-async def test_nothing_left_unacknowledged(nats_url: str) -> None:
-    await _run(nats_url, subjects.WORK_ANSWER, {"a": 1, "b": -1}, "t2", 3.0)
+async def test_nothing_left_unacknowledged(nats_url: str, mongo_url: str) -> None:
+    await _run(nats_url, mongo_url, "ver-t2", {"a": 1, "b": -1}, 4.0)
     broker = NatsBroker(nats_url)
     async with broker:
         await broker.connect()
         js = broker.connection.jetstream()
-        info = await js.consumer_info(subjects.WORK_STREAM, "t2")
+        info = await js.consumer_info(subjects.WORK_STREAM, "t-delivery-ver-t2")
         assert info.num_ack_pending == 0 and info.num_pending == 0
         assert info.config.max_deliver == -1  # the budget is the handler's, see run_delivery

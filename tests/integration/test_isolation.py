@@ -18,6 +18,7 @@ from aml_participant_simulator.script import EndpointScript
 from aml_runtime.participants import ParticipantClient
 from aml_runtime.secrets import SecretBox
 from aml_runtime.settings import ParticipantCallSettings
+from aml_runtime.stage_worker import StageCall
 from aml_scheduler.planning import plan_written_texts
 from aml_searcher.handlers import SearchQuestion
 
@@ -72,8 +73,8 @@ async def test_search_records_another_users_text_as_a_leak(db: Any) -> None:
             "search_body": encode(SearchRequest(query="Where did Lena move?", user_id=ALICE,
                                                 top_k=5)),
         }  # fmt: skip
-        work = QuestionWork(job_id=JOB, item_id=question["_id"])
-        result = await SearchQuestion(db, client, box)(work, question, 1)
+        work = QuestionWork(job_id=JOB, version_id="v", item_id=question["_id"])
+        result = await SearchQuestion(db, client, box)(work, question, StageCall(delivered=1))
     await client.aclose()
 
     assert result["leaks"] == 1

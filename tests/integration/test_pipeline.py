@@ -513,6 +513,25 @@ async def test_search_contract_violation_fails_the_job_with_its_reason(
     assert judged and all(c.get("validation") in reasons for c in judged)
 
 
+async def test_no_request_reaches_the_participant_after_its_job_failed(
+    platform: Platform,
+) -> None:
+    """Declared concurrency 1: once the Search whose answer broke the contract has arrived,
+    nothing more arrives — the job's queued Searches and Adds were dropped before any call."""
+    script = Script(search=EndpointScript(then=Outcome(mode="items_wrapper")))
+    simulator = Simulator(script)
+    with running_simulator(simulator) as url:
+        capacity = {"max_concurrency": 1, "max_rps": 50}
+        job_id, key = _simulated_job(platform, url, "team-stopped", capacity)
+        status = _wait(platform, job_id, key)
+        time.sleep(2.0)  # anything still queued or admitted would arrive by now
+    assert status["state"] == "failed"
+    searches = [r for r in simulator.requests if r.endpoint == "search"]
+    assert len(searches) == 1, [r.sequence_key for r in searches]
+    failing = searches[0]
+    assert [r for r in simulator.requests if r.arrived_monotonic > failing.arrived_monotonic] == []
+
+
 async def test_add_resent_byte_identical_after_the_adder_is_killed(platform: Platform) -> None:
     # Every chunk's first Add attempt takes 5 s; the adder is killed while it waits, so the
     # broker redelivers the work and a restarted adder sends the chunk again.

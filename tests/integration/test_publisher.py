@@ -26,7 +26,8 @@ from aml_publisher.main import DURABLE
 from aml_publisher.settings import PublisherSettings
 from aml_runtime.broker import declare_streams, publish
 from aml_runtime.db import Document
-from aml_runtime.jobs import publish_finished
+from aml_runtime.jobs import publish_finished, record_error
+from aml_runtime.progress import ItemStage, record_final
 
 pytestmark = pytest.mark.integration
 
@@ -71,8 +72,9 @@ async def insert_job(
     failed: bool = False,
     **fields: Any,
 ) -> None:
-    """A finished job as the gateway and the scheduler write it, with its stage documents; a
-    `failed` one lost a search to an outage and was failed by a contract violation."""
+    """A finished job as the gateway and the scheduler write it, with its stage documents and
+    their counters; a `failed` one lost a search to an outage and was failed by a contract
+    violation."""
     item = f"{job_id}/synthetic/s1:q"
     await db.jobs.insert_one(
         {
@@ -96,20 +98,23 @@ async def insert_job(
             **fields,
         }
     )
-    await db.add_chunks.insert_many(
-        [{"_id": f"{job_id}/a{i}", "job_id": job_id, "state": "done"} for i in range(CHUNKS)]
-    )
-    for collection in ("searches", "answers", "scores"):
+    chunks = [{"_id": f"{job_id}/a{i}", "job_id": job_id, "state": "done"} for i in range(CHUNKS)]
+    await db.add_chunks.insert_many(chunks)
+    for chunk in chunks:
+        await record_final(db, job_id, "add", chunk["_id"], chunk["state"])
+    stages: dict[ItemStage, str] = {"search": "searches", "answer": "answers", "score": "scores"}
+    for stage, collection in stages.items():
         last = QUESTIONS - 1 if failed else QUESTIONS
         docs = [{"_id": f"{item}{i}", "job_id": job_id, "state": "done"} for i in range(last)]
-        if failed and collection == "searches":
+        if failed and stage == "search":
             docs.append({"_id": f"{item}{last}", "job_id": job_id, "state": "failed"})
         if docs:
             await db[collection].insert_many(docs)
+        # Counted on the job as the stage workers count them (the gate reads the counters).
+        for doc in docs:
+            await record_final(db, job_id, stage, doc["_id"], doc["state"])
     if failed:
-        await db.job_errors.insert_one(
-            {"_id": f"{job_id}/search/{item}2", "job_id": job_id, "stage": "search"}
-        )
+        await record_error(db, job_id, "search", "contract_error", f"{item}2", "bad body")
 
 
 @pytest.fixture(scope="module")

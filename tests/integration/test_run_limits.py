@@ -14,7 +14,7 @@ from pymongo import AsyncMongoClient
 from aml_contract.participant import SearchRequest, encode
 from aml_participant_simulator import Outcome, Script, Simulator, running_simulator
 from aml_participant_simulator.script import AuthSpec, EndpointScript
-from aml_runtime.capacity import CapacityLimiter
+from aml_runtime.capacity import Capacity, CapacityLimiter
 from aml_runtime.participants import Attempt, CallFailed, Endpoint, ParticipantClient
 from aml_runtime.settings import ParticipantCallSettings
 
@@ -54,7 +54,7 @@ def endpoint(url: str, run_key: str, max_requests: int | None) -> Endpoint:
         health_url=f"{url}/health",
         auth_method="bearer",
         secret=SecretStr(KEY),
-        capacity_key=f"cap-{run_key}",
+        capacity=Capacity(key=f"cap-{run_key}", max_concurrency=4, max_rps=10.0),
         run_key=run_key,
         max_requests=max_requests,
     )
@@ -87,3 +87,31 @@ async def test_a_run_stops_at_its_declared_request_limit(clients: list[Participa
         for _ in range(4):
             await second.search(endpoint(url, "job-free", None), search("q5"), 3, _ignore)
         assert len(simulator.requests) == 3 + 1 + 4
+
+
+async def test_audited_latency_is_the_participants_time_only(
+    clients: list[ParticipantClient],
+) -> None:
+    """R-7.3: a participant answering in 0.2 s is audited at about 0.2 s even when the platform
+    had to wait a second for its declared rate; that wait is recorded apart as queued_ms."""
+    script = Script(auth=AuthSpec(method="bearer", key=KEY), search=EndpointScript(latency=0.2))
+    simulator = Simulator(script)
+    attempts: list[Attempt] = []
+
+    async def keep(attempt: Attempt) -> None:
+        attempts.append(attempt)
+
+    with running_simulator(simulator) as url:
+        one_per_second = endpoint(url, "job-latency", None).model_copy(
+            update={"capacity": Capacity(key="cap-latency", max_concurrency=4, max_rps=1.0)}
+        )
+        client = clients[0]
+        await client.search(one_per_second, search("first"), 3, keep)
+        await client.search(one_per_second, search("second"), 3, keep)
+    first, second = attempts
+    for attempt in attempts:
+        assert 200 <= attempt.latency_ms < 700, attempt
+    # The second waited for the rate slot the first used: a second (plus the margin) after the
+    # first left, less the first's own 0.2 s.
+    assert second.queued_ms >= 700, second
+    assert first.queued_ms < second.queued_ms

@@ -1,11 +1,12 @@
-"""`current_stage`: the earliest stage of a job that has not finished (R-3.6)."""
+"""`current_stage`: the earliest stage of a job that has not finished (R-3.6); `stage_progress`:
+every stage's figures from the job document's counters alone."""
 
 from __future__ import annotations
 
 import pytest
 
 from aml_contract.api import STAGES, Stage, StageProgress
-from aml_gateway.progress import current_stage
+from aml_gateway.progress import current_stage, stage_progress
 
 
 def _stages(**progress: tuple[int, int, int]) -> dict[Stage, StageProgress]:
@@ -58,3 +59,31 @@ def test_all_item_stages_done_is_aggregate() -> None:
 
 def test_aggregate_done_but_state_not_yet_completed() -> None:
     assert current_stage("running", _stages(aggregate=(1, 1, 0))) == "aggregate"
+
+
+def test_stage_progress_from_the_job_counters() -> None:
+    job = {
+        "state": "running",
+        "totals": {"add": 2, "questions": 4},
+        "progress": {
+            "add": {"done": 2},
+            "search": {"done": 3, "failed": 1},
+            "answer": {"done": 1},
+            "questions_final": 1,
+        },
+    }
+    stages = stage_progress(job)
+    assert stages["add"] == StageProgress(total=2, done=2, failed=0)
+    assert stages["search"] == StageProgress(total=4, done=3, failed=1)
+    assert stages["answer"] == StageProgress(total=4, done=1, failed=0)
+    assert stages["score"] == StageProgress(total=4, done=0, failed=0)
+    assert stages["aggregate"] == StageProgress(total=1, done=0, failed=0)
+    assert current_stage("running", stages) == "answer"
+
+
+def test_stage_progress_of_a_job_not_planned_or_counted_yet() -> None:
+    stages = stage_progress({"state": "queued"})
+    assert all(stages[s] == StageProgress(total=0, done=0, failed=0) for s in STAGES[:-1])
+    assert current_stage("queued", stages) == "add"
+    completed = stage_progress({"state": "completed", "totals": {"add": 1, "questions": 1}})
+    assert completed["aggregate"] == StageProgress(total=1, done=1, failed=0)

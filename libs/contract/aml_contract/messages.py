@@ -23,6 +23,8 @@ class AddWork(_Message):
     """Write one Add chunk (its body is stored, built once, by the scheduler)."""
 
     job_id: str
+    # The participant version the job evaluates: its work goes to that version's lane.
+    version_id: str
     request_id: str
 
 
@@ -36,6 +38,7 @@ class QuestionWork(_Message):
     """Run one question through one stage: search, answer or score."""
 
     job_id: str
+    version_id: str
     item_id: str
 
 

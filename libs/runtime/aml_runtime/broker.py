@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 import structlog
 from faststream import AckPolicy
 from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
 from faststream.nats.opentelemetry import NatsTelemetryMiddleware
+from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
 from opentelemetry.sdk.trace import TracerProvider
 from pydantic import BaseModel
 
 from aml_contract import subjects
+from aml_contract.messages import AddWork, QuestionWork, message_id
 from aml_runtime.settings import CommonSettings
 
 log = structlog.get_logger()
@@ -50,7 +53,7 @@ _STREAMS = (
 )
 _STREAM_OF: dict[str, str] = {
     subject: str(config.name) for config in _STREAMS for subject in config.subjects or ()
-}
+} | {prefix: subjects.WORK_STREAM for prefix in subjects.WORK_PREFIX.values()}
 
 
 def make_broker(
@@ -123,6 +126,19 @@ async def publish(broker: NatsBroker, subject: str, message: BaseModel, msg_id: 
     )
 
 
+async def publish_work(
+    broker: NatsBroker, stage: subjects.WorkStage, work: AddWork | QuestionWork, item_id: str
+) -> None:
+    """Hand an item to a stage, on its version's and job's work subject."""
+    subject = subjects.work_subject(stage, work.version_id, work.job_id)
+    await broker.publish(
+        work.model_dump(mode="json"),
+        subject,
+        stream=subjects.WORK_STREAM,
+        headers={"Nats-Msg-Id": message_id(subjects.WORK_PREFIX[stage], item_id)},
+    )
+
+
 class Exhausted(Exception):
     """Raised by a handler to give up on an item at once (e.g. a contract violation)."""
 
@@ -135,8 +151,65 @@ class Exhausted(Exception):
 GiveUp = Callable[[str, str], Awaitable[None]]
 
 
+class Delivery(Protocol):
+    """One delivery of a JetStream message, however it was received (a FastStream subscriber
+    or a stage worker's own fetch)."""
+
+    @property
+    def delivered(self) -> int: ...
+    @property
+    def subject(self) -> str: ...
+    async def ack(self) -> None: ...
+    async def nack(self, delay: float) -> None: ...
+    async def in_progress(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class FastStreamDelivery:
+    msg: NatsMessage
+
+    @property
+    def delivered(self) -> int:
+        return int(self.msg.raw_message.metadata.num_delivered)
+
+    @property
+    def subject(self) -> str:
+        return str(self.msg.raw_message.subject)
+
+    async def ack(self) -> None:
+        await self.msg.ack()
+
+    async def nack(self, delay: float) -> None:
+        await self.msg.nack(delay=delay)
+
+    async def in_progress(self) -> None:
+        await self.msg.in_progress()
+
+
+@dataclass(frozen=True)
+class FetchedDelivery:
+    msg: Msg
+
+    @property
+    def delivered(self) -> int:
+        return int(self.msg.metadata.num_delivered)
+
+    @property
+    def subject(self) -> str:
+        return self.msg.subject
+
+    async def ack(self) -> None:
+        await self.msg.ack()
+
+    async def nack(self, delay: float) -> None:
+        await self.msg.nak(delay=delay)
+
+    async def in_progress(self) -> None:
+        await self.msg.in_progress()
+
+
 async def run_delivery(
-    msg: NatsMessage,
+    delivery: Delivery,
     settings: CommonSettings,
     work: Callable[[], Awaitable[None]],
     give_up: GiveUp,
@@ -148,13 +221,13 @@ async def run_delivery(
     which records the item as failed, so a job never waits on a message that will not come back.
     While `work` runs, progress heartbeats keep the broker from redelivering a long call elsewhere.
     """
-    delivered = msg.raw_message.metadata.num_delivered
+    delivered = delivery.delivered
     if delivered > settings.max_deliver:
         # The previous delivery ran out of budget but could not record it (or crashed the worker).
         await give_up("platform_error", f"gave up after {delivered - 1} deliveries")
-        await msg.ack()
+        await delivery.ack()
         return
-    heartbeat = asyncio.create_task(_heartbeat(msg, settings.ack_wait_seconds / 3))
+    heartbeat = asyncio.create_task(_heartbeat(delivery, settings.ack_wait_seconds / 3))
     try:
         await work()
     except Exhausted as exc:
@@ -162,19 +235,19 @@ async def run_delivery(
     except Exception as exc:
         reason = f"{type(exc).__name__}: {exc}"
         if delivered >= settings.max_deliver:
-            log.warning("delivery.exhausted", subject=msg.raw_message.subject, reason=reason)
+            log.warning("delivery.exhausted", subject=delivery.subject, reason=reason)
             await give_up("platform_error", f"gave up after {delivered} deliveries: {reason}")
         else:
-            log.warning("delivery.retry", subject=msg.raw_message.subject, reason=reason)
+            log.warning("delivery.retry", subject=delivery.subject, reason=reason)
             heartbeat.cancel()
-            await msg.nack(delay=settings.redelivery_delay_seconds * 2 ** (delivered - 1))
+            await delivery.nack(settings.redelivery_delay_seconds * 2 ** (delivered - 1))
             return
     finally:
         heartbeat.cancel()
-    await msg.ack()
+    await delivery.ack()
 
 
-async def _heartbeat(msg: NatsMessage, every: float) -> None:
+async def _heartbeat(delivery: Delivery, every: float) -> None:
     while True:
         await asyncio.sleep(every)
-        await msg.in_progress()
+        await delivery.in_progress()

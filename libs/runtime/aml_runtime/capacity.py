@@ -1,12 +1,20 @@
-"""A participant's declared capacity (SPEC R-4.12), held across every replica of every service.
+"""Declared capacity, held across every replica of every service: a participant's (SPEC R-4.12)
+and the LLM's (one budget for the whole deployment).
 
 Both limits are slots in MongoDB, each with the time it is free again, taken with one atomic
 find-and-update, so no replica needs to know of the others:
-- concurrency: `max_concurrency` slots; a call holds one for its duration (a lease renewed while
-  the call runs, so a crashed holder frees it when the lease ends) and frees it on return;
-- rate: `ceil(max_rps)` slots, each reusable `ceil(max_rps) / max_rps` seconds after it was
-  taken, so any window of that length holds at most `ceil(max_rps)` starts — never more than
-  `max_rps` per second.
+- concurrency: `max_concurrency` slots. A work item is *admitted* only with one of them, before
+  its message is fetched, and holds it until it is finished (a lease renewed while it runs, so a
+  crashed holder frees it when the lease ends);
+- rate: `floor(max_rps)` slots (at least one). A slot is locked when it is taken and stamped when
+  the request leaves: it is free again one period (a second; `1 / max_rps` below one per second)
+  plus a margin after the moment the request's headers started going out (httpcore's trace
+  event), never after the moment the slot was taken. So no window of a period holds more
+  departures than declared, and the margin covers the way from the socket to the receiver's
+  clock.
+
+`try_admit` never waits: a worker that gets no admission leaves the version's work in the broker
+and serves other versions; nothing is fetched, and nothing sits un-acknowledged, while it waits.
 """
 
 from __future__ import annotations
@@ -17,49 +25,208 @@ import math
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 
-from pymongo import ReturnDocument
+from pydantic import BaseModel, ConfigDict, Field
+from pymongo import ASCENDING, ReturnDocument
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
 from aml_runtime.db import Document
 
 LEASE_SECONDS = 30.0
-_POLL_SECONDS = (0.01, 0.05)
+# A rate slot taken but not yet stamped stays locked this long at most (a holder that crashed
+# between taking it and sending); the stamp replaces it within milliseconds otherwise.
+RATE_LOCK_SECONDS = 30.0
+DEFAULT_RATE_MARGIN_SECONDS = 0.05
+_RETRY_SECONDS = (0.01, 0.05)
+_MAX_WAIT_SECONDS = 1.0
+
+Notify = Callable[[str], Awaitable[None]]
+
+
+class Capacity(BaseModel):
+    """What one capacity key (a participant version, or the LLM) accepts."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    max_concurrency: int = Field(ge=1)
+    # None: no rate limit (the LLM when its provider sets none).
+    max_rps: float | None = Field(default=None, gt=0)
+
+    @property
+    def rate_slots(self) -> int:
+        """Whole requests per window: a fractional rate is rounded down, so that no 1-second
+        window ever holds more requests than declared (2.5/s allows 2 in any second)."""
+        return max(1, math.floor(self.max_rps)) if self.max_rps else 0
+
+    @property
+    def rate_period(self) -> float:
+        """How long one rate slot is used by one request (before the margin): a second, or
+        longer for rates below one per second (0.001/s: 1,000 s)."""
+        return max(1.0, self.rate_slots / self.max_rps) if self.max_rps else 0.0
+
+
+@dataclass
+class Departure:
+    """The moment a request's headers started going out, as httpcore's trace reports it."""
+
+    at: float | None = None
+
+    async def trace(self, event: str, info: dict[str, object]) -> None:
+        if self.at is None and event.endswith("send_request_headers.started"):
+            self.at = time.time()
+
+
+@dataclass
+class Admission:
+    """One work item's hold on a key's capacity: a concurrency slot for the item's whole
+    processing, and rate slots for its requests (the first one taken with the admission)."""
+
+    limiter: CapacityLimiter
+    capacity: Capacity
+    holder: str
+    concurrency_slot: str
+    rate_slot: str | None
+    admitted_at: float
+    _renew: asyncio.Task[None] | None = None
+    _released: bool = field(default=False)
+
+    @contextlib.asynccontextmanager
+    async def request(self) -> AsyncIterator[Departure]:
+        """Hold a rate slot for one request and stamp it with the request's departure.
+
+        The first request uses the slot taken with the admission; later ones (retries, status
+        polls) wait for one. The caller passes `Departure.trace` as httpx's `trace` extension."""
+        departure = Departure()
+        slot = self.rate_slot
+        self.rate_slot = None
+        if slot is None and self.capacity.max_rps:
+            slot = await self.limiter.wait_rate_slot(self.capacity, self.holder)
+        try:
+            yield departure
+        finally:
+            if slot is not None:
+                await self.limiter.stamp(self.capacity, slot, self.holder, departure.at)
+
+    async def release(self, notify: bool = True) -> None:
+        """Free the concurrency slot (and a rate slot that was never used). `notify`: tell the
+        other replicas, which may be waiting for it (not worth it for an admission that found
+        no work and held its slot for a moment only)."""
+        if self._released:
+            return
+        self._released = True
+        if self._renew is not None:
+            self._renew.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renew
+        await self.limiter.free(
+            self.capacity, self.concurrency_slot, self.rate_slot, self.holder, notify
+        )
+        self.rate_slot = None
 
 
 class CapacityLimiter:
-    def __init__(self, db: AsyncDatabase[Document], lease_seconds: float = LEASE_SECONDS) -> None:
+    def __init__(
+        self,
+        db: AsyncDatabase[Document],
+        lease_seconds: float = LEASE_SECONDS,
+        rate_margin_seconds: float = DEFAULT_RATE_MARGIN_SECONDS,
+        notify: Notify | None = None,
+    ) -> None:
         self._db = db
         self._lease = lease_seconds
+        self._margin = rate_margin_seconds
+        self._notify = notify
         # Pools whose slot documents this process has already created (sizes included, so a
         # version that raises its declared capacity gets its new slots).
         self._ensured: set[tuple[str, int]] = set()
 
-    @contextlib.asynccontextmanager
-    async def slot(self, key: str, max_concurrency: int, max_rps: float) -> AsyncIterator[None]:
-        """Wait for a concurrency slot and a rate slot of `key`, hold them for the block."""
-        rate_slots = max(1, math.ceil(max_rps))
-        period = rate_slots / max_rps
+    async def try_admit(self, capacity: Capacity) -> Admission | None:
+        """A concurrency slot and (with a rate limit) a rate slot of `capacity`, or None at once
+        when either is taken."""
         holder = uuid.uuid4().hex
-        concurrency_id = await self._take(f"{key}/c", max_concurrency, self._lease, holder)
-        renew = asyncio.create_task(self._renew(concurrency_id, holder))
-        try:
-            rate_id = await self._take(f"{key}/r", rate_slots, period, holder)
-            # Counted from now, when the request is about to leave, not from before the round
-            # trip that took the slot: the next start on this slot is a full period later.
-            await self._db.capacity_slots.update_one(
-                {"_id": rate_id, "holder": holder}, {"$set": {"free_at": time.time() + period}}
+        concurrency = await self._try_take(
+            f"{capacity.key}/c", capacity.max_concurrency, self._lease, holder
+        )
+        if concurrency is None:
+            return None
+        rate: str | None = None
+        if capacity.max_rps:
+            rate = await self._try_take(
+                f"{capacity.key}/r", capacity.rate_slots, RATE_LOCK_SECONDS, holder
             )
-            yield
-        finally:
-            renew.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renew
-            await self._db.capacity_slots.update_one(
-                {"_id": concurrency_id, "holder": holder}, {"$set": {"free_at": 0.0}}
+            if rate is None:
+                await self._set_free(concurrency, holder, 0.0)
+                return None
+        admission = Admission(self, capacity, holder, concurrency, rate, time.time())
+        admission._renew = asyncio.create_task(self._renew_lease(concurrency, holder))
+        return admission
+
+    async def admit(self, capacity: Capacity) -> Admission:
+        """Wait for an admission (for callers outside a stage worker: tests, one-off calls)."""
+        while True:
+            admission = await self.try_admit(capacity)
+            if admission is not None:
+                return admission
+            await asyncio.sleep(await self.wait_hint(capacity))
+
+    async def wait_hint(self, capacity: Capacity) -> float:
+        """How long before `capacity` can admit again: both slots are needed, so the longer of
+        the two waits. A stamped rate slot's time is known exactly (a version declaring one
+        request per 1,000 s is looked at again in 1,000 s); a concurrency slot frees when a call
+        returns (replicas announce it), so that wait is a short poll."""
+        now = time.time()
+        waits = [random.uniform(*_RETRY_SECONDS)]
+        pools = [(f"{capacity.key}/c", capacity.max_concurrency)]
+        if capacity.max_rps:
+            pools.append((f"{capacity.key}/r", capacity.rate_slots))
+        for pool, size in pools:
+            first = await self._db.capacity_slots.find_one(
+                {"pool": pool, "index": {"$lt": size}},
+                {"free_at": 1, "stamped": 1},
+                sort=[("free_at", ASCENDING)],
             )
+            if first is None or float(first["free_at"]) <= now:
+                continue
+            exact = pool.endswith("/r") and first.get("stamped", True)
+            wait = float(first["free_at"]) - now
+            waits.append(wait if exact else min(wait, _MAX_WAIT_SECONDS))
+        return max(waits)
+
+    async def wait_rate_slot(self, capacity: Capacity, holder: str) -> str:
+        pool, size = f"{capacity.key}/r", capacity.rate_slots
+        while True:
+            slot = await self._try_take(pool, size, RATE_LOCK_SECONDS, holder)
+            if slot is not None:
+                return slot
+            await asyncio.sleep(await self.wait_hint(capacity))
+
+    async def stamp(
+        self, capacity: Capacity, slot: str, holder: str, departed_at: float | None
+    ) -> None:
+        """The slot is next usable one period (plus the margin) after this request left; a
+        request that never reached the socket is stamped now, which errs on the safe side."""
+        departed = departed_at if departed_at is not None else time.time()
+        await self._set_free(slot, holder, departed + capacity.rate_period + self._margin)
+
+    async def free(
+        self,
+        capacity: Capacity,
+        concurrency_slot: str,
+        unused_rate_slot: str | None,
+        holder: str,
+        notify: bool = True,
+    ) -> None:
+        if unused_rate_slot is not None:
+            # Never used: its last departure is at least a period old (it was free when taken).
+            await self._set_free(unused_rate_slot, holder, time.time())
+        await self._set_free(concurrency_slot, holder, 0.0)
+        if notify and self._notify is not None:
+            with contextlib.suppress(Exception):
+                await self._notify(capacity.key)
 
     async def spend(self, run_key: str) -> int:
         """Count one request of a run; returns how many the run has made, this one included."""
@@ -72,18 +239,26 @@ class CapacityLimiter:
         assert usage is not None  # upserted
         return int(usage["requests"])
 
-    async def _take(self, pool: str, size: int, hold_for: float, holder: str) -> str:
+    # -- slots -------------------------------------------------------------------------------
+
+    async def _try_take(self, pool: str, size: int, hold_for: float, holder: str) -> str | None:
         await self._ensure(pool, size)
-        while True:
-            now = time.time()
-            taken = await self._db.capacity_slots.find_one_and_update(
-                {"pool": pool, "index": {"$lt": size}, "free_at": {"$lte": now}},
-                {"$set": {"free_at": now + hold_for, "holder": holder}},
-                return_document=ReturnDocument.AFTER,
-            )
-            if taken is not None and taken["holder"] == holder:
-                return str(taken["_id"])
-            await asyncio.sleep(random.uniform(*_POLL_SECONDS))
+        now = time.time()
+        taken = await self._db.capacity_slots.find_one_and_update(
+            {"pool": pool, "index": {"$lt": size}, "free_at": {"$lte": now}},
+            # `stamped: False` until the holder stamps it (rate) or frees it: a waiter cannot
+            # know when a locked slot frees, only that it will be soon.
+            {"$set": {"free_at": now + hold_for, "holder": holder, "stamped": False}},
+            return_document=ReturnDocument.AFTER,
+        )
+        if taken is not None and taken["holder"] == holder:
+            return str(taken["_id"])
+        return None
+
+    async def _set_free(self, slot: str, holder: str, free_at: float) -> None:
+        await self._db.capacity_slots.update_one(
+            {"_id": slot, "holder": holder}, {"$set": {"free_at": free_at, "stamped": True}}
+        )
 
     async def _ensure(self, pool: str, size: int) -> None:
         if (pool, size) in self._ensured:
@@ -96,10 +271,7 @@ class CapacityLimiter:
                 )  # fmt: skip
         self._ensured.add((pool, size))
 
-    async def _renew(self, slot_id: str, holder: str) -> None:
+    async def _renew_lease(self, slot_id: str, holder: str) -> None:
         while True:
             await asyncio.sleep(self._lease / 3)
-            await self._db.capacity_slots.update_one(
-                {"_id": slot_id, "holder": holder},
-                {"$set": {"free_at": time.time() + self._lease}},
-            )
+            await self._set_free(slot_id, holder, time.time() + self._lease)

@@ -13,18 +13,27 @@ from aml_runtime.settings import CommonSettings
 Document = dict[str, Any]
 
 # Natural keys are the documents' `_id`s (unique by construction); these are the lookups.
+# nx-27017 (measured, 0.8.1) serves an equality filter only from a single-field index, not from
+# a compound index's prefix, hence the separate `job_id` indexes: without them reading one
+# job's stage documents scans the collection (the progress repair, the final aggregation).
+_JOB: list[tuple[str, int]] = [("job_id", ASCENDING)]
 _INDEXES: dict[str, list[list[tuple[str, int]]]] = {
     "jobs": [[("team_id", ASCENDING), ("created_at", ASCENDING)]],
     "add_chunks": [
         [("job_id", ASCENDING), ("user_id", ASCENDING), ("seq", ASCENDING)],
         [("job_id", ASCENDING), ("state", ASCENDING)],
+        _JOB,
     ],
-    "questions": [[("job_id", ASCENDING), ("conversation_id", ASCENDING)]],
-    "searches": [[("job_id", ASCENDING), ("state", ASCENDING)]],
-    "answers": [[("job_id", ASCENDING), ("state", ASCENDING)]],
-    "scores": [[("job_id", ASCENDING), ("state", ASCENDING)]],
+    "questions": [[("job_id", ASCENDING), ("conversation_id", ASCENDING)], _JOB],
+    "searches": [[("job_id", ASCENDING), ("state", ASCENDING)], _JOB],
+    "answers": [[("job_id", ASCENDING), ("state", ASCENDING)], _JOB],
+    "scores": [[("job_id", ASCENDING), ("state", ASCENDING)], _JOB],
     "calls": [[("job_id", ASCENDING), ("request_id", ASCENDING), ("attempt", ASCENDING)]],
-    "job_errors": [[("job_id", ASCENDING)]],
+    # The status shows a job's first errors by time: with (job_id, at) nx-27017 reads only those
+    # (with job_id alone it sorts all of the job's errors; without an index, the collection).
+    "job_errors": [_JOB, [("job_id", ASCENDING), ("at", ASCENDING)]],
+    # A job's final records, read only by the progress repair (aml_runtime.progress).
+    "item_finals": [_JOB],
     "versions": [[("team_id", ASCENDING)]],
 }
 

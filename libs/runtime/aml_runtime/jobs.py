@@ -3,7 +3,6 @@ update (it names the state it leaves), so concurrent or repeated callers change 
 
 from __future__ import annotations
 
-import contextlib
 from datetime import UTC, datetime, timedelta
 
 from faststream.nats import NatsBroker
@@ -14,8 +13,10 @@ from aml_contract import subjects
 from aml_contract.api import Stage
 from aml_contract.messages import JobFinished, message_id
 from aml_runtime.broker import publish
+from aml_runtime.capacity import Capacity
 from aml_runtime.db import Document
 from aml_runtime.participants import Endpoint
+from aml_runtime.progress import count_error, micros
 from aml_runtime.secrets import SecretBox
 
 ACTIVE = ("queued", "running")
@@ -31,9 +32,12 @@ def now() -> datetime:
 async def record_error(
     db: AsyncDatabase[Document], job_id: str, stage: Stage, kind: str, item: str | None, reason: str
 ) -> None:
-    """One error-summary entry per failed item (keyed, so a redelivery records it once)."""
+    """One error-summary entry per failed item (keyed, so a redelivery records it once), counted
+    on the job by the insert that created it (`aml_runtime.progress`: insert first, then count;
+    the scheduler's repair recounts one whose writer died in between)."""
     key = f"{job_id}/{stage}/{item or '-'}"
-    with contextlib.suppress(DuplicateKeyError):
+    moment = now()
+    try:
         await db.job_errors.insert_one(
             {
                 "_id": key,
@@ -42,9 +46,14 @@ async def record_error(
                 "kind": kind,
                 "item": item,
                 "reason": reason,
-                "at": now(),
+                "at": moment,
+                # The repair's watermark compares record times as integers (see progress).
+                "at_us": micros(moment),
             }
         )
+    except DuplicateKeyError:
+        return
+    await count_error(db, job_id, micros(moment))
 
 
 async def fail_job(
@@ -55,11 +64,12 @@ async def fail_job(
     kind: str,
     reason: str,
 ) -> None:
-    """Stop a job at once (R-4.9): no further work is released and workers skip what is queued.
+    """Stop a job at once (R-4.9): its queued work is purged from the broker, so none of it
+    reaches the participant, and workers skip anything already fetched.
 
     `kind` says whose failure it was; a job failed by the platform itself (`platform_error`)
     does not consume the team's quota."""
-    result = await db.jobs.update_one(
+    failed = await db.jobs.find_one_and_update(
         {"_id": job_id, "state": {"$in": list(ACTIVE)}},
         {
             "$set": {
@@ -70,9 +80,17 @@ async def fail_job(
                 "finished_at": now(),
             }
         },
+        {"version_id": 1},
     )
-    if result.modified_count:
+    if failed is not None:
+        await purge_job_work(broker, str(failed["version_id"]), job_id)
         await publish_finished(broker, job_id, "failed")
+
+
+async def purge_job_work(broker: NatsBroker, version_id: str, job_id: str) -> None:
+    js = broker.connection.jetstream()
+    remaining = subjects.job_work_filter(version_id, job_id)
+    await js.purge_stream(subjects.WORK_STREAM, subject=remaining)
 
 
 async def publish_finished(broker: NatsBroker, job_id: str, state: str) -> None:
@@ -115,9 +133,17 @@ async def load_endpoint(
         add_status_url_template=version.get("add_status_url_template"),
         auth_method=version["auth_method"],
         secret=secret,
-        capacity_key=version_id,
-        max_concurrency=version.get("capacity", {}).get("max_concurrency", 4),
-        max_rps=version.get("capacity", {}).get("max_rps", 10.0),
+        capacity=version_capacity(version),
         run_key=job_id,
         max_requests=(version.get("run_limits") or {}).get("max_requests_per_run"),
+    )
+
+
+def version_capacity(version: Document) -> Capacity:
+    """A participant version's declared capacity (R-4.12), keyed by the version."""
+    declared = version.get("capacity") or {}
+    return Capacity(
+        key=str(version["_id"]),
+        max_concurrency=int(declared.get("max_concurrency", 4)),
+        max_rps=float(declared.get("max_rps", 10.0)),
     )

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
 import httpx
 from openai import AsyncOpenAI
 
 from aml_evaluation.context import TokenCount, estimated
+from aml_runtime.capacity import Admission, Capacity, Departure
 from aml_runtime.settings import LLMSettings
 from aml_runtime.telemetry import stage_span
+
+LLM_CAPACITY_KEY = "llm"
 
 
 def make_llm_client(settings: LLMSettings) -> AsyncOpenAI:
@@ -21,18 +28,47 @@ def make_llm_client(settings: LLMSettings) -> AsyncOpenAI:
 
 
 async def complete(
-    client: AsyncOpenAI, model: str, prompt: str, max_tokens: int, seed: int = 0
+    client: AsyncOpenAI,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    admission: Admission | None = None,
+    seed: int = 0,
 ) -> str:
+    """One chat completion. Under a work item's `admission` of the deployment's LLM budget, each
+    call also takes one of the budget's rate slots (when the provider sets a request rate)."""
     # openai's own HTTP stack is not the instrumented httpx: the call gets its span here.
     with stage_span("llm.chat", model=model, max_tokens=max_tokens):
-        response = await client.chat.completions.create(
-            model=model,
-            messages=[{"role": "user", "content": prompt}],
-            temperature=0,
-            max_tokens=max_tokens,
-            seed=seed,
-        )
+        async with _llm_request(admission) as departure:
+            departure.at = time.time()
+            response = await client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": prompt}],
+                temperature=0,
+                max_tokens=max_tokens,
+                seed=seed,
+            )
     return response.choices[0].message.content or ""
+
+
+@contextlib.asynccontextmanager
+async def _llm_request(admission: Admission | None) -> AsyncIterator[Departure]:
+    if admission is None:
+        yield Departure()
+        return
+    async with admission.request() as departure:
+        yield departure
+
+
+def llm_capacity(settings: LLMSettings) -> Capacity:
+    """The LLM's declared capacity, one budget for the whole deployment: every answerer and
+    scorer replica admits its work under this key (aml_runtime.capacity)."""
+    rpm = settings.llm_requests_per_minute
+    return Capacity(
+        key=LLM_CAPACITY_KEY,
+        max_concurrency=settings.llm_concurrency,
+        max_rps=rpm / 60.0 if rpm else None,
+    )
 
 
 def make_token_counter(settings: LLMSettings, http: httpx.AsyncClient) -> TokenCount:

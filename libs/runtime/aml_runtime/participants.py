@@ -23,7 +23,7 @@ from pydantic import BaseModel, SecretStr, ValidationError
 
 from aml_contract.api import AuthMethod
 from aml_contract.participant import AddAccepted, AddResponse, SearchItem, SearchResponse
-from aml_runtime.capacity import CapacityLimiter
+from aml_runtime.capacity import Admission, Capacity, CapacityLimiter, Departure
 from aml_runtime.settings import ParticipantCallSettings
 from aml_runtime.telemetry import stage_span
 from aml_runtime.urlsafety import SafeTransport, UnsafeUrl
@@ -56,9 +56,7 @@ class Endpoint(BaseModel):
     auth_method: AuthMethod
     secret: SecretStr | None = None
     # Declared capacity (R-4.12), shared by every replica calling this participant.
-    capacity_key: str | None = None
-    max_concurrency: int = 4
-    max_rps: float = 10.0
+    capacity: Capacity | None = None
     # Declared run limit (R-3.1): at most this many requests per run, counted per `run_key`
     # (the job) across every replica.
     run_key: str | None = None
@@ -71,7 +69,11 @@ class Attempt(BaseModel):
     operation: Literal["add", "add_status", "search", "health"]
     attempt: int
     started_at: datetime
+    # The participant's time only: request sent -> response received (or the error).
     latency_ms: float
+    # The platform's own wait for the participant's capacity before this attempt (R-7.3 keeps
+    # it apart so a participant is never charged for AML's queueing).
+    queued_ms: float = 0.0
     status: int | None
     error_class: str | None
     outcome: Literal["ok", "retry", "final"]
@@ -193,11 +195,15 @@ class ParticipantClient:
         self._limiter = limiter
 
     @contextlib.asynccontextmanager
-    async def _capacity(self, endpoint: Endpoint) -> AsyncIterator[None]:
-        """Each HTTP exchange counts against the run's declared request limit and holds a slot
-        of the participant's declared capacity; back-off waits between attempts hold none."""
+    async def _exchange(
+        self, endpoint: Endpoint, admission: Admission | None
+    ) -> AsyncIterator[Departure]:
+        """One HTTP exchange: it counts against the run's declared request limit and leaves
+        under the participant's declared capacity. A work item's `admission` already holds a
+        concurrency slot (and the rate slot of its first request); without one (a direct
+        caller) the exchange is admitted on its own and waits for it."""
         if self._limiter is None:
-            yield
+            yield Departure()
             return
         if endpoint.run_key is not None and endpoint.max_requests is not None:
             spent = await self._limiter.spend(endpoint.run_key)
@@ -206,12 +212,17 @@ class ParticipantClient:
                     "run_limit_reached",
                     f"the run reached its declared limit of {endpoint.max_requests} requests",
                 )
-        if endpoint.capacity_key is None:
-            yield
+        if endpoint.capacity is None:
+            yield Departure()
             return
-        key, concurrency, rps = endpoint.capacity_key, endpoint.max_concurrency, endpoint.max_rps
-        async with self._limiter.slot(key, concurrency, rps):
-            yield
+        own = admission is None
+        held = admission or await self._limiter.admit(endpoint.capacity)
+        try:
+            async with held.request() as departure:
+                yield departure
+        finally:
+            if own:
+                await held.release()
 
     @classmethod
     def from_settings(
@@ -239,10 +250,13 @@ class ParticipantClient:
         body: bytes,
         ids: tuple[str, str, str],
         observe: Observer,
+        admission: Admission | None = None,
     ) -> None:
         """Write one chunk; returns once the participant confirmed it persisted (R-4.6)."""
         request_id, user_id, session_id = ids
-        response = await self._send("add", endpoint.add_url, endpoint, body, ADD_RETRYABLE, observe)
+        response = await self._send(
+            "add", endpoint.add_url, endpoint, body, ADD_RETRYABLE, observe, admission
+        )
         payload = _json(response, "add")
         if response.status_code == 202:
             if not endpoint.add_status_url_template:
@@ -253,14 +267,21 @@ class ParticipantClient:
                 task = AddAccepted.model_validate(payload)
             except ValidationError:
                 raise CallFailed("contract_error", "add 202 response: task_id missing") from None
-            payload = await self._poll(endpoint, task.task_id, observe)
+            payload = await self._poll(endpoint, task.task_id, observe, admission)
         validate_add_response(payload, request_id, user_id, session_id)
 
     async def search(
-        self, endpoint: Endpoint, body: bytes, top_k: int, observe: Observer
+        self,
+        endpoint: Endpoint,
+        body: bytes,
+        top_k: int,
+        observe: Observer,
+        admission: Admission | None = None,
     ) -> list[SearchItem]:
         url = endpoint.search_url
-        response = await self._send("search", url, endpoint, body, SEARCH_RETRYABLE, observe)
+        response = await self._send(
+            "search", url, endpoint, body, SEARCH_RETRYABLE, observe, admission
+        )
         if response.status_code != 200:
             raise CallFailed(
                 "contract_error", f"search: expected HTTP 200, got {response.status_code}"
@@ -274,7 +295,9 @@ class ParticipantClient:
             return False
         return 200 <= response.status_code < 300
 
-    async def _poll(self, endpoint: Endpoint, task_id: str, observe: Observer) -> Any:
+    async def _poll(
+        self, endpoint: Endpoint, task_id: str, observe: Observer, admission: Admission | None
+    ) -> Any:
         template = endpoint.add_status_url_template or ""
         url = template.replace("{task_id}", task_id)
         # A task may take as long as one Add request may (R-4.5); after that it is an outage.
@@ -287,39 +310,32 @@ class ParticipantClient:
                     "participant_outage",
                     f"add task {task_id} not finished within {self._timeout:.0f}s",
                 )
-            started, t0 = datetime.now(UTC), time.monotonic()
+            timing = _Timing()
             try:
-                async with self._capacity(endpoint):
+                async with self._exchange(endpoint, admission) as departure:
+                    timing.sent()
                     response = await self._http.get(
                         url,
                         headers=auth_headers(endpoint.auth_method, endpoint.secret),
                         timeout=self._timeout,
+                        extensions={"trace": departure.trace},
                     )
             except UnsafeUrl as exc:
-                await observe(_attempt("add_status", attempt, started, t0, None, exc, "final"))
+                await observe(timing.attempt("add_status", attempt, None, exc, "final"))
                 raise CallFailed("wrong_url", f"add status: {exc.reason}") from None
             except httpx.HTTPError as exc:
-                await observe(_attempt("add_status", attempt, started, t0, None, exc, "retry"))
+                await observe(timing.attempt("add_status", attempt, None, exc, "retry"))
                 await asyncio.sleep(self._policy.delay(min(attempt, 8), None))
                 continue
-            if response.status_code in _FINAL:
+            status = response.status_code
+            if status in _FINAL:
                 # R-4.10's final statuses do not heal by polling on until the deadline.
-                status = response.status_code
-                await observe(_attempt("add_status", attempt, started, t0, status, None, "final"))
+                await observe(timing.attempt("add_status", attempt, status, None, "final"))
                 kind, reason = _FINAL[status]
                 raise CallFailed(kind, f"add status: {reason}")
-            await observe(
-                _attempt(
-                    "add_status",
-                    attempt,
-                    started,
-                    t0,
-                    response.status_code,
-                    None,
-                    "ok" if response.status_code == 200 else "retry",
-                )
-            )
-            if response.status_code == 200:
+            outcome: Literal["ok", "retry"] = "ok" if status == 200 else "retry"
+            await observe(timing.attempt("add_status", attempt, status, None, outcome))
+            if status == 200:
                 payload = _json(response, "add status")
                 state = payload.get("status") if isinstance(payload, dict) else None
                 if state in {"done", "completed", "succeeded", "success"}:
@@ -336,13 +352,14 @@ class ParticipantClient:
         body: bytes,
         retryable: frozenset[int],
         observe: Observer,
+        admission: Admission | None,
     ) -> httpx.Response:
         headers = {"Content-Type": "application/json"} | auth_headers(
             endpoint.auth_method, endpoint.secret
         )
         last = ""
         for attempt in range(1, self._policy.max_attempts + 1):
-            started, t0 = datetime.now(UTC), time.monotonic()
+            timing = _Timing()
             retry_after: float | None = None
             # A retryable failure is audited as "final" on the last attempt: none follows it.
             again: Literal["retry", "final"] = (
@@ -352,11 +369,16 @@ class ParticipantClient:
                 span = stage_span(
                     f"participant.{operation}", attempt=attempt, participant_call=True
                 )
-                async with self._capacity(endpoint):
+                async with self._exchange(endpoint, admission) as departure:
+                    timing.sent()
                     with span as current:
                         try:
                             response = await self._http.post(
-                                url, content=body, headers=headers, timeout=self._timeout
+                                url,
+                                content=body,
+                                headers=headers,
+                                timeout=self._timeout,
+                                extensions={"trace": departure.trace},
                             )
                         except httpx.HTTPError as exc:
                             current.set_attribute("error.type", type(exc).__name__)
@@ -364,24 +386,24 @@ class ParticipantClient:
                         current.set_attribute("http.response.status_code", response.status_code)
             except UnsafeUrl as exc:
                 # A refused target (R-4.1) will not become safe by retrying.
-                await observe(_attempt(operation, attempt, started, t0, None, exc, "final"))
+                await observe(timing.attempt(operation, attempt, None, exc, "final"))
                 raise CallFailed("wrong_url", f"{operation}: {exc.reason}") from None
             except httpx.HTTPError as exc:
-                await observe(_attempt(operation, attempt, started, t0, None, exc, again))
+                await observe(timing.attempt(operation, attempt, None, exc, again))
                 last = f"network error: {type(exc).__name__}"
             else:
                 status = response.status_code
                 if status in (200, 202) and not (operation == "search" and status == 202):
-                    await observe(_attempt(operation, attempt, started, t0, status, None, "ok"))
+                    await observe(timing.attempt(operation, attempt, status, None, "ok"))
                     return response
                 if status in _FINAL:
-                    await observe(_attempt(operation, attempt, started, t0, status, None, "final"))
+                    await observe(timing.attempt(operation, attempt, status, None, "final"))
                     kind, reason = _FINAL[status]
                     raise CallFailed(kind, f"{operation}: {reason}")
                 if status not in retryable:
-                    await observe(_attempt(operation, attempt, started, t0, status, None, "final"))
+                    await observe(timing.attempt(operation, attempt, status, None, "final"))
                     raise CallFailed("contract_error", f"{operation}: unexpected HTTP {status}")
-                await observe(_attempt(operation, attempt, started, t0, status, None, again))
+                await observe(timing.attempt(operation, attempt, status, None, again))
                 last = f"HTTP {status}"
                 retry_after = parse_retry_after(response.headers.get("Retry-After"))
             if attempt < self._policy.max_attempts:
@@ -399,21 +421,34 @@ def _json(response: httpx.Response, what: str) -> Any:
         raise CallFailed("contract_error", f"{what} response: body is not valid JSON") from None
 
 
-def _attempt(
-    operation: Literal["add", "add_status", "search", "health"],
-    attempt: int,
-    started: datetime,
-    t0: float,
-    status: int | None,
-    error: Exception | None,
-    outcome: Literal["ok", "retry", "final"],
-) -> Attempt:
-    return Attempt(
-        operation=operation,
-        attempt=attempt,
-        started_at=started,
-        latency_ms=round((time.monotonic() - t0) * 1000, 3),
-        status=status,
-        error_class=type(error).__name__ if error else None,
-        outcome=outcome,
-    )
+class _Timing:
+    """When an attempt began waiting for capacity, and when its request was sent."""
+
+    def __init__(self) -> None:
+        self.queued_from = time.monotonic()
+        self.started = datetime.now(UTC)
+        self.t0: float | None = None
+
+    def sent(self) -> None:
+        self.started, self.t0 = datetime.now(UTC), time.monotonic()
+
+    def attempt(
+        self,
+        operation: Literal["add", "add_status", "search", "health"],
+        attempt: int,
+        status: int | None,
+        error: Exception | None,
+        outcome: Literal["ok", "retry", "final"],
+    ) -> Attempt:
+        end = time.monotonic()
+        sent = self.t0 if self.t0 is not None else end
+        return Attempt(
+            operation=operation,
+            attempt=attempt,
+            started_at=self.started,
+            latency_ms=round((end - sent) * 1000, 3),
+            queued_ms=round((sent - self.queued_from) * 1000, 3),
+            status=status,
+            error_class=type(error).__name__ if error else None,
+            outcome=outcome,
+        )

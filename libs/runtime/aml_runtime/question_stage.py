@@ -9,25 +9,27 @@ is reported as finished, so the job never waits for it.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from faststream.nats import NatsBroker, NatsMessage
+from faststream.nats import NatsBroker
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
 from aml_contract import subjects
 from aml_contract.messages import QuestionDone, QuestionStage, QuestionWork, message_id
-from aml_runtime.broker import Exhausted, publish, run_delivery
+from aml_contract.subjects import WorkStage
+from aml_runtime.broker import Exhausted, publish, publish_work, run_delivery
 from aml_runtime.db import Document
 from aml_runtime.jobs import fail_job, job_is_active, now, record_error
+from aml_runtime.progress import record_final
 from aml_runtime.settings import CommonSettings
+from aml_runtime.stage_worker import StageCall, WorkItem
 from aml_runtime.telemetry import stage_span
 
-_NEXT: dict[QuestionStage, str | None] = {
-    "search": subjects.WORK_ANSWER,
-    "answer": subjects.WORK_SCORE,
+_NEXT: dict[QuestionStage, WorkStage | None] = {
+    "search": "answer",
+    "answer": "score",
     "score": None,
 }
 # A contract violation stops the whole job; other failures stay with their question.
@@ -35,7 +37,7 @@ _FATAL_KINDS = frozenset(
     {"contract_error", "authentication_error", "access_denied", "wrong_url", "run_limit_reached"}
 )
 
-Compute = Callable[[QuestionWork, Document, int], Awaitable[Document]]
+Compute = Callable[[QuestionWork, Document, StageCall], Awaitable[Document]]
 
 
 @dataclass
@@ -50,11 +52,9 @@ class QuestionStageWorker:
     def collection(self) -> str:
         return {"search": "searches", "answer": "answers", "score": "scores"}[self.stage]
 
-    async def handle(self, work: QuestionWork, msg: NatsMessage) -> None:
-        delivery = msg.raw_message.metadata.num_delivered
-
+    async def handle(self, work: QuestionWork, item: WorkItem) -> None:
         async def attempt() -> None:
-            await self._process(work, delivery)
+            await self._process(work, item)
 
         async def give_up(kind: str, reason: str) -> None:
             await self._store(work, {"state": "failed", "failure_kind": kind, "failure": reason})
@@ -64,34 +64,43 @@ class QuestionStageWorker:
             await self._hand_on(work, "failed")
 
         ids = {"job_id": work.job_id, "request_id": work.item_id, "stage": self.stage}
-        with stage_span(f"aml.{self.stage}", delivery=delivery, **ids):
-            await run_delivery(msg, self.settings, attempt, give_up)
+        with stage_span(f"aml.{self.stage}", delivery=item.delivered, **ids):
+            await run_delivery(item.delivery, self.settings, attempt, give_up)
 
-    async def _process(self, work: QuestionWork, delivery: int) -> None:
+    async def _process(self, work: QuestionWork, item: WorkItem) -> None:
         existing = await self.db[self.collection].find_one({"_id": work.item_id}, {"state": 1})
         if existing is not None:
+            # Its writer may have died before recording it: record (once) and hand on again.
+            await record_final(self.db, work.job_id, self.stage, work.item_id, existing["state"])
             await self._hand_on(work, existing["state"])
             return
+        # Checked after admission, right before the call: a failed job's work is dropped here.
         if not await job_is_active(self.db, work.job_id):
             return
         question = await self.db.questions.find_one({"_id": work.item_id})
         if question is None:
             raise Exhausted("platform_error", f"question {work.item_id} is not planned")
-        fields = await self.compute(work, question, delivery)
+        fields = await self.compute(work, question, item.call)
         await self._store(work, {"state": "done", **fields})
         await self._hand_on(work, "done")
 
     async def _store(self, work: QuestionWork, fields: Document) -> None:
-        # A concurrent or earlier delivery may have stored it first; its result stands.
-        with contextlib.suppress(DuplicateKeyError):
+        # A concurrent or earlier delivery may have stored it first; its result stands, so the
+        # outcome recorded is the stored one (its writer may have died before recording it).
+        state = fields.get("state")
+        try:
             await self.db[self.collection].insert_one(
                 {"_id": work.item_id, "job_id": work.job_id, "finished_at": now(), **fields}
             )
+        except DuplicateKeyError:
+            stored = await self.db[self.collection].find_one({"_id": work.item_id}, {"state": 1})
+            state = (stored or {}).get("state")
+        await record_final(self.db, work.job_id, self.stage, work.item_id, state)
 
     async def _hand_on(self, work: QuestionWork, state: str) -> None:
         following = _NEXT[self.stage]
         if state == "done" and following is not None:
-            await publish(self.broker, following, work, message_id(following, work.item_id))
+            await publish_work(self.broker, following, work, work.item_id)
             return
         outcome = "done" if state == "done" else "failed"
         done = QuestionDone(

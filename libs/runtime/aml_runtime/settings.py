@@ -27,6 +27,9 @@ class CommonSettings(BaseSettings):
     ack_wait_seconds: float = Field(default=15.0, gt=0)
     # Delay before a NACKed message is redelivered (doubles per delivery).
     redelivery_delay_seconds: float = Field(default=1.0, ge=0)
+    # Added to every rate slot's period (aml_runtime.capacity): covers the way from the socket
+    # to the receiver's clock, so a declared rate holds as the participant or LLM measures it.
+    rate_margin_seconds: float = Field(default=0.05, ge=0, le=5)
 
 
 class SpecSettings(CommonSettings):
@@ -54,7 +57,11 @@ class LLMSettings(SpecSettings):
     llm_base_url: str = "https://api.openai.com/v1"
     llm_api_key: SecretStr = SecretStr("")
     llm_timeout_seconds: float = 120.0
+    # The LLM's declared capacity: ONE budget for the deployment, shared by every answerer and
+    # scorer replica (not per process): at most this many questions at the LLM at once, and at
+    # most `llm_requests_per_minute` calls (unset: the provider sets no request rate).
     llm_concurrency: int = Field(default=2, ge=1)
+    llm_requests_per_minute: float | None = Field(default=None, gt=0)
 
 
 class ParticipantCallSettings(CommonSettings):
@@ -65,4 +72,7 @@ class ParticipantCallSettings(CommonSettings):
     participant_backoff_base_seconds: float = 0.5
     participant_backoff_max_seconds: float = 30.0
     allow_loopback_targets: bool = False
-    worker_concurrency: int = Field(default=8, ge=1)
+    # Items one adder/searcher process works on at once, over all participants together: a
+    # safety bound only. Each participant's declared capacity is what limits its calls, so this
+    # is large enough that slow participants cannot take every place from the others.
+    worker_concurrency: int = Field(default=256, ge=1)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from google.protobuf.json_format import MessageToDict  # type: ignore[import-untyped]
-from opentelemetry import context, trace
+from opentelemetry import context, propagate, trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -132,6 +132,17 @@ def item_trace(name: str, item_key: str, **ids: Any) -> Iterator[Span]:
     try:
         with tracer().start_as_current_span(name, attributes=_attributes(**ids)) as span:
             yield span
+    finally:
+        context.detach(token)
+
+
+@contextmanager
+def continue_trace(headers: dict[str, str] | None) -> Iterator[None]:
+    """Continue the trace a message carries in its headers (W3C trace context, as FastStream's
+    telemetry middleware writes it on publish)."""
+    token = context.attach(propagate.extract(headers or {}))
+    try:
+        yield
     finally:
         context.detach(token)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from faststream.nats import NatsBroker, NatsMessage
+from faststream.nats import NatsBroker
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract import subjects
@@ -16,8 +16,10 @@ from aml_runtime.broker import Exhausted, publish, run_delivery
 from aml_runtime.db import Document
 from aml_runtime.jobs import job_is_active, load_endpoint, now, record_error
 from aml_runtime.participants import CallFailed, ParticipantClient
+from aml_runtime.progress import record_final
 from aml_runtime.secrets import SecretBox
 from aml_runtime.settings import CommonSettings
+from aml_runtime.stage_worker import WorkItem
 from aml_runtime.telemetry import stage_span
 
 
@@ -29,35 +31,34 @@ class AddHandler:
     client: ParticipantClient
     box: SecretBox
 
-    async def __call__(self, work: AddWork, msg: NatsMessage) -> None:
+    async def __call__(self, work: AddWork, item: WorkItem) -> None:
         async def attempt() -> None:
-            await self.add(work, msg.raw_message.metadata.num_delivered)
+            await self.add(work, item)
 
         async def give_up(kind: str, reason: str) -> None:
             await self.finish(work, "failed", {"failure_kind": kind, "failure": reason})
             await record_error(self.db, work.job_id, "add", kind, work.request_id, reason)
 
-        delivery = msg.raw_message.metadata.num_delivered
         ids = {"job_id": work.job_id, "request_id": work.request_id, "stage": "add"}
-        with stage_span("aml.add", delivery=delivery, **ids):
-            await run_delivery(msg, self.settings, attempt, give_up)
+        with stage_span("aml.add", delivery=item.delivered, **ids):
+            await run_delivery(item.delivery, self.settings, attempt, give_up)
 
-    async def add(self, work: AddWork, delivery: int) -> None:
+    async def add(self, work: AddWork, item: WorkItem) -> None:
         chunk = await self.db.add_chunks.find_one({"_id": work.request_id})
         if chunk is None:
             raise Exhausted("platform_error", f"chunk {work.request_id} is not planned")
         if chunk["state"] != "pending":
+            await record_final(self.db, work.job_id, "add", work.request_id, chunk["state"])
             await self.announce(work, chunk["state"])
             return
+        # Checked after admission, right before the call: a failed job's work is dropped here.
         if not await job_is_active(self.db, work.job_id):
             return
-        job = await self.db.jobs.find_one({"_id": work.job_id}, {"version_id": 1})
-        assert job is not None
-        endpoint = await load_endpoint(self.db, self.box, job["version_id"], work.job_id)
-        observe = CallRecorder(self.db, work.job_id, "add", work.request_id, delivery)
+        endpoint = await load_endpoint(self.db, self.box, work.version_id, work.job_id)
+        observe = CallRecorder(self.db, work.job_id, "add", work.request_id, item.delivered)
         ids = (chunk["_id"], chunk["user_id"], chunk["session_id"])
         try:
-            await self.client.add(endpoint, chunk["body"], ids, observe)
+            await self.client.add(endpoint, chunk["body"], ids, observe, item.admission)
         except CallFailed as exc:
             if exc.kind == "contract_error":
                 await observe.validated(exc.reason)
@@ -66,10 +67,17 @@ class AddHandler:
         await self.finish(work, "done", {})
 
     async def finish(self, work: AddWork, outcome: Outcome, fields: Document) -> None:
-        await self.db.add_chunks.update_one(
+        updated = await self.db.add_chunks.update_one(
             {"_id": work.request_id, "state": "pending"},
             {"$set": {"state": outcome, "finished_at": now(), **fields}},
         )
+        # The guarded update did nothing when an earlier delivery finished the chunk first; its
+        # outcome stands and is the one recorded (that delivery may have died before recording).
+        state: object = outcome
+        if not updated.modified_count:
+            chunk = await self.db.add_chunks.find_one({"_id": work.request_id}, {"state": 1})
+            state = (chunk or {}).get("state")
+        await record_final(self.db, work.job_id, "add", work.request_id, state)
         await self.announce(work, outcome)
 
     async def announce(self, work: AddWork, outcome: Outcome) -> None:

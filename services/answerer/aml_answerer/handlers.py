@@ -15,6 +15,7 @@ from aml_runtime.broker import Exhausted
 from aml_runtime.db import Document
 from aml_runtime.evaluation_spec import token_counter_name
 from aml_runtime.llm import complete
+from aml_runtime.stage_worker import StageCall
 
 
 @dataclass
@@ -25,7 +26,7 @@ class AnswerQuestion:
     prompt: Prompt
     count_tokens: TokenCount
 
-    async def __call__(self, work: QuestionWork, question: Document, delivery: int) -> Document:
+    async def __call__(self, work: QuestionWork, question: Document, item: StageCall) -> Document:
         search = await self.db.searches.find_one({"_id": work.item_id})
         if search is None or search["state"] != "done":
             raise Exhausted("platform_error", f"no search result for {work.item_id}")
@@ -37,7 +38,11 @@ class AnswerQuestion:
             question=question_with_options(question["question"], question.get("options")),
         )
         answer = await complete(
-            self.llm, self.settings.answer_model, text, self.settings.answer_max_tokens
+            self.llm,
+            self.settings.answer_model,
+            text,
+            self.settings.answer_max_tokens,
+            item.admission,
         )
         return {
             "answer": answer.strip(),

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import httpx
 from faststream import FastStream
-from faststream.nats import NatsMessage
 
 from aml_answerer.handlers import AnswerQuestion
 from aml_answerer.settings import AnswererSettings
-from aml_contract import subjects
 from aml_contract.messages import QuestionWork
 from aml_evaluation.prompts import load_prompt
-from aml_runtime.broker import consume
 from aml_runtime.llm import make_llm_client, make_token_counter
 from aml_runtime.question_stage import QuestionStageWorker
-from aml_runtime.service import open_runtime, serve
+from aml_runtime.service import open_runtime
+from aml_runtime.stage_worker import StageWorker, capacity_limiter, llm_lanes, serve_stage
 
 
 def create_app(settings: AnswererSettings | None = None) -> FastStream:
@@ -24,14 +22,19 @@ def create_app(settings: AnswererSettings | None = None) -> FastStream:
     http = httpx.AsyncClient(timeout=settings.llm_timeout_seconds)
     count = make_token_counter(settings, http)
     compute = AnswerQuestion(settings, rt.db, llm, load_prompt(settings.answer_prompt), count)
-    worker = QuestionStageWorker("answer", settings, rt.db, rt.broker, compute)
-
-    @consume(rt.broker, settings, subjects.WORK_ANSWER, "answerer", settings.llm_concurrency)
-    async def on_answer_work(work: QuestionWork, msg: NatsMessage) -> None:
-        await worker.handle(work, msg)
+    stage = QuestionStageWorker("answer", settings, rt.db, rt.broker, compute)
+    worker = StageWorker(
+        llm_lanes("answer", "answerer", settings),
+        QuestionWork,
+        stage.handle,
+        capacity_limiter(rt, settings),
+        settings,
+        # The deployment's LLM budget bounds it; one process never needs more places than that.
+        max_in_flight=settings.llm_concurrency,
+    )
 
     async def close() -> None:
         await llm.close()
         await http.aclose()
 
-    return serve(rt, on_stop=close)
+    return serve_stage(rt, worker, on_stop=close)

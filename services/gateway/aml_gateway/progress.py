@@ -1,5 +1,7 @@
-"""A job's progress and status as the API shows it (R-3.6), derived from the stage documents
-rather than kept in counters, so a redelivered message can never count twice."""
+"""A job's progress and status as the API shows it (R-3.6), read from the job document alone:
+the per-stage counters `aml_runtime.progress` keeps exact (one unique final record per item,
+counted by its first writer), plus the job's first errors through the (job_id, at) index, so a
+poll reads a bounded number of documents whatever the database holds."""
 
 from __future__ import annotations
 
@@ -16,13 +18,7 @@ from aml_contract.api import (
     StageProgress,
 )
 from aml_runtime.db import Document, read_time
-
-_STAGE_COLLECTION: dict[Stage, str] = {
-    "add": "add_chunks",
-    "search": "searches",
-    "answer": "answers",
-    "score": "scores",
-}
+from aml_runtime.progress import ITEM_STAGES, stage_counts
 
 
 def current_stage(state: str, stages: dict[Stage, StageProgress]) -> Stage | None:
@@ -35,18 +31,25 @@ def current_stage(state: str, stages: dict[Stage, StageProgress]) -> Stage | Non
     return "aggregate"
 
 
-async def job_status(db: AsyncDatabase[Document], job: Document) -> JobStatus:
-    job_id = job["_id"]
-    totals = job.get("totals", {})
+def stage_progress(job: Document) -> dict[Stage, StageProgress]:
+    """Every stage's progress from the job document alone (planned totals, kept counters; a
+    job not planned yet, or with nothing counted yet, has none: 0)."""
+    totals = job.get("totals") or {}
     stages: dict[Stage, StageProgress] = {}
-    for stage, collection in _STAGE_COLLECTION.items():
+    for stage in ITEM_STAGES:
         total = totals.get("add" if stage == "add" else "questions", 0)
-        done = await db[collection].count_documents({"job_id": job_id, "state": "done"})
-        failed = await db[collection].count_documents({"job_id": job_id, "state": "failed"})
+        done, failed = stage_counts(job, stage)
         stages[stage] = StageProgress(total=total, done=done, failed=failed)
     stages["aggregate"] = StageProgress(
         total=1, done=int(job["state"] == "completed"), failed=int(job["state"] == "failed")
     )
+    return stages
+
+
+async def job_status(db: AsyncDatabase[Document], job: Document) -> JobStatus:
+    job_id = job["_id"]
+    stages = stage_progress(job)
+    # Bounded: the (job_id, at) index (aml_runtime.db) serves the filter, the order and the limit.
     errors = [
         JobError(stage=e["stage"], kind=e["kind"], item=e.get("item"), reason=e["reason"])
         async for e in db.job_errors.find({"job_id": job_id}).sort("at", 1).limit(100)

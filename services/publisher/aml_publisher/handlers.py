@@ -27,6 +27,7 @@ from aml_publisher.gate import (
 from aml_publisher.settings import PublisherSettings
 from aml_runtime.db import Document
 from aml_runtime.jobs import now
+from aml_runtime.progress import ITEM_STAGES, error_count, stage_counts
 
 log = structlog.get_logger()
 
@@ -35,12 +36,6 @@ FINISHED = ("completed", "failed")
 # gated job; read here for the duplicate check. Fields the gate uses: `job_id`, `version_id`,
 # `track`, `results_fingerprint`, `disqualified` (the last three default from the job).
 LEADERBOARD = "leaderboard"
-STAGE_COLLECTIONS: dict[str, str] = {
-    "add": "add_chunks",
-    "search": "searches",
-    "answer": "answers",
-    "score": "scores",
-}
 
 
 @dataclass
@@ -98,16 +93,13 @@ class Publisher:
         return True
 
     async def checks(self, job: Document) -> list[GateCheck]:
-        job_id = job["_id"]
-        stages = {
-            stage: StageCounts(
-                done=await self.db[name].count_documents({"job_id": job_id, "state": "done"}),
-                failed=await self.db[name].count_documents({"job_id": job_id, "state": "failed"}),
-            )
-            for stage, name in STAGE_COLLECTIONS.items()
-        }
-        errors = await self.db.job_errors.count_documents({"job_id": job_id})
-        facts = job_facts(job, stages, errors)
+        # The job's own counters (aml_runtime.progress), made exact by the scheduler when the
+        # job completed: no query over the stage collections.
+        stages: dict[str, StageCounts] = {}
+        for stage in ITEM_STAGES:
+            done, failed = stage_counts(job, stage)
+            stages[stage] = StageCounts(done=done, failed=failed)
+        facts = job_facts(job, stages, error_count(job))
         return run_gate(facts, self.settings.release_baseline, await self.published())
 
     async def published(self) -> list[PublishedFacts]:

@@ -10,7 +10,7 @@ from aml_contract import subjects
 from aml_contract.messages import JobFinished
 from aml_publisher.handlers import Publisher
 from aml_publisher.settings import PublisherSettings
-from aml_runtime.broker import consume, run_delivery
+from aml_runtime.broker import FastStreamDelivery, consume, run_delivery
 from aml_runtime.service import Periodic, open_runtime, serve
 from aml_runtime.telemetry import stage_span
 
@@ -35,7 +35,10 @@ def create_app(settings: PublisherSettings | None = None) -> FastStream:
             log.warning("gate.gave_up", job_id=event.job_id, kind=kind, reason=reason)
 
         with stage_span("aml.gate", job_id=event.job_id):
-            await run_delivery(msg, settings, lambda: publisher.on_job_finished(event), gave_up)
+            delivery = FastStreamDelivery(msg)
+            await run_delivery(
+                delivery, settings, lambda: publisher.on_job_finished(event), gave_up
+            )
 
     # The event path gates at once (and a new durable consumer replays the stream's whole
     # history); the reconciliation is only the safety net, so it first waits one interval.

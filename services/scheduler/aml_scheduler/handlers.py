@@ -13,19 +13,17 @@ from pymongo import ASCENDING
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError
 
-from aml_contract import subjects
 from aml_contract.messages import (
     AddDone,
     AddWork,
     JobSubmitted,
     QuestionDone,
     QuestionWork,
-    message_id,
 )
 from aml_evaluation.aggregate import QuestionOutcome, aggregate
 from aml_evaluation.datasets import DatasetManifest, bundle_hash, load_dataset, manifest_path
 from aml_evaluation.spec import EvaluationSpec
-from aml_runtime.broker import publish
+from aml_runtime.broker import publish_work
 from aml_runtime.db import Document, read_time
 from aml_runtime.jobs import (
     PLATFORM_ERROR,
@@ -38,6 +36,7 @@ from aml_runtime.jobs import (
     run_overdue,
 )
 from aml_runtime.participants import ParticipantClient
+from aml_runtime.progress import questions_final, repair_counters, repair_due
 from aml_runtime.retention import purge_expired
 from aml_runtime.secrets import SecretBox
 from aml_runtime.telemetry import current_trace_ids, item_trace
@@ -103,13 +102,21 @@ class Scheduler:
             log.info("job.retention_purged", job_id=job_id)
 
     async def reconcile(self) -> None:
-        """Re-drive every unfinished job from its stored state (after a crash of anything)."""
+        """Re-drive every unfinished job from its stored state (after a crash of anything).
+
+        A running job's progress counters are repaired (`aml_runtime.progress`) only once they
+        have been still for a few intervals: a lost increment shows as a job that stops moving,
+        and a moving job is not re-read every interval."""
         active = {"state": {"$in": ["queued", "running"]}}
-        async for job in self.db.jobs.find(active, {"_id": 1, "version_id": 1, "started_at": 1}):
+        fields = {"_id": 1, "version_id": 1, "started_at": 1, "planned": 1, "progress": 1}
+        stale_after = timedelta(seconds=3 * self.settings.reconcile_interval_seconds)
+        async for job in self.db.jobs.find(active, fields):
             try:
                 if await self._stop_if_overdue(job):
                     continue
                 await self.on_job_submitted(JobSubmitted(job_id=job["_id"]))
+                if job.get("planned") and repair_due(job, now(), stale_after):
+                    await repair_counters(self.db, job["_id"])
                 await self.complete_if_done(job["_id"])
             except Exception:
                 log.exception("reconcile.failed", job_id=job["_id"])
@@ -181,42 +188,38 @@ class Scheduler:
 
         Only one Add per user is ever outstanding because the next is published only after the
         previous one is confirmed; users progress independently of each other."""
-        job = await self.db.jobs.find_one({"_id": job_id}, {"state": 1, "users": 1})
+        job = await self.db.jobs.find_one(
+            {"_id": job_id}, {"state": 1, "users": 1, "version_id": 1}
+        )
         if job is None or job["state"] != "running":
             return
+        version_id = str(job["version_id"])
         for user in [user_id] if user_id else job.get("users", []):
             pending = await self.db.add_chunks.find_one(
                 {"job_id": job_id, "user_id": user, "state": {"$ne": "done"}},
                 sort=[("seq", ASCENDING)],
             )
             if pending is None:
-                await self._release_questions(job_id, user)
+                await self._release_questions(job_id, version_id, user)
             elif pending["state"] == "pending":
-                work = AddWork(job_id=job_id, request_id=pending["_id"])
+                work = AddWork(job_id=job_id, version_id=version_id, request_id=pending["_id"])
                 ids = {"job_id": job_id, "request_id": pending["_id"], "user_id": user}
                 with item_trace("aml.release", pending["_id"], stage="add", **ids):
                     await self._note_trace("add_chunks", pending["_id"])
-                    await publish(
-                        self.broker, subjects.WORK_ADD, work, message_id("add", pending["_id"])
-                    )
+                    await publish_work(self.broker, "add", work, pending["_id"])
 
-    async def _release_questions(self, job_id: str, user_id: str) -> None:
+    async def _release_questions(self, job_id: str, version_id: str, user_id: str) -> None:
         marker = f"{job_id}/{user_id}"
         if await self.db.question_releases.find_one({"_id": marker}) is not None:
             return
         async for question in self.db.questions.find(
             {"job_id": job_id, "user_id": user_id}, {"_id": 1}
         ):
-            work = QuestionWork(job_id=job_id, item_id=question["_id"])
+            work = QuestionWork(job_id=job_id, version_id=version_id, item_id=question["_id"])
             ids = {"job_id": job_id, "request_id": question["_id"], "user_id": user_id}
             with item_trace("aml.release", question["_id"], stage="search", **ids):
                 await self._note_trace("questions", question["_id"])
-                await publish(
-                    self.broker,
-                    subjects.WORK_SEARCH,
-                    work,
-                    message_id(subjects.WORK_SEARCH, question["_id"]),
-                )
+                await publish_work(self.broker, "search", work, question["_id"])
         # Written only after every publish went out: a crash before it re-publishes (harmless).
         await _insert_once(self.db, "question_releases", [{"_id": marker, "job_id": job_id}])
 
@@ -230,13 +233,15 @@ class Scheduler:
         job = await self.db.jobs.find_one({"_id": job_id})
         if job is None or job["state"] != "running" or not job.get("planned"):
             return
-        finished = (
-            await self.db.scores.count_documents({"job_id": job_id})
-            + await self.db.searches.count_documents({"job_id": job_id, "state": "failed"})
-            + await self.db.answers.count_documents({"job_id": job_id, "state": "failed"})
-        )
-        if finished < job["totals"]["questions"]:
+        # O(1): the job's own counter of questions that reached their terminal state (scored, or
+        # failed in search or answer). It can lag after a crash (then the reconciliation's repair
+        # catches up), never lead, so a job is never completed with a question still open.
+        if questions_final(job) < job["totals"]["questions"]:
             return
+        # Once per job, like the aggregation below: make the stored counters exact (a lost
+        # increment of an Add or an error entry does not hold completion back but would show
+        # in the status and fail the publication gate).
+        await repair_counters(self.db, job_id)
         results = aggregate(
             job_id,
             "completed",

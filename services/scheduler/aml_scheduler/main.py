@@ -9,7 +9,7 @@ from faststream.nats import NatsMessage
 
 from aml_contract import subjects
 from aml_contract.messages import AddDone, JobSubmitted, QuestionDone
-from aml_runtime.broker import Handler, consume, run_delivery
+from aml_runtime.broker import FastStreamDelivery, Handler, consume, run_delivery
 from aml_runtime.codehash import code_hash
 from aml_runtime.evaluation_spec import build_spec
 from aml_runtime.participants import ParticipantClient
@@ -37,15 +37,18 @@ def create_app(settings: SchedulerSettings | None = None) -> FastStream:
 
     @events(subjects.JOB_SUBMITTED)
     async def on_job_submitted(event: JobSubmitted, msg: NatsMessage) -> None:
-        await run_delivery(msg, settings, lambda: scheduler.on_job_submitted(event), _dropped)
+        delivery = FastStreamDelivery(msg)
+        await run_delivery(delivery, settings, lambda: scheduler.on_job_submitted(event), _dropped)
 
     @events(subjects.ADD_DONE)
     async def on_add_done(event: AddDone, msg: NatsMessage) -> None:
-        await run_delivery(msg, settings, lambda: scheduler.on_add_done(event), _dropped)
+        delivery = FastStreamDelivery(msg)
+        await run_delivery(delivery, settings, lambda: scheduler.on_add_done(event), _dropped)
 
     @events(subjects.QUESTION_DONE)
     async def on_question_done(event: QuestionDone, msg: NatsMessage) -> None:
-        await run_delivery(msg, settings, lambda: scheduler.on_question_done(event), _dropped)
+        delivery = FastStreamDelivery(msg)
+        await run_delivery(delivery, settings, lambda: scheduler.on_question_done(event), _dropped)
 
     async def stop() -> None:
         await client.aclose()

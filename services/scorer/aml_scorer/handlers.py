@@ -24,6 +24,7 @@ from aml_evaluation.scoring import (
 from aml_runtime.broker import Exhausted
 from aml_runtime.db import Document
 from aml_runtime.llm import complete
+from aml_runtime.stage_worker import StageCall
 from aml_scorer.settings import ScorerSettings
 
 
@@ -34,7 +35,7 @@ class ScoreAnswer:
     llm: AsyncOpenAI
     prompt: Prompt
 
-    async def __call__(self, work: QuestionWork, question: Document, delivery: int) -> Document:
+    async def __call__(self, work: QuestionWork, question: Document, item: StageCall) -> Document:
         answer = await self.db.answers.find_one({"_id": work.item_id})
         if answer is None or answer["state"] != "done":
             raise Exhausted("platform_error", f"no answer for {work.item_id}")
@@ -46,7 +47,7 @@ class ScoreAnswer:
         options = question.get("options")
         if options:
             return found | self.choice(answer["answer"], options, question["gold_answer"])
-        return found | await self.open_question(question, answer["answer"])
+        return found | await self.open_question(question, answer["answer"], item)
 
     def choice(self, answer: str, options: list[str], gold: str) -> Document:
         chosen = parse_choice(answer, options)
@@ -57,7 +58,7 @@ class ScoreAnswer:
             "mc_version": MC_VERSION,
         }
 
-    async def open_question(self, question: Document, answer: str) -> Document:
+    async def open_question(self, question: Document, answer: str, item: StageCall) -> Document:
         gold = question["gold_answer"]
         text = self.prompt.text.format(
             question=question["question"], gold_answer=gold, generated_answer=answer
@@ -65,7 +66,9 @@ class ScoreAnswer:
         settings = self.settings
 
         async def ask() -> str:
-            return await complete(self.llm, settings.judge_model, text, settings.judge_max_tokens)
+            return await complete(
+                self.llm, settings.judge_model, text, settings.judge_max_tokens, item.admission
+            )
 
         verdict = await judge(ask, settings.judge_runs, settings.judge_retries)
         variant = question.get("f1_variant", F1_VERSION)

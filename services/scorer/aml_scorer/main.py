@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 from faststream import FastStream
-from faststream.nats import NatsMessage
 
-from aml_contract import subjects
 from aml_contract.messages import QuestionWork
 from aml_evaluation.prompts import load_prompt
-from aml_runtime.broker import consume
 from aml_runtime.llm import make_llm_client
 from aml_runtime.question_stage import QuestionStageWorker
-from aml_runtime.service import open_runtime, serve
+from aml_runtime.service import open_runtime
+from aml_runtime.stage_worker import StageWorker, capacity_limiter, llm_lanes, serve_stage
 from aml_scorer.handlers import ScoreAnswer
 from aml_scorer.settings import ScorerSettings
 
@@ -21,10 +19,13 @@ def create_app(settings: ScorerSettings | None = None) -> FastStream:
     rt = open_runtime("scorer", settings)
     llm = make_llm_client(settings)
     compute = ScoreAnswer(settings, rt.db, llm, load_prompt(settings.judge_prompt))
-    worker = QuestionStageWorker("score", settings, rt.db, rt.broker, compute)
-
-    @consume(rt.broker, settings, subjects.WORK_SCORE, "scorer", settings.llm_concurrency)
-    async def on_score_work(work: QuestionWork, msg: NatsMessage) -> None:
-        await worker.handle(work, msg)
-
-    return serve(rt, on_stop=llm.close)
+    stage = QuestionStageWorker("score", settings, rt.db, rt.broker, compute)
+    worker = StageWorker(
+        llm_lanes("score", "scorer", settings),
+        QuestionWork,
+        stage.handle,
+        capacity_limiter(rt, settings),
+        settings,
+        max_in_flight=settings.llm_concurrency,
+    )
+    return serve_stage(rt, worker, on_stop=llm.close)

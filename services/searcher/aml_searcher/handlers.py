@@ -15,6 +15,7 @@ from aml_runtime.isolation import content_text, find_leaks, text_digest
 from aml_runtime.jobs import load_endpoint, record_error
 from aml_runtime.participants import CallFailed, ParticipantClient
 from aml_runtime.secrets import SecretBox
+from aml_runtime.stage_worker import StageCall
 
 
 @dataclass
@@ -23,15 +24,15 @@ class SearchQuestion:
     client: ParticipantClient
     box: SecretBox
 
-    async def __call__(self, work: QuestionWork, question: Document, delivery: int) -> Document:
+    async def __call__(self, work: QuestionWork, question: Document, item: StageCall) -> Document:
         job = await self.db.jobs.find_one({"_id": work.job_id}, {"version_id": 1, "top_k": 1})
         if job is None:
             raise Exhausted("platform_error", f"job {work.job_id} is missing")
         endpoint = await load_endpoint(self.db, self.box, job["version_id"], work.job_id)
-        observe = CallRecorder(self.db, work.job_id, "search", work.item_id, delivery)
+        observe = CallRecorder(self.db, work.job_id, "search", work.item_id, item.delivered)
         try:
             items = await self.client.search(
-                endpoint, question["search_body"], job["top_k"], observe
+                endpoint, question["search_body"], job["top_k"], observe, item.admission
             )
         except CallFailed as exc:
             if exc.kind == "contract_error":

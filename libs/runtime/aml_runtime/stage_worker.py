@@ -1,0 +1,398 @@
+"""The one skeleton of every stage worker (adder, searcher, answerer, scorer): admission before
+dequeue.
+
+Work is queued per *lane*: one durable consumer per participant version for the stages that
+call participants (add, search), one for each LLM stage (answer, score). A worker fetches a
+lane's next message only after it holds that lane's capacity — a concurrency slot and a rate
+slot (`aml_runtime.capacity`) — and fetches exactly one message per admission, with a `no_wait`
+pull that the broker answers at once. So:
+- no worker ever holds a message while it waits for capacity: a message is either in the broker
+  or being worked on, and nothing sits un-acknowledged past `ack_wait` (long calls send progress
+  heartbeats, `run_delivery`);
+- one version's limits never delay another version's work: a lane without capacity is skipped,
+  not waited on, and is looked at again when its earliest rate slot frees or when any replica
+  frees one of its concurrency slots (`aml.capacity.freed`, core NATS).
+
+Which lanes have work is learnt from the stream itself: every publish to the work stream also
+reaches this worker's core NATS subscription ("doorbell"), and the stream's per-subject counts
+are re-read every `REFRESH_SECONDS` (for redeliveries, and for work queued while it was down).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import structlog
+from faststream import FastStream
+from faststream.nats import NatsBroker
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.errors import BadRequestError, NotFoundError
+from pydantic import BaseModel, ValidationError
+from pymongo.asynchronous.database import AsyncDatabase
+
+from aml_contract import subjects
+from aml_runtime.broker import FetchedDelivery
+from aml_runtime.capacity import Admission, Capacity, CapacityLimiter
+from aml_runtime.db import Document
+from aml_runtime.jobs import version_capacity
+from aml_runtime.llm import llm_capacity
+from aml_runtime.service import Hook, Runtime, serve
+from aml_runtime.settings import CommonSettings, LLMSettings
+from aml_runtime.telemetry import continue_trace
+
+log = structlog.get_logger()
+
+REFRESH_SECONDS = 1.0
+_FETCH_TIMEOUT_SECONDS = 2.0
+_CAPACITY_CACHE_SECONDS = 5.0
+# Redelivered at once: the broker would otherwise hold it for ack_wait.
+_HAND_BACK = 0.0
+_UNKNOWN_VERSION = {"max_concurrency": 1, "max_rps": 1.0}
+
+Work = TypeVar("Work", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class StageCall:
+    """What a stage's computation needs of the delivery it runs in: which delivery it is (for
+    the audit trail) and the capacity its calls leave under (none for a direct caller)."""
+
+    delivered: int
+    admission: Admission | None = None
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One fetched work message with the capacity it was admitted under."""
+
+    delivery: FetchedDelivery
+    admission: Admission
+
+    @property
+    def delivered(self) -> int:
+        return self.delivery.delivered
+
+    @property
+    def call(self) -> StageCall:
+        return StageCall(self.delivered, self.admission)
+
+
+@dataclass(frozen=True)
+class Lanes:
+    """How a stage's work is divided: per participant version, or one lane for all."""
+
+    stage: subjects.WorkStage
+    durable: str
+    per_version: bool
+    # The capacity a lane is admitted under (the version's declared one, or the LLM budget).
+    capacity_of: Callable[[str], Awaitable[Capacity]]
+
+    def lane_of(self, subject: str) -> str | None:
+        parts = subject.split(".")
+        if len(parts) != 5 or parts[2] != self.stage:
+            return None
+        return parts[3] if self.per_version else "all"
+
+    def consumer(self, lane: str) -> str:
+        return f"{self.durable}-{lane}" if self.per_version else self.durable
+
+    def filter_subject(self, lane: str) -> str:
+        prefix = subjects.WORK_PREFIX[self.stage]
+        return f"{prefix}.{lane}.*" if self.per_version else f"{prefix}.*.*"
+
+
+@dataclass
+class _Lane:
+    name: str
+    consumer: str
+    inbox: Subscription
+    capacity: Capacity
+    capacity_read_at: float
+    # Monotonic time before which it is not tried again (no capacity until then).
+    not_before: float = 0.0
+
+
+@dataclass
+class StageWorker(Generic[Work]):
+    lanes: Lanes
+    message: type[Work]
+    handle: Callable[[Work, WorkItem], Awaitable[None]]
+    limiter: CapacityLimiter
+    settings: CommonSettings
+    # Items in progress in this process at most: a safety bound, not the capacity rule.
+    max_in_flight: int
+    _nc: Client | None = None
+    _known: dict[str, _Lane] = field(default_factory=dict)
+    _ready: dict[str, None] = field(default_factory=dict)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    _subs: list[Subscription] = field(default_factory=list)
+    _loop: asyncio.Task[None] | None = None
+
+    async def start(self, broker: NatsBroker) -> None:
+        self._nc = broker.connection
+        prefix = subjects.WORK_PREFIX[self.lanes.stage]
+        self._subs.append(await self._nc.subscribe(f"{prefix}.>", cb=self._doorbell))
+        self._subs.append(await self._nc.subscribe(subjects.CAPACITY_FREED, cb=self._freed))
+        self._loop = asyncio.create_task(self._run())
+
+    async def stop(self, grace: float = 10.0) -> None:
+        if self._loop is not None:
+            self._loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        if self._tasks:
+            # Work in progress finishes if it can; what cannot is redelivered after ack_wait.
+            _, pending = await asyncio.wait(self._tasks, timeout=grace)
+            for task in pending:
+                task.cancel()
+
+    # -- signals -----------------------------------------------------------------------------
+
+    async def _doorbell(self, msg: Msg) -> None:
+        lane = self.lanes.lane_of(msg.subject)
+        if lane is not None:
+            self._ready[lane] = None
+            known = self._known.get(lane)
+            if known is not None:
+                known.not_before = min(known.not_before, time.monotonic())
+            self._wake.set()
+
+    async def _freed(self, msg: Msg) -> None:
+        self._capacity_freed(msg.data.decode())
+
+    def _capacity_freed(self, key: str) -> None:
+        for lane in self._known.values():
+            if lane.capacity.key == key:
+                lane.not_before = 0.0
+        self._wake.set()
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        next_refresh = 0.0
+        while True:
+            try:
+                self._wake.clear()
+                now = time.monotonic()
+                if now >= next_refresh:
+                    await self._refresh()
+                    next_refresh = now + REFRESH_SECONDS
+                started = await self._admit_round()
+                if started:
+                    continue
+                waits = [lane.not_before for lane in self._known.values() if lane.name in
+                         self._ready and lane.not_before > now]  # fmt: skip
+                until = min([next_refresh, *waits]) - time.monotonic()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=max(until, 0.005))
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("stage_worker.loop_failed", stage=self.lanes.stage)
+                await asyncio.sleep(1.0)
+
+    async def _admit_round(self) -> bool:
+        """Try every lane with work once, in a fresh random order (no lane is always first)."""
+        started = False
+        lanes = list(self._ready)
+        random.shuffle(lanes)
+        for name in lanes:
+            if len(self._tasks) >= self.max_in_flight:
+                break
+            try:
+                started |= await self._serve(name)
+            except Exception:
+                # One lane's trouble (its consumer cannot be made, say) must not stop the others.
+                log.exception("stage_worker.lane_failed", stage=self.lanes.stage, lane=name)
+                self._ready.pop(name, None)
+        return started
+
+    async def _serve(self, name: str) -> bool:
+        lane = await self._lane(name)
+        if lane.not_before > time.monotonic():
+            return False
+        admission = await self.limiter.try_admit(lane.capacity)
+        if admission is None:
+            wait = await self.limiter.wait_hint(lane.capacity)
+            lane.not_before = time.monotonic() + wait
+            return False
+        msg = await self._fetch(lane)
+        if msg is None:
+            await admission.release(notify=False)
+            self._ready.pop(name, None)
+            return False
+        task = asyncio.create_task(self._process(msg, admission))
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return True
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._wake.set()
+
+    async def _process(self, msg: Msg, admission: Admission) -> None:
+        delivery = FetchedDelivery(msg)
+        try:
+            try:
+                work = self.message.model_validate_json(msg.data)
+            except ValidationError as exc:
+                # Not ours to understand; retrying cannot help. Logged without its content.
+                log.error("stage_worker.bad_message", subject=msg.subject, errors=exc.error_count())
+                await delivery.ack()
+                return
+            with continue_trace(msg.headers):
+                await self.handle(work, WorkItem(delivery, admission))
+        except Exception:
+            log.exception("stage_worker.item_failed", subject=msg.subject)
+        finally:
+            await admission.release()
+            self._capacity_freed(admission.capacity.key)
+
+    # -- lanes, consumers, fetches -----------------------------------------------------------
+
+    async def _refresh(self) -> None:
+        assert self._nc is not None
+        js = self._nc.jetstream()
+        prefix = subjects.WORK_PREFIX[self.lanes.stage]
+        info = await js.stream_info(subjects.WORK_STREAM, subjects_filter=f"{prefix}.*.*")
+        for subject, count in (info.state.subjects or {}).items():
+            lane = self.lanes.lane_of(subject)
+            if lane is not None and count > 0:
+                self._ready[lane] = None
+
+    async def _lane(self, name: str) -> _Lane:
+        lane = self._known.get(name)
+        now = time.monotonic()
+        if lane is None:
+            consumer = await self._ensure_consumer(name)
+            assert self._nc is not None
+            inbox = await self._nc.subscribe(self._nc.new_inbox())
+            capacity = await self.lanes.capacity_of(name)
+            lane = self._known[name] = _Lane(name, consumer, inbox, capacity, now)
+        elif now - lane.capacity_read_at > _CAPACITY_CACHE_SECONDS:
+            lane.capacity, lane.capacity_read_at = await self.lanes.capacity_of(name), now
+        return lane
+
+    async def _ensure_consumer(self, lane: str) -> str:
+        assert self._nc is not None
+        js = self._nc.jetstream()
+        name = self.lanes.consumer(lane)
+        wanted = self.lanes.filter_subject(lane)
+        with contextlib.suppress(NotFoundError):
+            info = await js.consumer_info(subjects.WORK_STREAM, name)
+            if info.config.filter_subject == wanted:
+                return name
+            # An earlier release's consumer of the same name reads other subjects: replace it
+            # (a work-queue stream keeps the messages; only the reading position is new).
+            await js.delete_consumer(subjects.WORK_STREAM, name)
+        config = ConsumerConfig(
+            durable_name=name,
+            filter_subject=wanted,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=self.settings.ack_wait_seconds,
+            # `run_delivery` enforces the delivery budget itself (see aml_runtime.broker).
+            max_deliver=-1,
+            # Admission bounds what is fetched; the broker's own bound only has to be larger, or
+            # a `no_wait` pull at the bound would linger instead of answering at once.
+            max_ack_pending=10_000,
+        )
+        with contextlib.suppress(BadRequestError):
+            await js.add_consumer(subjects.WORK_STREAM, config)
+        # Another replica may have created it at the same moment: it must exist now.
+        await js.consumer_info(subjects.WORK_STREAM, name)
+        return name
+
+    async def _fetch(self, lane: _Lane) -> Msg | None:
+        """The lane's next message, or None at once when it has none."""
+        assert self._nc is not None
+        await self._hand_back_stale(lane.inbox)
+        request = json.dumps({"batch": 1, "no_wait": True}).encode()
+        api = f"$JS.API.CONSUMER.MSG.NEXT.{subjects.WORK_STREAM}.{lane.consumer}"
+        await self._nc.publish(api, request, reply=lane.inbox.subject)
+        try:
+            msg = await lane.inbox.next_msg(timeout=_FETCH_TIMEOUT_SECONDS)
+        except NatsTimeout:
+            return None
+        if msg.headers and msg.headers.get("Status"):
+            return None  # 404 no messages, 408 expired, 409 limits: nothing fetched
+        msg._client = self._nc
+        return msg
+
+    async def _hand_back_stale(self, inbox: Subscription) -> None:
+        """A message that answered a pull after its fetch gave up was never admitted: it goes
+        back to the broker at once instead of waiting out ack_wait."""
+        while inbox.pending_msgs:
+            try:
+                stale = await inbox.next_msg(timeout=0.01)
+            except NatsTimeout:
+                return
+            if not (stale.headers and stale.headers.get("Status")):
+                assert self._nc is not None
+                stale._client = self._nc
+                await stale.nak(delay=_HAND_BACK)
+
+
+# -- wiring shared by the four workers -------------------------------------------------------
+
+
+def participant_lanes(
+    stage: subjects.WorkStage, durable: str, db: AsyncDatabase[Document]
+) -> Lanes:
+    """One lane per participant version, admitted under the version's declared capacity."""
+
+    async def capacity_of(lane: str) -> Capacity:
+        version = await db.versions.find_one({"_id": lane}, {"capacity": 1})
+        # A lane whose version is gone still drains, one at a time: its items fail at once
+        # (the endpoint cannot be loaded) and end their job.
+        return version_capacity(version or {"_id": lane, "capacity": _UNKNOWN_VERSION})
+
+    return Lanes(stage, durable, per_version=True, capacity_of=capacity_of)
+
+
+def llm_lanes(stage: subjects.WorkStage, durable: str, settings: LLMSettings) -> Lanes:
+    """One lane for every job, admitted under the deployment's LLM budget."""
+    budget = llm_capacity(settings)
+
+    async def capacity_of(lane: str) -> Capacity:
+        return budget
+
+    return Lanes(stage, durable, per_version=False, capacity_of=capacity_of)
+
+
+def capacity_limiter(runtime: Runtime, settings: CommonSettings) -> CapacityLimiter:
+    """The limiter of a worker process: it tells every replica when it frees a slot."""
+
+    async def freed(key: str) -> None:
+        await runtime.broker.connection.publish(subjects.CAPACITY_FREED, key.encode())
+
+    return CapacityLimiter(runtime.db, rate_margin_seconds=settings.rate_margin_seconds,
+                           notify=freed)  # fmt: skip
+
+
+def serve_stage(
+    runtime: Runtime, worker: StageWorker[Any], on_stop: Hook | None = None
+) -> FastStream:
+    async def start() -> None:
+        await worker.start(runtime.broker)
+
+    async def stop() -> None:
+        await worker.stop()
+        if on_stop is not None:
+            await on_stop()
+
+    return serve(runtime, on_start=start, on_stop=stop)

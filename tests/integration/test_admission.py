@@ -1,0 +1,223 @@
+"""Admission before dequeue (aml_runtime.stage_worker) on a real nats-server and nx-27017: a
+version's work is fetched only under its capacity, one version's limits never hold another's
+work, nothing waits un-acknowledged, and a failed job's queued work never reaches a handler."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from faststream.nats import NatsBroker
+from pymongo import AsyncMongoClient
+
+from aml_contract import subjects
+from aml_contract.messages import QuestionWork
+from aml_runtime.broker import declare_streams, make_broker, publish_work
+from aml_runtime.capacity import CapacityLimiter
+from aml_runtime.jobs import fail_job
+from aml_runtime.settings import CommonSettings, LLMSettings
+from aml_runtime.stage_worker import StageWorker, WorkItem, llm_lanes, participant_lanes
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass
+class Seen:
+    """What the handler saw: per version, each item's delivery count and departure times."""
+
+    deliveries: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    departures: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    in_flight: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    peak: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+
+def _handler(seen: Seen, hold: float) -> Any:
+    async def handle(work: QuestionWork, item: WorkItem) -> None:
+        version = work.version_id
+        seen.deliveries[version].append(item.delivered)
+        seen.in_flight[version] += 1
+        seen.peak[version] = max(seen.peak[version], seen.in_flight[version])
+        try:
+            async with item.admission.request() as departure:
+                departure.at = time.time()
+                seen.departures[version].append(departure.at)
+                await asyncio.sleep(hold)
+        finally:
+            seen.in_flight[version] -= 1
+        await item.delivery.ack()
+
+    return handle
+
+
+@pytest.fixture
+async def env(nats_url: str, mongo_url: str, request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    settings = CommonSettings(nats_url=nats_url, ack_wait_seconds=5.0)
+    broker = make_broker(settings)
+    await broker.connect()
+    await declare_streams(broker)
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_url)
+    db = client[f"aml_admission_{request.node.name[:40]}"]
+    yield settings, broker, db
+    # Work a test left queued must not become another test's lane.
+    await broker.connection.jetstream().purge_stream(subjects.WORK_STREAM)
+    await broker.stop()
+    await client.close()
+
+
+async def _versions(db: Any, **capacities: tuple[int, float]) -> None:
+    for version, (concurrency, rps) in capacities.items():
+        await db.versions.insert_one(
+            {"_id": version, "capacity": {"max_concurrency": concurrency, "max_rps": rps}}
+        )
+
+
+async def _publish(broker: NatsBroker, version: str, job: str, count: int) -> None:
+    for index in range(count):
+        work = QuestionWork(job_id=job, version_id=version, item_id=f"{job}/{index}")
+        await publish_work(broker, "search", work, work.item_id)
+
+
+def _worker(settings: CommonSettings, db: Any, durable: str, seen: Seen, hold: float) -> Any:
+    return StageWorker(
+        participant_lanes("search", durable, db),
+        QuestionWork,
+        _handler(seen, hold),
+        CapacityLimiter(db),
+        settings,
+        max_in_flight=8,
+    )
+
+
+async def _until(condition: Any, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_hostile_rate_holds_only_its_own_work(env: Any) -> None:
+    """A version declaring 0.001 requests/s gets one item through; another version's 30 items
+    all pass, each delivered once; the hostile version's other items were never fetched."""
+    settings, broker, db = env
+    durable = "t-hostile"
+    await _versions(db, **{"ver-hostile": (4, 0.001), "ver-polite": (4, 100.0)})
+    await _publish(broker, "ver-hostile", "jhostile", 6)
+    await _publish(broker, "ver-polite", "jpolite", 30)
+    seen = Seen()
+    worker = _worker(settings, db, durable, seen, hold=0.02)
+    await worker.start(broker)
+    try:
+        await _until(lambda: len(seen.deliveries["ver-polite"]) >= 30)
+        await asyncio.sleep(1.5)  # time enough for a wrongly admitted hostile item to show
+    finally:
+        await worker.stop()
+    assert seen.deliveries["ver-polite"] == [1] * 30
+    assert seen.deliveries["ver-hostile"] == [1]
+    js = broker.connection.jetstream()
+    hostile = await js.consumer_info(subjects.WORK_STREAM, f"{durable}-ver-hostile")
+    # The other five are still in the broker, never handed to anyone: nothing waits un-acked.
+    assert hostile.num_pending == 5
+    assert hostile.num_ack_pending == 0
+    assert hostile.num_redelivered == 0
+
+
+async def test_two_workers_hold_a_shared_concurrency_and_rate(env: Any, mongo_url: str) -> None:
+    """Two worker processes' worth (separate database clients) serve one version declaring two
+    at a time and five per second: never more than two at once, never more than five
+    departures in any second."""
+    settings, broker, db = env
+    await _versions(db, **{"ver-shared": (2, 5.0)})
+    await _publish(broker, "ver-shared", "jshared", 16)
+    seen = Seen()
+    other_client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_url)
+    other_db = other_client[db.name]
+    workers = [
+        _worker(settings, db, "t-shared", seen, hold=0.3),
+        _worker(settings, other_db, "t-shared", seen, hold=0.3),
+    ]
+    for worker in workers:
+        await worker.start(broker)
+    try:
+        await _until(lambda: len(seen.deliveries["ver-shared"]) >= 16)
+    finally:
+        for worker in workers:
+            await worker.stop()
+        await other_client.close()
+    assert seen.deliveries["ver-shared"] == [1] * 16
+    assert seen.peak["ver-shared"] == 2
+    departures = sorted(seen.departures["ver-shared"])
+    for first in departures:
+        assert sum(1 for t in departures if first <= t < first + 1.0) <= 5
+    # 16 departures at five per second need at least two full periods after the first five.
+    assert departures[-1] - departures[0] >= 2.0
+
+
+async def test_a_failed_jobs_queued_work_never_reaches_a_handler(env: Any) -> None:
+    settings, broker, db = env
+    await _versions(db, **{"ver-failing": (1, 100.0)})
+    await db.jobs.insert_one({"_id": "jfailing", "state": "running", "version_id": "ver-failing"})
+    await _publish(broker, "ver-failing", "jfailing", 10)
+    await _publish(broker, "ver-failing", "jother", 3)
+    await fail_job(db, broker, "jfailing", "search", "contract_error", "test")
+    job = await db.jobs.find_one({"_id": "jfailing"})
+    assert job is not None and job["state"] == "failed"
+    js = broker.connection.jetstream()
+    queued = "aml.work.search.ver-failing.*"
+    info = await js.stream_info(subjects.WORK_STREAM, subjects_filter=queued)
+    assert (info.state.subjects or {}) == {"aml.work.search.ver-failing.jother": 3}
+    seen = Seen()
+    worker = _worker(settings, db, "t-failing", seen, hold=0.0)
+    await worker.start(broker)
+    try:
+        await _until(lambda: len(seen.deliveries["ver-failing"]) >= 3)
+        await asyncio.sleep(0.5)
+    finally:
+        await worker.stop()
+    assert len(seen.deliveries["ver-failing"]) == 3
+
+
+async def test_answerer_and_scorer_share_one_llm_budget(env: Any) -> None:
+    """The LLM's declared concurrency is one budget for the deployment: an answer worker and a
+    score worker (as two services would) never have more than that many items at once."""
+    settings, broker, db = env
+    llm = LLMSettings(nats_url=settings.nats_url, ack_wait_seconds=5.0, llm_concurrency=3)
+    together = {"now": 0, "peak": 0}
+    seen: list[str] = []
+
+    async def handle(work: QuestionWork, item: WorkItem) -> None:
+        together["now"] += 1
+        together["peak"] = max(together["peak"], together["now"])
+        await asyncio.sleep(0.1)
+        together["now"] -= 1
+        seen.append(work.item_id)
+        await item.delivery.ack()
+
+    workers = [
+        StageWorker(
+            llm_lanes(stage, f"t-{stage}", llm),
+            QuestionWork,
+            handle,
+            CapacityLimiter(db),
+            llm,
+            max_in_flight=8,
+        )
+        for stage in ("answer", "score")
+    ]
+    for stage in ("answer", "score"):
+        for index in range(12):
+            work = QuestionWork(job_id="jllm", version_id="ver-llm", item_id=f"{stage}-{index}")
+            await publish_work(broker, stage, work, work.item_id)
+    for worker in workers:
+        await worker.start(broker)
+    try:
+        await _until(lambda: len(seen) >= 24)
+    finally:
+        for worker in workers:
+            await worker.stop()
+    assert sorted(seen) == sorted(f"{s}-{i}" for s in ("answer", "score") for i in range(12))
+    assert together["peak"] == 3
