@@ -106,7 +106,8 @@ async def test_new_key_then_add_version(gateway: Gateway, participant: str) -> N
         endpoint = await load_endpoint(db, box, grant["version_id"])
         assert endpoint.secret is not None and endpoint.secret.get_secret_value() == CANARY
         assert endpoint.add_status_url_template == f"{participant}/tasks/{{task_id}}"
-        assert (endpoint.max_concurrency, endpoint.max_rps) == (2, 5.0)
+        assert endpoint.capacity is not None
+        assert (endpoint.capacity.max_concurrency, endpoint.capacity.max_rps) == (2, 5.0)
         job = await gw.client.post(
             "/v1/jobs", json={"version_id": grant["version_id"], "run_label": "r1"}, headers=auth
         )

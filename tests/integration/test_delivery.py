@@ -49,6 +49,9 @@ async def _run(
 
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_url)
     db = client[f"aml_delivery_{version}"]
+    await db.versions.insert_one(
+        {"_id": version, "capacity": {"max_concurrency": 4, "max_rps": 100.0}}
+    )
     broker = NatsBroker(nats_url)
     async with broker:
         await broker.connect()
@@ -67,15 +70,32 @@ async def _run(
             await publish_work(broker, "search", work, f"{version}/{item}")
             # The same message id again is dropped by the broker.
             await publish_work(broker, "search", work, f"{version}/{item}")
-        await asyncio.sleep(wait)
+        # Until every item is settled (or the bound passes): a loaded machine may be slow.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while len(_settled(behaviour, deliveries, given_up)) < len(behaviour):
+            assert loop.time() < deadline, (deliveries, given_up)
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # a duplicate delivery, were there one, would show now
         await worker.stop()
     await client.close()
     return deliveries, given_up
 
 
+def _settled(
+    behaviour: dict[str, int],
+    deliveries: list[tuple[str, int]],
+    given_up: list[tuple[str, str, str]],
+) -> set[str]:
+    """Items that succeeded or were given up."""
+    gave_up = {item for item, _, _ in given_up}
+    passed = {item for item, n in deliveries if 0 <= behaviour[item] < n}
+    return gave_up | passed
+
+
 async def test_retry_give_up_and_deduplication(nats_url: str, mongo_url: str) -> None:
     behaviour = {"ok": 0, "flaky": 1, "down": -1, "invalid": -2}
-    deliveries, given_up = await _run(nats_url, mongo_url, "ver-t1", behaviour, 4.0)
+    deliveries, given_up = await _run(nats_url, mongo_url, "ver-t1", behaviour, 30.0)
 
     count = {item: sum(1 for i, _ in deliveries if i == item) for item in behaviour}
     # De-duplicated publish: "ok" once; "flaky" once more after its failure; "down" until the
@@ -89,7 +109,7 @@ async def test_retry_give_up_and_deduplication(nats_url: str, mongo_url: str) ->
 
 
 async def test_nothing_left_unacknowledged(nats_url: str, mongo_url: str) -> None:
-    await _run(nats_url, mongo_url, "ver-t2", {"a": 1, "b": -1}, 4.0)
+    await _run(nats_url, mongo_url, "ver-t2", {"a": 1, "b": -1}, 30.0)
     broker = NatsBroker(nats_url)
     async with broker:
         await broker.connect()

@@ -189,6 +189,8 @@ class FastStreamDelivery:
 @dataclass(frozen=True)
 class FetchedDelivery:
     msg: Msg
+    # Told when the message was NACKed, with the delay before it comes back.
+    on_nack: Callable[[float], None] | None = None
 
     @property
     def delivered(self) -> int:
@@ -203,6 +205,8 @@ class FetchedDelivery:
 
     async def nack(self, delay: float) -> None:
         await self.msg.nak(delay=delay)
+        if self.on_nack is not None:
+            self.on_nack(delay)
 
     async def in_progress(self) -> None:
         await self.msg.in_progress()

@@ -166,11 +166,11 @@ class StageWorker(Generic[Work]):
     async def _doorbell(self, msg: Msg) -> None:
         lane = self.lanes.lane_of(msg.subject)
         if lane is not None:
-            self._ready[lane] = None
-            known = self._known.get(lane)
-            if known is not None:
-                known.not_before = min(known.not_before, time.monotonic())
-            self._wake.set()
+            self._mark_ready(lane)
+
+    def _mark_ready(self, lane: str) -> None:
+        self._ready[lane] = None
+        self._wake.set()
 
     async def _freed(self, msg: Msg) -> None:
         self._capacity_freed(msg.data.decode())
@@ -236,7 +236,7 @@ class StageWorker(Generic[Work]):
             await admission.release(notify=False)
             self._ready.pop(name, None)
             return False
-        task = asyncio.create_task(self._process(msg, admission))
+        task = asyncio.create_task(self._process(name, msg, admission))
         self._tasks.add(task)
         task.add_done_callback(self._done)
         return True
@@ -245,8 +245,13 @@ class StageWorker(Generic[Work]):
         self._tasks.discard(task)
         self._wake.set()
 
-    async def _process(self, msg: Msg, admission: Admission) -> None:
-        delivery = FetchedDelivery(msg)
+    async def _process(self, lane: str, msg: Msg, admission: Admission) -> None:
+        def again_after(delay: float) -> None:
+            # A NACKed message comes back after its delay: look at its lane then, not at the
+            # next refresh.
+            asyncio.get_running_loop().call_later(delay, self._mark_ready, lane)
+
+        delivery = FetchedDelivery(msg, on_nack=again_after)
         try:
             try:
                 work = self.message.model_validate_json(msg.data)

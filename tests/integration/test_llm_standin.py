@@ -1,0 +1,177 @@
+"""The LLM stand-in of the load benchmark, as a real server process on loopback, called with the
+openai client the platform uses and with httpx: latency honoured, 429 beyond the declared
+capacity (at once, not queued), replies the platform's parsers read, and /stats counting what
+was sent."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from aml_evaluation.prompts import format_memories, load_prompt, question_with_options
+from aml_evaluation.scoring import parse_choice, parse_judge_label
+from aml_llm_standin import max_in_window
+from aml_runtime.processes import ManagedProcess, free_port, http_ready
+
+pytestmark = pytest.mark.integration
+
+LATENCY = 0.5
+CAPACITY = 2
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The stand-in's base URL (without /v1)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [
+        sys.executable, "-m", "aml_llm_standin",
+        "--port", str(port), "--latency", str(LATENCY), "--concurrency", str(CAPACITY),
+    ]  # fmt: skip
+    process = ManagedProcess(
+        "llm-standin",
+        argv,
+        log_dir=Path(tmp_path_factory.mktemp("standin")),
+        ready=http_ready(f"{url}/health"),
+        stop_grace=5,
+    )
+    process.start()
+    try:
+        process.wait_ready(30)
+        yield url
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+async def llm(standin: str) -> AsyncIterator[openai.AsyncOpenAI]:
+    httpx.post(f"{standin}/stats/reset", timeout=10).raise_for_status()
+    # No retries: a 429 must reach the test as it was answered.
+    client = openai.AsyncOpenAI(base_url=f"{standin}/v1", api_key="unused", max_retries=0)
+    yield client
+    await client.close()
+
+
+def _stats(standin: str) -> dict[str, object]:
+    response = httpx.get(f"{standin}/stats", timeout=10)
+    response.raise_for_status()
+    body: dict[str, object] = response.json()
+    return body
+
+
+async def _ask(llm: openai.AsyncOpenAI, prompt: str, max_tokens: int = 32) -> str:
+    response = await llm.chat.completions.create(
+        model="any-model",
+        messages=[{"role": "user", "content": prompt}],
+        temperature=0,
+        max_tokens=max_tokens,
+        seed=0,
+    )
+    return response.choices[0].message.content or ""
+
+
+def _answer_prompt(question: str, options: list[str] | None = None) -> str:
+    memories = format_memories([("Caroline: I joined a pottery class on Sunday.", "8 May 2023")])
+    return load_prompt("answer_v1").text.format(
+        memories=memories, question=question_with_options(question, options)
+    )
+
+
+def _judge_prompt(gold: str, generated: str) -> str:
+    return load_prompt("judge_v1").text.format(
+        question="What did Caroline join?", gold_answer=gold, generated_answer=generated
+    )
+
+
+async def test_latency_is_honoured_and_replies_are_deterministic(
+    llm: openai.AsyncOpenAI,
+) -> None:
+    prompt = _answer_prompt("What did Caroline join?")
+    started = time.monotonic()
+    first = await _ask(llm, prompt)
+    elapsed = time.monotonic() - started
+    assert LATENCY <= elapsed < LATENCY + 1.0
+    assert first == "Caroline: I joined a pottery class on Sunday."
+    assert await _ask(llm, prompt) == first
+    assert await _ask(llm, prompt, max_tokens=2) == "Caroline: I"
+
+
+async def test_replies_are_read_by_the_platform_parsers(llm: openai.AsyncOpenAI) -> None:
+    labels = {
+        parse_judge_label(await _ask(llm, _judge_prompt(gold, "pottery")))
+        for gold in ("pottery", "a pottery class", "clay", "ceramics", "a class", "Sunday")
+    }
+    # Every reply is readable, and a hash of the prompt gives both labels over a few prompts.
+    assert labels == {"CORRECT", "WRONG"}
+    options = ["pottery", "painting", "running"]
+    reply = await _ask(llm, _answer_prompt("What did Caroline join?", options))
+    assert parse_choice(reply, options) is not None
+    empty = load_prompt("answer_v1").text.format(memories=format_memories([]), question="Why?")
+    assert await _ask(llm, empty) == "Not mentioned in the memories."
+
+
+async def test_requests_beyond_capacity_are_answered_429_at_once(
+    llm: openai.AsyncOpenAI, standin: str
+) -> None:
+    prompt = _answer_prompt("What did Caroline join?")
+
+    async def timed() -> tuple[str, float]:
+        started = time.monotonic()
+        try:
+            await _ask(llm, prompt)
+        except openai.RateLimitError:
+            return "429", time.monotonic() - started
+        return "200", time.monotonic() - started
+
+    first = [asyncio.create_task(timed()) for _ in range(CAPACITY)]
+    # The first ones hold every slot before the extra ones are sent.
+    await asyncio.sleep(LATENCY / 3)
+    extra = [asyncio.create_task(timed()) for _ in range(2)]
+    served, rejected = await asyncio.gather(*first), await asyncio.gather(*extra)
+    assert [status for status, _ in served] == ["200"] * CAPACITY
+    assert [status for status, _ in rejected] == ["429"] * 2
+    assert all(seconds < LATENCY for _, seconds in rejected), "a 429 must not be queued"
+
+    stats = _stats(standin)
+    assert stats["calls"] == CAPACITY + 2
+    assert stats["served"] == CAPACITY and stats["rejected_429"] == 2
+    assert stats["max_active"] == CAPACITY
+    assert stats["max_concurrency"] == CAPACITY + 1  # a rejected request leaves at once
+
+
+async def test_stats_count_calls_kinds_and_the_busiest_second(
+    llm: openai.AsyncOpenAI, standin: str
+) -> None:
+    for _ in range(2):
+        await asyncio.gather(
+            _ask(llm, _answer_prompt("What did Caroline join?")),
+            _ask(llm, _judge_prompt("pottery", "pottery")),
+        )
+    bad = httpx.post(f"{standin}/v1/chat/completions", json={"messages": []}, timeout=10)
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+    stats = _stats(standin)
+    assert stats["calls"] == stats["served"] == 4
+    assert stats["by_kind"] == {"answer": 2, "judge": 2}
+    assert stats["rejected_429"] == 0 and stats["invalid"] == 1
+    assert stats["max_concurrency"] == stats["max_active"] == 2
+    # Two pairs LATENCY apart, all four within one second.
+    assert stats["max_in_1s"] == 4
+    httpx.post(f"{standin}/stats/reset", timeout=10).raise_for_status()
+    assert _stats(standin)["calls"] == 0
+
+
+def test_max_in_window_counts_half_open_windows() -> None:
+    assert max_in_window([]) == 0
+    assert max_in_window([0.0, 0.1, 0.2]) == 3
+    # Exactly eight per second (binary fractions, so no rounding): eight, not nine, in any
+    # [t, t + 1).
+    assert max_in_window([i / 8 for i in range(24)]) == 8
+    assert max_in_window([5.0, 0.0, 0.5, 5.2, 5.9, 6.05]) == 3
+    assert max_in_window([0.0, 1.0, 2.0], window=2.5) == 3

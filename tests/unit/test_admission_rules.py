@@ -1,0 +1,70 @@
+"""The pure rules behind admission before dequeue: work subjects and lanes, and how a declared
+rate becomes slots."""
+
+from __future__ import annotations
+
+import pytest
+
+from aml_contract import subjects
+from aml_runtime.capacity import Capacity
+from aml_runtime.stage_worker import Lanes
+
+
+async def _capacity(lane: str) -> Capacity:
+    return Capacity(key=lane, max_concurrency=1)
+
+
+def test_work_subjects_name_stage_version_and_job() -> None:
+    assert subjects.work_subject("search", "ver-1a2b", "j3c4d") == "aml.work.search.ver-1a2b.j3c4d"
+    # A failed job's purge covers every stage of that job and nothing of any other job.
+    assert subjects.job_work_filter("ver-1a2b", "j3c4d") == "aml.work.*.ver-1a2b.j3c4d"
+    assert all(s.endswith(".*.*") for s in subjects.WORK_SUBJECTS)
+
+
+@pytest.mark.parametrize("raw", ["v.1", "a b", "*", ">", "", "x" * 65, "ver/1"])
+def test_ids_that_cannot_be_subject_tokens_are_hashed_the_same_everywhere(raw: str) -> None:
+    token = subjects.token(raw)
+    assert token == subjects.token(raw)
+    assert token.startswith("h") and len(token) == 33
+    assert all(c.isalnum() for c in token)
+
+
+def test_per_version_lanes() -> None:
+    lanes = Lanes("add", "adder", per_version=True, capacity_of=_capacity)
+    assert lanes.lane_of("aml.work.add.ver-1.j1") == "ver-1"
+    assert lanes.lane_of("aml.work.search.ver-1.j1") is None  # another stage's work
+    assert lanes.lane_of("aml.work.add") is None  # an earlier release's subject
+    assert lanes.consumer("ver-1") == "adder-ver-1"
+    assert lanes.filter_subject("ver-1") == "aml.work.add.ver-1.*"
+
+
+def test_one_lane_for_an_llm_stage() -> None:
+    lanes = Lanes("score", "scorer", per_version=False, capacity_of=_capacity)
+    assert lanes.lane_of("aml.work.score.ver-1.j1") == lanes.lane_of("aml.work.score.ver-2.j9")
+    assert lanes.consumer("all") == "scorer"
+    assert lanes.filter_subject("all") == "aml.work.score.*.*"
+
+
+@pytest.mark.parametrize(
+    ("rps", "slots", "period"),
+    [
+        (10.0, 10, 1.0),
+        (4.0, 4, 1.0),
+        (2.5, 2, 1.0),  # never three in a second
+        (1.0, 1, 1.0),
+        (0.5, 1, 2.0),
+        (0.001, 1, 1000.0),
+    ],
+)
+def test_a_declared_rate_as_slots(rps: float, slots: int, period: float) -> None:
+    capacity = Capacity(key="v", max_concurrency=4, max_rps=rps)
+    assert capacity.rate_slots == slots
+    assert capacity.rate_period == pytest.approx(period)
+    # What a second can hold never exceeds the declaration.
+    assert capacity.rate_slots / capacity.rate_period <= rps + 1e-9
+
+
+def test_no_rate_means_no_rate_slots() -> None:
+    capacity = Capacity(key="llm", max_concurrency=8)
+    assert capacity.rate_slots == 0
+    assert capacity.rate_period == 0.0
