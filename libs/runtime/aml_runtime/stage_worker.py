@@ -56,6 +56,7 @@ log = structlog.get_logger()
 REFRESH_SECONDS = 1.0
 _FETCH_TIMEOUT_SECONDS = 2.0
 _CAPACITY_CACHE_SECONDS = 5.0
+_IDLE_LANE_SECONDS = 600.0
 # Redelivered at once: the broker would otherwise hold it for ack_wait.
 _HAND_BACK = 0.0
 _UNKNOWN_VERSION = {"max_concurrency": 1, "max_rps": 1.0}
@@ -121,6 +122,7 @@ class _Lane:
     capacity_read_at: float
     # Monotonic time before which it is not tried again (no capacity until then).
     not_before: float = 0.0
+    last_work: float = 0.0
 
 
 @dataclass
@@ -236,6 +238,7 @@ class StageWorker(Generic[Work]):
             await admission.release(notify=False)
             self._ready.pop(name, None)
             return False
+        lane.last_work = time.monotonic()
         task = asyncio.create_task(self._process(name, msg, admission))
         self._tasks.add(task)
         task.add_done_callback(self._done)
@@ -279,6 +282,14 @@ class StageWorker(Generic[Work]):
             lane = self.lanes.lane_of(subject)
             if lane is not None and count > 0:
                 self._ready[lane] = None
+        # Versions come and go over months: a lane idle for long gives up its inbox (it is
+        # made again when its work comes back).
+        now = time.monotonic()
+        for name, idle in list(self._known.items()):
+            if name not in self._ready and now - idle.last_work > _IDLE_LANE_SECONDS:
+                del self._known[name]
+                with contextlib.suppress(Exception):
+                    await idle.inbox.unsubscribe()
 
     async def _lane(self, name: str) -> _Lane:
         lane = self._known.get(name)
@@ -288,7 +299,7 @@ class StageWorker(Generic[Work]):
             assert self._nc is not None
             inbox = await self._nc.subscribe(self._nc.new_inbox())
             capacity = await self.lanes.capacity_of(name)
-            lane = self._known[name] = _Lane(name, consumer, inbox, capacity, now)
+            lane = self._known[name] = _Lane(name, consumer, inbox, capacity, now, last_work=now)
         elif now - lane.capacity_read_at > _CAPACITY_CACHE_SECONDS:
             lane.capacity, lane.capacity_read_at = await self.lanes.capacity_of(name), now
         return lane
