@@ -12,7 +12,9 @@ COPY pyproject.toml /src/pyproject.toml
 COPY libs /src/libs
 COPY services /src/services
 COPY tools /src/tools
-RUN pip install /src && rm -rf /src
+# nltk's punkt_tab model for BLEU-1, pinned by sha256, into /usr/local/nltk_data (on nltk's
+# search path); the scorer refuses to start without it and never downloads at run time.
+RUN pip install /src && python -m aml_runtime.install_punkt && rm -rf /src
 
 RUN useradd --system --uid 10001 --create-home --home-dir /home/aml aml
 USER 10001:10001

@@ -23,16 +23,19 @@ STAMP = VENV / ".installed-from"
 
 def ensure_environment() -> None:
     wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
-    if STAMP.exists() and STAMP.read_text() == wanted:
-        return
-    if not (BIN / "python").exists():
-        print("creating .venv ...", flush=True)
-        venv.create(VENV, with_pip=True)
-    print("installing the project and its pinned dependencies ...", flush=True)
-    pip = [str(BIN / "python"), "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "install", "--upgrade", "pip"], check=True)
-    subprocess.run([*pip, "install", "-e", ".[embedded,dev]"], check=True, cwd=ROOT)
-    STAMP.write_text(wanted)
+    if not (STAMP.exists() and STAMP.read_text() == wanted):
+        if not (BIN / "python").exists():
+            print("creating .venv ...", flush=True)
+            venv.create(VENV, with_pip=True)
+        print("installing the project and its pinned dependencies ...", flush=True)
+        pip = [str(BIN / "python"), "-m", "pip", "--disable-pip-version-check", "-q"]
+        subprocess.run([*pip, "install", "--upgrade", "pip"], check=True)
+        subprocess.run([*pip, "install", "-e", ".[embedded,dev]"], check=True, cwd=ROOT)
+        STAMP.write_text(wanted)
+    # nltk's punkt_tab model (BLEU-1's word_tokenize) is data, not part of any dependency's
+    # install: the pinned copy goes into .venv/nltk_data. Run every time because it only
+    # fetches when the files are missing or differ, also in a venv set up before it existed.
+    subprocess.run([str(BIN / "python"), "-m", "aml_runtime.install_punkt"], check=True, cwd=ROOT)
 
 
 def run(*argv: str) -> int:

@@ -115,6 +115,9 @@ async def test_replies_are_read_by_the_platform_parsers(llm: openai.AsyncOpenAI)
     assert parse_choice(reply, options) is not None
     empty = load_prompt("answer_v1").text.format(memories=format_memories([]), question="Why?")
     assert await _ask(llm, empty) == "Not mentioned in the memories."
+    # A judge prompt variant without a gold answer is still a judge prompt.
+    variant = 'Grade it. Reply only {"label": "CORRECT"} or {"label": "WRONG"}.'
+    assert parse_judge_label(await _ask(llm, variant)) is not None
 
 
 async def test_requests_beyond_capacity_are_answered_429_at_once(

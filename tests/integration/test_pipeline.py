@@ -174,7 +174,9 @@ def _recompute(
             cells[cell]["scored"] += 1
             cells[cell]["correct"] += score["judge_label"] == "CORRECT"
             f1[cell].append(score["f1"])
-            bleu[cell].append(score["bleu1"])
+            # An adversarial question has no gold answer, so no BLEU-1 (docs/evaluation.md).
+            if score["bleu1"] is not None:
+                bleu[cell].append(score["bleu1"])
     return {
         cell: {
             "questions": c["questions"],

@@ -229,3 +229,28 @@ def test_multiple_choice_counts_in_accuracy_not_in_judge_or_f1() -> None:
     assert metrics.judge_accuracy == 1.0
     assert (metrics.f1_mean, metrics.bleu1_mean) == (0.5, 0.25)
     assert results.datasets["d"].f1_variant == "f1-set-v1"
+
+
+def test_unjudged_questions_keep_f1_and_bleu_without_counting_as_failures() -> None:
+    """Offline rescoring without a judge label for a question: its F1 and BLEU-1 count, it is
+    neither correct, wrong nor failed, and judge accuracy is over the judged ones only."""
+    outcomes = [
+        _q("single-hop", "CORRECT", 1.0),
+        QuestionOutcome(dataset_id="locomo", category_name="single-hop", scored=True,
+                        judged=False, f1=0.5, bleu1=0.25),
+        QuestionOutcome(dataset_id="locomo", category_name="temporal", scored=True,
+                        judged=False, f1=0.0, bleu1=None),
+        _q("temporal", None, 0.75),  # a judge that ran and could not be read: a failure
+    ]  # fmt: skip
+    results = aggregate("j", "completed", outcomes, excluded={})
+    single = results.datasets["locomo"].categories["single-hop"]
+    assert (single.questions, single.scored, single.failed, single.unjudged) == (2, 2, 0, 1)
+    assert (single.judge_correct, single.judge_accuracy, single.accuracy) == (1, 1.0, 1.0)
+    assert single.f1_mean == pytest.approx(0.75)
+    assert single.bleu1_mean == pytest.approx(0.25)
+    temporal = results.datasets["locomo"].categories["temporal"]
+    assert (temporal.scored, temporal.unjudged, temporal.failures) == (1, 1, {"judge_failure": 1})
+    assert temporal.judge_accuracy is None and temporal.accuracy is None
+    assert temporal.f1_mean == 0.0  # the failed question's F1 is not counted
+    assert temporal.bleu1_mean is None
+    assert (results.overall.unjudged, results.overall.failed) == (2, 1)

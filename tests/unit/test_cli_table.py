@@ -19,3 +19,33 @@ def test_results_table_lists_every_cell_with_counts() -> None:
     assert rows["adversarial"][-6:] == ["1", "0", "1", "-", "-", "-"]
     assert rows["Overall"][-6:] == ["2", "2", "0", "50.0", "50.0", "-"]
     assert table[-1].startswith("* reported apart")
+
+
+def test_categories_in_numeric_order_with_their_numbers() -> None:
+    names = ["single-hop", "adversarial", "multi-hop", "temporal", "open-domain"]
+    outcomes = [
+        QuestionOutcome(dataset_id="locomo", category_name=name, scored=True,
+                        judge_label="CORRECT", f1=1.0)
+        for name in names
+    ]  # fmt: skip
+    results = aggregate("j1", "completed", outcomes, {"locomo": ["adversarial"]})
+    numbers = {"locomo": {"multi-hop": 1, "temporal": 2, "open-domain": 3, "single-hop": 4,
+                          "adversarial": 5}}  # fmt: skip
+    table = render_results(results.model_dump(mode="json"), numbers).splitlines()
+    labels = [line[16:32].strip() for line in table if line.startswith("locomo")]
+    assert labels == [
+        "1 multi-hop", "2 temporal", "3 open-domain", "4 single-hop", "5 adversarial *",
+        "(dataset)",
+    ]  # fmt: skip
+
+
+def test_unjudged_questions_are_noted_not_failed() -> None:
+    outcomes = [
+        QuestionOutcome(dataset_id="locomo", category_name="temporal", scored=True,
+                        judged=False, f1=0.5, bleu1=0.5),
+    ]  # fmt: skip
+    results = aggregate("j1", "completed", outcomes, {})
+    table = render_results(results.model_dump(mode="json"), {"locomo": {"temporal": 2}})
+    row = next(line for line in table.splitlines() if "2 temporal" in line).split()
+    assert row[-6:] == ["1", "1", "0", "-", "50.0", "50.0"]
+    assert "J is over judged questions only: not computed for 1 scored question(s)" in table

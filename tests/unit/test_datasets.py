@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from aml_evaluation.datasets import (
+    LOCOMO_CATEGORIES,
     Dataset,
     DatasetFileError,
     bundle_hash,
@@ -22,6 +23,7 @@ from aml_evaluation.datasets import (
     parse_locomo_datetime,
     read_manifest,
 )
+from aml_evaluation.scoring import F1_VARIANTS
 
 LOCOMO_SHA256 = "79fa87e90f04081343b8c8debecb80a9a6842b76a7aa537dc9fdf651ea698ff4"
 REFINED_SHA256 = "8f941d1c22ab3dee4cb72521fbccc82d24c30208590a15b0b4005a2f927ff769"
@@ -134,7 +136,11 @@ def test_question_fields() -> None:
     ]
     questions = parse_locomo([sample], "d", "v").questions
     assert [q.question_id for q in questions] == ["s-1:q0000", "s-1:q0001", "s-1:q0002"]
-    assert [q.answer for q in questions] == ["2022", "trap", "No"]
+    # The trap of an adversarial item is never its gold: that item has none (abstention);
+    # an adversarial item whose transcript supports an `answer` keeps it.
+    assert [q.answer for q in questions] == ["2022", None, "No"]
+    assert [q.adversarial_answer for q in questions] == [None, "trap", "Yes"]
+    assert [q.unanswerable for q in questions] == [False, True, False]
     assert [q.adversarial for q in questions] == [False, True, True]
     assert [q.category_name for q in questions] == ["temporal", "adversarial", "adversarial"]
     assert questions[0].evidence == ["D1:1"]
@@ -145,6 +151,13 @@ def test_question_without_any_answer_is_rejected() -> None:
     sample = _sample()
     sample["qa"] = [{"question": "Q?", "evidence": [], "category": 4}]
     with pytest.raises(ValueError, match=r"qa\[0\]: no answer"):
+        parse_locomo([sample], "d", "v")
+
+
+def test_only_an_adversarial_item_may_lack_an_answer() -> None:
+    sample = _sample()
+    sample["qa"] = [{"question": "Q?", "adversarial_answer": "trap", "evidence": [], "category": 4}]
+    with pytest.raises(ValueError, match=r"qa\[0\]: no answer \(only an adversarial item"):
         parse_locomo([sample], "d", "v")
 
 
@@ -184,16 +197,19 @@ def test_real_locomo_answers(datasets_root: Path) -> None:
     # qa[1] of conv-26 has the integer answer 2022 in the source.
     assert by_id["conv-26:q0001"].answer == "2022"
     assert by_id["conv-26:q0040"].answer == "2"
-    # Category 5 with only adversarial_answer.
+    # Category 5 with only adversarial_answer: no gold (the trap is kept apart).
     adversarial = [q for q in dataset.questions if q.category == 5]
     assert all(q.adversarial for q in adversarial)
-    assert all(q.answer for q in adversarial)
+    assert all(q.adversarial_answer for q in adversarial)
+    assert sum(q.unanswerable for q in adversarial) == 444
+    assert not any(q.unanswerable for q in dataset.questions if q.category != 5)
     first = adversarial[0]
     assert first.question == "What did Caroline realize after her charity race?"
-    assert first.answer == "self-care is important"
+    assert first.answer is None
+    assert first.adversarial_answer == "self-care is important"
     # Two category-5 items carry both fields; the transcript supports `answer`.
     bowl = next(q for q in adversarial if "black and white bowl" in q.question)
-    assert bowl.answer == "No"
+    assert (bowl.answer, bowl.adversarial_answer) == ("No", "Yes")
     first_session = dataset.conversations[0].sessions[0]
     assert first_session.date_text == "1:56 pm on 8 May, 2023"
     assert first_session.timestamp_ms == 1_683_554_160_000
@@ -215,6 +231,21 @@ def test_shipped_locomo_bundles(datasets_root: Path) -> None:
     assert read_manifest(manifest_path("locomo")).files[0].sha256 == LOCOMO_SHA256
     assert read_manifest(manifest_path("locomo_refined")).files[0].sha256 == REFINED_SHA256
     assert read_manifest(manifest_path("locomo")).excluded_from_overall == [5]
+
+
+@pytest.mark.parametrize("dataset_id", ["locomo", "locomo_refined", "synthetic"])
+def test_every_manifest_declares_a_known_f1_variant(dataset_id: str) -> None:
+    """LoCoMo's own data is scored as LoCoMo's code scores it, per category; that variant
+    reads LoCoMo's category numbers, so a manifest declaring it must number them the same."""
+    manifest = read_manifest(manifest_path(dataset_id))
+    assert manifest.f1_variant in F1_VARIANTS
+    if dataset_id.startswith("locomo"):
+        assert manifest.f1_variant == "f1-locomo-category-v1"
+    if manifest.f1_variant == "f1-locomo-category-v1":
+        assert manifest.categories == {
+            1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial",
+        }  # fmt: skip
+        assert manifest.categories == LOCOMO_CATEGORIES
 
 
 # --- bundles -------------------------------------------------------------------------------

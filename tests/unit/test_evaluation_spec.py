@@ -25,7 +25,32 @@ def test_the_same_settings_give_the_same_hash() -> None:
     assert summary["spec_hash"] == spec.content_hash
     assert summary["answer_prompt"].startswith("answer_v1@")
     assert summary["scorer.f1_locomo"] == "f1-locomo-v1"
-    assert summary["scorer.bleu1"] == "bleu1-nltk-v1"
+    assert summary["scorer.f1_locomo_category"] == "f1-locomo-category-v1"
+    assert summary["scorer.abstention"] == "abstention-phrase-v1"
+    assert summary["scorer.bleu1"] == "bleu1-nltk-word_tokenize-v2"
+    assert summary["scorer.bleu1_sentence_model"].startswith("punkt_tab/english@")
+    assert summary["judge_abstention_prompt"].startswith("judge_abstention_v1@")
+
+
+def test_the_abstention_judge_prompt_is_in_the_spec() -> None:
+    """Questions without a gold answer are judged with their own prompt; its file's sha256 is
+    part of the spec, so the spec names what the judge was told."""
+    spec = _spec()
+    prompt = load_prompt("judge_abstention_v1")
+    assert spec.schema_version == "aml-eval-spec/2"
+    assert spec.judge_abstention.prompt == "judge_abstention_v1"
+    assert spec.judge_abstention.prompt_sha256 == prompt.sha256
+    assert spec.judge_abstention.prompt_sha256 != spec.judge.prompt_sha256
+    assert (spec.judge_abstention.model, spec.judge_abstention.max_tokens) == (
+        spec.judge.model, spec.judge.max_tokens,
+    )  # fmt: skip
+    edited = hashlib.sha256((prompt.text + " ").encode("utf-8")).hexdigest()
+    changed = spec.model_copy(
+        update={"judge_abstention": spec.judge_abstention.model_copy(
+            update={"prompt_sha256": edited}
+        )}
+    )  # fmt: skip
+    assert changed.content_hash != spec.content_hash
 
 
 def test_changing_a_prompt_text_changes_the_hash() -> None:
@@ -56,6 +81,7 @@ def test_changing_which_prompt_changes_the_hash() -> None:
         ("answer_context_tokens", 1234),
         ("token_counter", "llama.cpp"),
         ("judge_model", "other-judge"),
+        ("judge_abstention_prompt", "judge_v1"),
         ("judge_max_tokens", 9),
         ("judge_runs", 3),
         ("judge_retries", 0),

@@ -8,6 +8,7 @@ import re
 from collections import defaultdict
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -113,6 +114,9 @@ def test_questions_one_document_each(dataset: Dataset, questions: list[dict[str,
         assert doc["gold_answer"] == question.answer
         assert doc["category_name"] == question.category_name
         assert doc["question"] == question.question
+    # The adversarial questions go out without a gold: their trap answer is not the truth.
+    adversarial = [doc for doc in questions if doc["category"] == 5]
+    assert adversarial and all(doc["gold_answer"] is None for doc in adversarial)
 
 
 def test_search_body_never_carries_the_gold_answer(
@@ -134,7 +138,7 @@ def test_search_body_never_carries_the_gold_answer(
                 expected, sort_keys=True, separators=(",", ":"), ensure_ascii=False
             ).encode()
         )
-        if question.answer.lower() not in question.question.lower():
+        if question.answer and question.answer.lower() not in question.question.lower():
             assert question.answer.lower() not in payload["query"].lower(), question.question_id
 
 
@@ -223,7 +227,10 @@ def test_options_reach_the_answer_prompt_as_letters() -> None:
 
 
 def test_multiple_choice_is_scored_by_the_option_named() -> None:
-    score = ScoreAnswer(settings=None, db=None, llm=None, prompt=None)  # type: ignore[arg-type]
+    unused: Any = None  # choice() uses none of the collaborators
+    score = ScoreAnswer(
+        settings=unused, db=unused, llm=unused, prompt=unused, abstention_prompt=unused
+    )
     options = ["Lisbon", "Berlin", "Oslo"]
     assert score.choice("B", options, "Berlin")["choice_correct"] is True
     assert score.choice("(c) Oslo", options, "Berlin")["choice_correct"] is False

@@ -1,5 +1,6 @@
 """Set-based token F1 (mem0 harness), BLEU-1 and multiple-choice parsing, pinned on
-hand-checked examples. Token lists after tokenising are written out in the comments."""
+hand-checked examples. Token lists after tokenising are written out in the comments. (LoCoMo's
+per-category F1 and the abstention rule: test_locomo_category_f1.py.)"""
 
 from __future__ import annotations
 
@@ -9,29 +10,38 @@ import pytest
 
 from aml_evaluation.scoring import (
     BLEU_VERSION,
+    F1_CATEGORY_VERSION,
     F1_SET_VERSION,
     F1_VARIANTS,
     F1_VERSION,
     MC_VERSION,
     bleu1,
+    bleu_tokens,
     choice_correct,
+    f1_locomo,
+    f1_locomo_category,
+    f1_set,
     parse_choice,
-    token_f1,
     token_f1_set,
 )
 
 
 def test_versions_are_pinned() -> None:
     assert F1_SET_VERSION == "f1-set-v1"
-    assert BLEU_VERSION == "bleu1-nltk-v1"
+    assert F1_CATEGORY_VERSION == "f1-locomo-category-v1"
+    assert BLEU_VERSION == "bleu1-nltk-word_tokenize-v2"
     assert MC_VERSION == "mc-parse-v1"
 
 
 def test_f1_variants_registry() -> None:
-    assert dict(F1_VARIANTS) == {"f1-locomo-v1": token_f1, "f1-set-v1": token_f1_set}
-    assert F1_VARIANTS[F1_VERSION] is token_f1
+    assert dict(F1_VARIANTS) == {
+        "f1-locomo-v1": f1_locomo,
+        "f1-set-v1": f1_set,
+        "f1-locomo-category-v1": f1_locomo_category,
+    }
+    assert F1_VARIANTS[F1_VERSION] is f1_locomo
     with pytest.raises(TypeError):
-        F1_VARIANTS["other"] = token_f1  # type: ignore[index]
+        F1_VARIANTS["other"] = f1_locomo  # type: ignore[index]
 
 
 # --- set-based token F1 (mem0 `simple_tokenize`: lowercase, ".,!?" -> space, split, set) ---
@@ -95,12 +105,14 @@ def test_token_f1_set(prediction: str, gold: str | int, expected: float) -> None
 def test_f1_variants_differ_where_documented(
     prediction: str, gold: str, locomo: float, set_based: float
 ) -> None:
-    assert F1_VARIANTS["f1-locomo-v1"](prediction, gold) == pytest.approx(locomo)
-    assert F1_VARIANTS["f1-set-v1"](prediction, gold) == pytest.approx(set_based)
+    # Category 4 (single-hop): the per-category variant is plain token F1 there.
+    assert F1_VARIANTS["f1-locomo-v1"](prediction, gold, 4) == pytest.approx(locomo)
+    assert F1_VARIANTS["f1-locomo-category-v1"](prediction, gold, 4) == pytest.approx(locomo)
+    assert F1_VARIANTS["f1-set-v1"](prediction, gold, 4) == pytest.approx(set_based)
 
 
 # --- BLEU-1: brevity_penalty * clipped unigram precision; BP = 1 if c > r else exp(1 - r/c),
-# c and r the prediction and gold token counts (lowercased, NLTK Treebank tokens) ---
+# c and r the prediction and gold token counts (lowercased, nltk.word_tokenize tokens) ---
 
 
 @pytest.mark.filterwarnings("error")
@@ -141,15 +153,34 @@ def test_f1_variants_differ_where_documented(
         # order does not matter for unigrams: [7, may, 2023] vs [may, 7, ",", 2023]:
         # p 3/3, c 3 < r 4, BP exp(1 - 4/3)
         ("7 May 2023", "May 7, 2023", math.exp(-1 / 3)),
-        # no punkt sentence split: [i, went., then, left, .] vs [i, went, then, left]:
-        # matches i, then, left -> p 3/5, c 5 > r 4
-        ("I went. Then left.", "i went then left", 0.6),
+        # punkt splits the sentences, so each final period is its own token:
+        # [i, went, ., then, left, .] vs [i, went, then, left]: p 4/6, c 6 > r 4
+        ("I went. Then left.", "i went then left", 4 / 6),
+        # [researched, agencies, ., this, happened, .] vs [adoption, agencies]: p 1/6, BP 1
+        # (the Treebank rules alone keep "agencies." whole, which matches nothing)
+        ("Researched agencies. This happened.", "adoption agencies", 1 / 6),
     ],
 )
 def test_bleu1(prediction: str, gold: str | int, expected: float) -> None:
     score = bleu1(prediction, gold)
     assert type(score) is float
     assert score == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("text", "tokens"),
+    [
+        ("Caroline researched adoption agencies. This event occurred on May 25, 2023.",
+         ["caroline", "researched", "adoption", "agencies", ".", "this", "event", "occurred",
+          "on", "may", "25", ",", "2023", "."]),
+        # punkt knows abbreviations: "mr." is not a sentence end
+        ("Mr. Smith went home.", ["mr.", "smith", "went", "home", "."]),
+        ("Paris", ["paris"]),
+        ("", []),
+    ],
+)  # fmt: skip
+def test_bleu_tokens_are_nltk_word_tokenize(text: str, tokens: list[str]) -> None:
+    assert bleu_tokens(text) == tokens
 
 
 @pytest.mark.filterwarnings("error")

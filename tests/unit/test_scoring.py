@@ -157,6 +157,20 @@ def test_load_judge_prompt_asks_for_json_label() -> None:
     assert "generous" in rendered
 
 
+def test_abstention_judge_prompt_has_no_gold_to_fill_in() -> None:
+    """The judge of a question the conversation does not answer is told so, gets no gold
+    answer (never LoCoMo's trap) and is asked for the same JSON label."""
+    prompt = load_prompt("judge_abstention_v1")
+    assert (prompt.name, prompt.version) == ("judge_abstention_v1", "v1")
+    assert prompt.fields == {"question", "generated_answer"}
+    assert prompt.sha256 == hashlib.sha256(_prompt_file_bytes("judge_abstention_v1")).hexdigest()
+    rendered = prompt.text.format(question="What did Caroline realize?", generated_answer="Hi")
+    assert "cannot be answered from the conversations" in rendered
+    assert "Gold answer: none" in rendered
+    assert '{"label": "CORRECT"}' in rendered and '{"label": "WRONG"}' in rendered
+    assert "What did Caroline realize?" in rendered and "Generated answer: Hi" in rendered
+
+
 def test_load_prompt_is_stable_and_distinct() -> None:
     assert load_prompt("judge_v1") == load_prompt("judge_v1")
     assert load_prompt("judge_v1").sha256 != load_prompt("answer_v1").sha256

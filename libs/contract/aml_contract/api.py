@@ -242,6 +242,11 @@ class Metrics(BaseModel):
     )
     judge_correct: int
     judge_accuracy: float | None
+    unjudged: int = Field(
+        default=0,
+        description="Scored open questions with F1 and BLEU-1 but no judge verdict asked for "
+        "(offline rescoring without a label for them): not failures, outside judge_accuracy.",
+    )
     option_correct: int = 0
     option_questions: int = Field(default=0, description="Scored multiple-choice questions.")
     f1_mean: float | None

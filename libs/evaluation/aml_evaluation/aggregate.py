@@ -8,7 +8,11 @@ Rules, in the order they apply:
 - An open question is correct when the judge's majority label is CORRECT; a multiple-choice
   question when the answer names the right option. `accuracy` = correct / scored over both;
   `judge_accuracy` is over the judged open questions only.
-- `f1_mean` and `bleu1_mean` are over the scored open questions.
+- `f1_mean` and `bleu1_mean` are over the scored open questions that have them (a question
+  without a gold answer has no BLEU-1).
+- An open question that no judge was asked about (offline rescoring without a label for it) is
+  scored by F1 and BLEU-1 only: counted in `unjudged`, neither correct, wrong nor failed, and
+  outside `judge_accuracy` and `accuracy`.
 - With N judge runs, each run's own accuracy (over the questions that run could judge) is
   reported as a mean and a population standard deviation across runs.
 - A dataset's overall is the micro-average over its categories except the excluded ones (LoCoMo's
@@ -45,6 +49,10 @@ class QuestionOutcome(BaseModel):
     judge_labels: list[JudgeLabel | None] = Field(
         default_factory=list, description="One label (or None) per judge run."
     )
+    judged: bool = Field(
+        default=True,
+        description="False: no judge verdict was asked for; F1 and BLEU-1 still count.",
+    )
     f1: float | None = None
     bleu1: float | None = None
     # Multiple choice: whether the answer named the right option (None: it named none).
@@ -59,7 +67,7 @@ class QuestionOutcome(BaseModel):
             return self.failure_kind or "failed"
         if self.multiple_choice:
             return UNREADABLE_CHOICE if self.choice_correct is None else None
-        return JUDGE_FAILURE if self.judge_label is None else None
+        return JUDGE_FAILURE if self.judged and self.judge_label is None else None
 
 
 @dataclass
@@ -69,6 +77,7 @@ class _Tally:
     failures: Counter[str] = field(default_factory=Counter)
     judge_correct: int = 0
     judged: int = 0
+    unjudged: int = 0
     option_correct: int = 0
     options: int = 0
     f1_values: list[float] = field(default_factory=list)
@@ -87,12 +96,15 @@ class _Tally:
             self.options += 1
             self.option_correct += bool(outcome.choice_correct)
             return
-        self.judged += 1
-        self.judge_correct += outcome.judge_label == "CORRECT"
         if outcome.f1 is not None:
             self.f1_values.append(outcome.f1)
         if outcome.bleu1 is not None:
             self.bleu_values.append(outcome.bleu1)
+        if not outcome.judged:
+            self.unjudged += 1
+            return
+        self.judged += 1
+        self.judge_correct += outcome.judge_label == "CORRECT"
         while len(self.runs) < len(outcome.judge_labels):
             self.runs.append([0, 0])
         for run, label in zip(self.runs, outcome.judge_labels, strict=False):
@@ -103,14 +115,17 @@ class _Tally:
     def metrics(self) -> Metrics:
         per_run = [correct / judged for correct, judged in self.runs if judged]
         correct = self.judge_correct + self.option_correct
+        # Unjudged questions have no verdict, so they are outside the accuracy.
+        verdicts = self.judged + self.options
         return Metrics(
             questions=self.questions,
             scored=self.scored,
             failed=sum(self.failures.values()),
             failures=dict(sorted(self.failures.items())),
-            accuracy=correct / self.scored if self.scored else None,
+            accuracy=correct / verdicts if verdicts else None,
             judge_correct=self.judge_correct,
             judge_accuracy=self.judge_correct / self.judged if self.judged else None,
+            unjudged=self.unjudged,
             option_correct=self.option_correct,
             option_questions=self.options,
             f1_mean=_mean(self.f1_values),

@@ -15,9 +15,13 @@ Ids are stable for a given file; a file that removes a question (the dial481 fix
 after it, which is fine because ids are only compared within one dataset bundle.
 
 **Answers.** Some answers are integers in the source and become strings. Category 5
-(adversarial) items usually carry only ``adversarial_answer``; two items in locomo10 carry both
-``answer`` and ``adversarial_answer`` and there ``answer`` is the one the transcript supports,
-so ``answer`` wins whenever present and ``adversarial_answer`` is the fallback.
+(adversarial) items usually carry only ``adversarial_answer``: the answer a question with a
+false premise invites (it is about the other speaker, or never said), NOT the truth. The gold of
+such a question is that the conversation does not contain the answer, so its ``answer`` is
+``None`` (:attr:`Question.unanswerable`) and the trap is kept apart in ``adversarial_answer``,
+never used as a gold. Two items in locomo10 carry both ``answer`` and ``adversarial_answer``;
+there the transcript supports ``answer``, which stays their gold. Any other item needs an
+``answer``.
 
 **Bundles.** A dataset bundle is a JSON manifest (:class:`DatasetManifest`) listing data files with
 their sha256. :func:`load_bundle` refuses to load a file whose bytes differ from the manifest, and
@@ -102,12 +106,23 @@ class Question(_Frozen):
     question_id: str
     conversation_id: str
     question: str
-    answer: str
+    answer: str | None = Field(
+        description="The gold answer; None: the conversation does not contain the answer, "
+        "and the correct response is to say so."
+    )
+    adversarial_answer: str | None = Field(
+        default=None, description="LoCoMo's trap answer of an adversarial question; not a gold."
+    )
     category: int
     category_name: str
     evidence: list[str]
     adversarial: bool
     options: list[str] | None = None
+
+    @property
+    def unanswerable(self) -> bool:
+        """The gold is that the conversation does not contain the answer (abstention)."""
+        return self.answer is None
 
 
 class Dataset(_Frozen):
@@ -203,13 +218,17 @@ def _sessions(sample_id: str, conversation: Mapping[str, Any]) -> list[Session]:
     return sessions
 
 
-def _answer(sample_id: str, index: int, raw: Mapping[str, Any]) -> str:
+def _answer(sample_id: str, index: int, raw: Mapping[str, Any], category: int) -> str | None:
+    """The gold answer; None for an adversarial item without one (see the module docstring)."""
     value = raw.get("answer")
-    if value is None:
-        value = raw.get("adversarial_answer")
-    if value is None:
-        raise ValueError(f"sample {sample_id!r} qa[{index}]: no answer nor adversarial_answer")
-    return str(value)
+    if value is not None:
+        return str(value)
+    if category == LOCOMO_ADVERSARIAL_CATEGORY and raw.get("adversarial_answer") is not None:
+        return None
+    raise ValueError(
+        f"sample {sample_id!r} qa[{index}]: no answer (only an adversarial item, category "
+        f"{LOCOMO_ADVERSARIAL_CATEGORY}, may have just an adversarial_answer)"
+    )
 
 
 def question_id(sample_id: str, index: int) -> str:
@@ -226,13 +245,18 @@ def _question(
         question_id=question_id(sample_id, index),
         conversation_id=sample_id,
         question=str(raw["question"]),
-        answer=_answer(sample_id, index, raw),
+        answer=_answer(sample_id, index, raw, category),
+        adversarial_answer=_optional_text(raw.get("adversarial_answer")),
         category=category,
         category_name=categories[category],
         evidence=[str(item) for item in raw.get("evidence", [])],
         adversarial=category == LOCOMO_ADVERSARIAL_CATEGORY,
         options=_options(sample_id, index, raw),
     )
+
+
+def _optional_text(value: object) -> str | None:
+    return None if value is None else str(value)
 
 
 def _options(sample_id: str, index: int, raw: Mapping[str, Any]) -> list[str] | None:

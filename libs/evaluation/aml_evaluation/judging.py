@@ -9,6 +9,7 @@ from typing import Final
 
 from pydantic import BaseModel
 
+from aml_evaluation.prompts import Prompt
 from aml_evaluation.scoring import JudgeLabel, parse_judge_label
 
 JUDGE_PARSER_VERSION: Final = "judge-parse-v1"
@@ -54,3 +55,16 @@ async def judge(
                 break
         labels.append(label)
     return JudgeVerdict(label=majority(labels), labels=labels, replies=replies, calls=calls)
+
+
+def judge_prompt_for(
+    question: str, gold: str | None, answer: str, prompt: Prompt, abstention_prompt: Prompt
+) -> tuple[Prompt, str]:
+    """The prompt that judges one open question, and its text. A question whose gold is None
+    (the conversation does not contain the answer) gets `abstention_prompt`, which is told so
+    and has no gold answer to fill in: it is never shown a trap answer as the truth."""
+    if gold is None:
+        return abstention_prompt, abstention_prompt.text.format(
+            question=question, generated_answer=answer
+        )
+    return prompt, prompt.text.format(question=question, gold_answer=gold, generated_answer=answer)

@@ -1,6 +1,12 @@
-"""Scoring primitives (SPEC R-6.2): token F1 as in the LoCoMo paper and as in the mem0
-evaluation harness, BLEU-1, multiple-choice answer parsing, and parsing of the LLM judge's
-verdict. Pure functions, no I/O; every scorer carries a version constant that a run records."""
+"""Scoring primitives (SPEC R-6.2): token F1 as in the LoCoMo paper, as in LoCoMo's own
+evaluation code (per category) and as in the mem0 evaluation harness, the abstention rule for
+questions the conversation does not answer, BLEU-1, multiple-choice answer parsing, and parsing
+of the LLM judge's verdict. Pure functions (BLEU-1 reads nltk's pinned punkt_tab model once);
+every scorer carries a version constant that a run records.
+
+A gold answer of None means the conversation does not contain the answer (LoCoMo's adversarial
+questions, whose `adversarial_answer` is a trap, not the truth): such a question is answered
+correctly by abstaining, so no scorer compares the prediction with the trap."""
 
 from __future__ import annotations
 
@@ -10,19 +16,30 @@ import string
 from collections import Counter
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Final, Literal
+from typing import Final, Literal, NamedTuple
 
 from nltk.stem import PorterStemmer  # type: ignore[import-untyped]
-from nltk.tokenize import NLTKWordTokenizer  # type: ignore[import-untyped]
+from nltk.tokenize import word_tokenize  # type: ignore[import-untyped]
 from nltk.translate.bleu_score import (  # type: ignore[import-untyped]
     SmoothingFunction,
     sentence_bleu,
 )
 
+from aml_evaluation.punkt import require_punkt_tab
+
 F1_VERSION: Final = "f1-locomo-v1"
 F1_SET_VERSION: Final = "f1-set-v1"
-BLEU_VERSION: Final = "bleu1-nltk-v1"
+F1_CATEGORY_VERSION: Final = "f1-locomo-category-v1"
+ABSTENTION_VERSION: Final = "abstention-phrase-v1"
+BLEU_VERSION: Final = "bleu1-nltk-word_tokenize-v2"
 MC_VERSION: Final = "mc-parse-v1"
+
+# LoCoMo's category numbers, as in its data files (and the dataset manifests).
+LOCOMO_MULTI_HOP: Final = 1
+LOCOMO_TEMPORAL: Final = 2
+LOCOMO_OPEN_DOMAIN: Final = 3
+LOCOMO_SINGLE_HOP: Final = 4
+LOCOMO_ADVERSARIAL: Final = 5
 
 JudgeLabel = Literal["CORRECT", "WRONG"]
 
@@ -122,44 +139,109 @@ def token_f1_set(prediction: str, gold: str | int) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-F1Scorer = Callable[[str, str | int], float]
+# LoCoMo's test for an abstention (task_eval/evaluation.py, category 5): its answer prompt
+# offers "Not mentioned in the conversation" for such questions, and "no information available"
+# is the other wording its code accepts.
+ABSTENTION_PHRASES: Final = ("no information available", "not mentioned")
+
+
+def abstention_score(prediction: str) -> float:
+    """`abstention-phrase-v1`: 1.0 when the lowercased prediction contains one of
+    ABSTENTION_PHRASES anywhere ("Not mentioned in the memories." counts; "I don't know" does
+    not), else 0.0. LoCoMo's rule for its adversarial category; here the score of every
+    question whose gold is that the conversation does not contain the answer."""
+    lowered = prediction.lower()
+    return 1.0 if any(phrase in lowered for phrase in ABSTENTION_PHRASES) else 0.0
+
+
+def multi_answer_f1(prediction: str, gold: str | int) -> float:
+    """LoCoMo's `f1` for multi-hop answers: prediction and gold are each split on "," into
+    parts (surrounding whitespace stripped); every gold part takes the best token_f1 of any
+    prediction part, and the score is the mean over the gold parts. A gold without a comma is
+    one part, so the score is the best-matching prediction part's F1, not the whole
+    prediction's."""
+    predictions = [part.strip() for part in prediction.split(",")]
+    golds = [part.strip() for part in str(gold).split(",")]
+    best = [max(token_f1(candidate, part) for candidate in predictions) for part in golds]
+    return sum(best) / len(best)
+
+
+# A variant scores one question: (prediction, gold, LoCoMo category) -> F1, with gold None
+# when the conversation does not contain the answer.
+F1Scorer = Callable[[str, str | int | None, int], float]
+
+
+def f1_locomo(prediction: str, gold: str | int | None, category: int) -> float:
+    """`f1-locomo-v1`: token_f1 against the whole gold, whatever the category; an abstention
+    question (gold None) by abstention_score."""
+    return abstention_score(prediction) if gold is None else token_f1(prediction, gold)
+
+
+def f1_set(prediction: str, gold: str | int | None, category: int) -> float:
+    """`f1-set-v1`: token_f1_set against the whole gold; an abstention question by
+    abstention_score (the mem0 harness itself leaves LoCoMo's category 5 out)."""
+    return abstention_score(prediction) if gold is None else token_f1_set(prediction, gold)
+
+
+def f1_locomo_category(prediction: str, gold: str | int | None, category: int) -> float:
+    """`f1-locomo-category-v1`: the per-category procedure of LoCoMo's own evaluation code
+    (snap-research/LoCoMo `task_eval/evaluation.py`, `eval_question_answering`), on LoCoMo's
+    category numbers:
+
+    - 1 multi-hop: multi_answer_f1 (split on commas, mean over gold parts of the best part);
+    - 2 temporal, 4 single-hop: token_f1 against the whole gold;
+    - 3 open-domain: token_f1 against the gold up to its first ";" (stripped), as the
+      reference does with `answer.split(';')[0].strip()`;
+    - 5 adversarial: abstention_score, for EVERY category-5 question, also the two of
+      locomo10 whose transcript supports an answer: the reference decides by category.
+
+    Raises ValueError for any other category, or a gold of None outside category 5."""
+    if category == LOCOMO_ADVERSARIAL:
+        return abstention_score(prediction)
+    if gold is None:
+        raise ValueError(f"category {category}: only category 5 is scored without a gold answer")
+    if category == LOCOMO_MULTI_HOP:
+        return multi_answer_f1(prediction, gold)
+    if category == LOCOMO_OPEN_DOMAIN:
+        return token_f1(prediction, str(gold).split(";")[0].strip())
+    if category in (LOCOMO_TEMPORAL, LOCOMO_SINGLE_HOP):
+        return token_f1(prediction, gold)
+    raise ValueError(f"{F1_CATEGORY_VERSION} scores LoCoMo categories 1-5, not {category}")
+
 
 # Version name -> scorer, so a dataset manifest can declare which token F1 it reports.
 F1_VARIANTS: Final[Mapping[str, F1Scorer]] = MappingProxyType(
-    {F1_VERSION: token_f1, F1_SET_VERSION: token_f1_set}
+    {F1_VERSION: f1_locomo, F1_SET_VERSION: f1_set, F1_CATEGORY_VERSION: f1_locomo_category}
 )
 
-# The Treebank-style tokenizer that nltk.word_tokenize applies to each sentence; it needs no
-# downloaded data (only word_tokenize's punkt sentence split does). Stateless after
-# construction, like the stemmer.
-_WORD_TOKENIZER: Final = NLTKWordTokenizer()
 _BLEU_SMOOTHING: Final = SmoothingFunction().method1
 
 
-def _bleu_tokens(text: str) -> list[str]:
-    return [str(token) for token in _WORD_TOKENIZER.tokenize(text.lower())]
+def bleu_tokens(text: str) -> list[str]:
+    """`nltk.word_tokenize` of the lowercased text, as the mem0 harness calls it: punkt splits
+    sentences first, then the Treebank rules split each one, so every sentence's final period
+    is a token of its own ("went. then" is [went, ., then]). Raises
+    aml_evaluation.punkt.PunktDataError when the pinned punkt_tab model is not installed."""
+    require_punkt_tab()
+    # str(): nltk is untyped, this keeps the Any from leaking into the scores' types.
+    return [str(token) for token in word_tokenize(text.lower())]
 
 
 def bleu1(prediction: str, gold: str | int) -> float:
-    """BLEU-1 as the mem0 evaluation harness computes it (mem0ai/mem0
-    `evaluation/metrics/utils.py::calculate_bleu_scores`, key "bleu1"): nltk `sentence_bleu`
-    with the gold as the single reference, weights (1, 0, 0, 0) and
-    `SmoothingFunction().method1`. With these weights the value is
-    brevity_penalty * clipped unigram precision, where the brevity penalty is
+    """`bleu1-nltk-word_tokenize-v2`: BLEU-1 as the mem0 evaluation harness computes it
+    (mem0ai/mem0 `evaluation/metrics/utils.py::calculate_bleu_scores`, key "bleu1"): nltk
+    `sentence_bleu` with the gold as the single reference, weights (1, 0, 0, 0) and
+    `SmoothingFunction().method1`, on bleu_tokens of both sides. With these weights the value
+    is brevity_penalty * clipped unigram precision, where the brevity penalty is
     exp(1 - len(gold) / len(prediction)) when the prediction is the shorter, else 1.
 
-    Tokens: both sides lowercased and split by nltk's `NLTKWordTokenizer` (Treebank rules:
-    punctuation becomes its own token, "Paris." is ["paris", "."], "1,000" stays one token).
-    The harness uses `nltk.word_tokenize`, which first splits sentences with the punkt model;
-    that model is downloaded data, so it is not used here. The only difference: a period
-    ending a sentence that is not the last one stays on its word ("went." instead of "went",
-    "."). For one-sentence answers the tokens are the same.
-
     An empty token list on either side gives 0.0 (checked before nltk is called, so nltk
-    never warns); `gold` may be an int, compared as `str(gold)`.
+    never warns); `gold` may be an int, compared as `str(gold)`. A question without a gold
+    answer (abstention) has no BLEU-1: callers leave it out rather than compare the answer
+    with a made-up reference phrase.
     """
-    prediction_tokens = _bleu_tokens(prediction)
-    gold_tokens = _bleu_tokens(str(gold))
+    prediction_tokens = bleu_tokens(prediction)
+    gold_tokens = bleu_tokens(str(gold))
     if not prediction_tokens or not gold_tokens:
         return 0.0
     return float(
@@ -170,6 +252,23 @@ def bleu1(prediction: str, gold: str | int) -> float:
             smoothing_function=_BLEU_SMOOTHING,
         )
     )
+
+
+class OpenAnswerScores(NamedTuple):
+    f1: float
+    bleu1: float | None
+
+
+def open_answer_scores(
+    prediction: str, gold: str | int | None, category: int, f1_variant: str
+) -> OpenAnswerScores:
+    """Token F1 (the named variant) and BLEU-1 of an answer to an open question. A question
+    without a gold answer gets the variant's abstention score and no BLEU-1: BLEU measures
+    word overlap with a reference answer, and there is none; a fixed phrase as the reference
+    would only reward copying one wording of "not mentioned", which the F1 rule and the judge
+    already check. Raises KeyError for an unknown variant."""
+    f1 = F1_VARIANTS[f1_variant](prediction, gold, category)
+    return OpenAnswerScores(f1=f1, bleu1=None if gold is None else bleu1(prediction, gold))
 
 
 # "Answer: B", "The correct answer is (B)", "Option - B": a prefix needs a colon, dash or "is",

@@ -10,7 +10,8 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SPEC_SCHEMA: Final = "aml-eval-spec/1"
+# /2 added `judge_abstention`, the judge call for questions without a gold answer.
+SPEC_SCHEMA: Final = "aml-eval-spec/2"
 
 
 class _Frozen(BaseModel):
@@ -35,13 +36,18 @@ class ContextBudget(_Frozen):
 
 
 class EvaluationSpec(_Frozen):
-    schema_version: Literal["aml-eval-spec/1"] = SPEC_SCHEMA
+    schema_version: Literal["aml-eval-spec/2"] = SPEC_SCHEMA
     answer: ModelCall
     context: ContextBudget
     judge: ModelCall
+    judge_abstention: ModelCall = Field(
+        description="The judge of a question whose gold is that the conversation does not "
+        "contain the answer: correct iff the answer says so."
+    )
     judge_runs: int = Field(ge=1, description="Judge calls per question; majority label.")
     scorers: dict[str, str] = Field(
-        description="Scorer name → version (F1 variants, BLEU-1, option accuracy, judge parser)."
+        description="Scorer name → version (F1 variants, abstention rule, BLEU-1, option "
+        "accuracy, judge parser)."
     )
     top_k: int = Field(ge=1)
     chunker: str
@@ -69,6 +75,9 @@ class EvaluationSpec(_Frozen):
             "context_budget": f"{self.context.max_tokens} tokens ({self.context.counter})",
             "judge_model": self.judge.model,
             "judge_prompt": f"{self.judge.prompt}@{self.judge.prompt_sha256[:12]}",
+            "judge_abstention_prompt": (
+                f"{self.judge_abstention.prompt}@{self.judge_abstention.prompt_sha256[:12]}"
+            ),
             "judge_runs": str(self.judge_runs),
             **{f"scorer.{name}": version for name, version in sorted(self.scorers.items())},
         }

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,10 @@ from aml_evaluation.datasets import (
     read_manifest,
 )
 from aml_evaluation.prompts import load_prompt
+from aml_evaluation.punkt import PunktDataError, require_punkt_tab
+from aml_evaluation.scoring import BLEU_VERSION, F1_VARIANTS
 from aml_runtime import rescore, tracefiles
+from aml_runtime.evaluation_spec import build_spec
 from aml_runtime.llm import complete, make_llm_client
 from aml_runtime.platform import (
     PlatformConfig,
@@ -38,7 +42,7 @@ from aml_runtime.platform import (
     start_memory_server,
     start_platform,
 )
-from aml_runtime.settings import LLMSettings
+from aml_runtime.settings import LLMSettings, SpecSettings
 from aml_runtime.stack import EmbeddedStack, StackConfig
 
 DEFAULT_DATASETS_ROOT = Path(__file__).resolve().parents[4] / "shared" / "datasets"
@@ -73,10 +77,16 @@ def _parser() -> argparse.ArgumentParser:
         default=Path(os.environ.get("AML_DATASETS_ROOT", DEFAULT_DATASETS_ROOT)),
     )
     rescore.add_argument("--predictions", type=Path, required=True, help="JSONL")
-    verdicts = rescore.add_mutually_exclusive_group(required=True)
+    # Neither option: F1 and BLEU-1 only, the judge column shows "-" (not computed).
+    verdicts = rescore.add_mutually_exclusive_group()
     verdicts.add_argument("--judge-labels", type=Path, help="JSONL of existing judge labels")
     verdicts.add_argument(
         "--judge", action="store_true", help="ask the spec's LLM judge (AML_LLM_* settings)"
+    )
+    rescore.add_argument(
+        "--f1-variant",
+        choices=sorted(F1_VARIANTS),
+        help="token F1 to report (default: the one the dataset manifest declares)",
     )
     rescore.add_argument("--rows", type=Path, help="write one JSON line per question here")
     trace_cmd = sub.add_parser("trace", help="the span tree of one request_id")
@@ -141,7 +151,7 @@ def _demo(platform: Any, stack: EmbeddedStack, dataset: str, timeout: float) -> 
         results = api.get(f"/v1/jobs/{job_id}/results").json()
         first = api.get(f"/v1/jobs/{job_id}/audit", params={"stage": "add", "limit": 1}).json()
     print()
-    print(render_results(results))
+    print(render_results(results, category_numbers(results["datasets"])))
     for record in first["records"]:
         print(f"\nfollow one request: aml trace {record['request_id']} --data-dir {stack.data_dir}")
     return 0
@@ -181,8 +191,36 @@ def _follow(api: httpx.Client, job_id: str, timeout: float) -> dict[str, Any]:
         time.sleep(1.0)
 
 
-def render_results(results: dict[str, Any]) -> str:
-    """The per-category / per-dataset / Overall table, with question counts."""
+def category_numbers(dataset_ids: Iterable[str]) -> dict[str, dict[str, int]]:
+    """dataset id -> {category name: number} from the shipped manifests (unknown ids left out),
+    for render_results."""
+    numbers: dict[str, dict[str, int]] = {}
+    for dataset_id in dataset_ids:
+        try:
+            manifest = read_manifest(manifest_path(dataset_id))
+        except (KeyError, OSError):
+            continue
+        numbers[dataset_id] = {name: number for number, name in manifest.categories.items()}
+    return numbers
+
+
+def _ordered_categories(
+    categories: dict[str, Any], numbers: dict[str, int]
+) -> list[tuple[str, str, Any]]:
+    """(name, label, metrics) in category-number order, labelled "<number> <name>"; names
+    without a number follow, as given."""
+    numbered = sorted((numbers[name], name) for name in categories if name in numbers)
+    ordered = [(name, f"{number} {name}", categories[name]) for number, name in numbered]
+    ordered += [(name, name, m) for name, m in categories.items() if name not in numbers]
+    return ordered
+
+
+def render_results(
+    results: dict[str, Any], numbers: dict[str, dict[str, int]] | None = None
+) -> str:
+    """The per-category / per-dataset / Overall table, with question counts. With `numbers`
+    (category_numbers), a dataset's categories are listed in their numeric order as
+    "<number> <name>"."""
     header = (
         f"{'dataset':<16}{'category':<16}{'questions':>10}{'scored':>8}{'failed':>8}"
         f"{'J':>8}{'F1':>8}{'BLEU-1':>8}"
@@ -198,13 +236,21 @@ def render_results(results: dict[str, Any]) -> str:
             f"{m['failed']:>8}{j:>8}{f1:>8}{bleu:>8}"
         )
 
+    unjudged = 0
     for dataset_id, data in results["datasets"].items():
-        for name, metrics in data["categories"].items():
+        ordered = _ordered_categories(data["categories"], (numbers or {}).get(dataset_id, {}))
+        for name, label, metrics in ordered:
             note = " *" if name in data["excluded_from_overall"] else ""
-            rows.append(row(dataset_id, name + note, metrics))
+            rows.append(row(dataset_id, label + note, metrics))
+            unjudged += metrics.get("unjudged", 0)
         rows.append(row(dataset_id, "(dataset)", data["overall"]))
     rows.append("-" * len(header))
     rows.append(row("Overall", "", results["overall"]))
+    if unjudged:
+        rows.append(
+            f"J is over judged questions only: not computed for {unjudged} scored "
+            "question(s) without a judge verdict (not failures)"
+        )
     if any(d["excluded_from_overall"] for d in results["datasets"].values()):
         rows.append("* reported apart, not counted in the dataset or Overall figures")
     return "\n".join(rows)
@@ -213,42 +259,71 @@ def render_results(results: dict[str, Any]) -> str:
 async def _rescore(args: argparse.Namespace) -> int:
     try:
         dataset = load_dataset(args.dataset, args.datasets_root)
-    except (KeyError, DatasetFileError, OSError) as exc:
+        # BLEU-1's tokenizer model: refuse before reading anything else when it is missing.
+        require_punkt_tab()
+    except (KeyError, DatasetFileError, OSError, PunktDataError) as exc:
         print(f"aml rescore: {exc}", file=sys.stderr)
         return 2
+    variant = args.f1_variant or dataset.f1_variant
     known = {q.question_id for q in dataset.questions}
+    settings = LLMSettings() if args.judge else SpecSettings()
     llm = None
     try:
         predictions = rescore.read_predictions(args.predictions, known)
         labels = rescore.read_labels(args.judge_labels, known) if args.judge_labels else None
         judge = None
-        if args.judge:
-            settings = LLMSettings()
+        source = rescore.JudgeSource(kind="none")
+        if labels is not None:
+            source = rescore.JudgeSource(
+                kind="labels",
+                labels_file=str(args.judge_labels),
+                labels_sha256=rescore.file_sha256(args.judge_labels),
+                questions_labelled=len(labels),
+            )
+        if isinstance(settings, LLMSettings):
             llm = make_llm_client(settings)
-            client = llm
+            client, model, max_tokens = llm, settings.judge_model, settings.judge_max_tokens
 
             async def call(text: str) -> str:
-                return await complete(client, settings.judge_model, text, settings.judge_max_tokens)
+                return await complete(client, model, text, max_tokens)
 
             prompt = load_prompt(settings.judge_prompt)
-            judge = rescore.llm_judge(call, prompt, settings.judge_runs, settings.judge_retries)
-        rows = await rescore.score_questions(dataset, predictions, labels, judge)
+            abstention = load_prompt(settings.judge_abstention_prompt)
+            judge = rescore.llm_judge(
+                call, prompt, abstention, settings.judge_runs, settings.judge_retries
+            )
+            source = rescore.JudgeSource(
+                kind="llm",
+                model=model,
+                prompt=f"{prompt.name}@{prompt.sha256}",
+                abstention_prompt=f"{abstention.name}@{abstention.sha256}",
+            )
+        rows = await rescore.score_questions(dataset, predictions, labels, judge, variant)
     except (rescore.RescoreInputError, OSError) as exc:
         print(f"aml rescore: {exc}", file=sys.stderr)
         return 2
     finally:
         if llm is not None:
             await llm.close()
-    results = rescore.results_of(dataset, rows)
-    manifest = read_manifest(manifest_path(dataset.dataset_id))
-    print(f"dataset {dataset.dataset_id} bundle {bundle_hash(manifest)}")
-    verdicts = f"labels from {args.judge_labels}" if labels is not None else "LLM"
-    print(f"F1 variant {dataset.f1_variant}; judge: {verdicts}")
-    print(render_results(results.model_dump(mode="json")))
+    results = rescore.results_of(dataset, rows, variant)
+    bundle = bundle_hash(read_manifest(manifest_path(dataset.dataset_id)))
+    origin = rescore.provenance(
+        dataset, bundle, build_spec(settings).content_hash, args.predictions, variant, source
+    )
+    print(f"dataset {dataset.dataset_id} bundle {bundle}; spec {origin.spec_hash}")
+    judged_by = {
+        "labels": f"labels from {args.judge_labels}",
+        "llm": f"LLM {settings.judge_model}",
+        "none": "not computed (no --judge-labels or --judge)",
+    }[source.kind]
+    print(f"F1 variant {variant}; BLEU-1 {BLEU_VERSION}; judge: {judged_by}")
+    numbers = {dataset.dataset_id: {name: n for n, name in dataset.categories.items()}}
+    print(render_results(results.model_dump(mode="json"), numbers))
     if args.rows:
         args.rows.write_text("".join(row.model_dump_json() + "\n" for row in rows))
     if args.json:
-        args.json.write_text(results.model_dump_json(indent=2))
+        document = rescore.results_document(results, origin)
+        args.json.write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
     return 0
 
 

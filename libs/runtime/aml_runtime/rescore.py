@@ -4,34 +4,67 @@ compare harnesses.
 
 Input files are JSON Lines:
 - predictions: `{"question_id": "conv-26:q0000", "answer": "..."}` — question ids as the
-  dataset loader numbers them (`<sample_id>:q<index>`, by position in the sample's `qa` list);
+  dataset loader numbers them (`<sample_id>:q<index>`, the index zero-padded to four digits,
+  by position in the sample's `qa` list);
 - judge labels (optional): `{"question_id": ..., "label": "CORRECT"}` or, for several judge
-  runs, `{"question_id": ..., "labels": ["CORRECT", "WRONG", "CORRECT"]}`.
+  runs, `{"question_id": ..., "labels": ["CORRECT", "WRONG", "CORRECT"]}`; `null` is a run
+  whose reply could not be read.
 
-Open questions take their verdict from the labels file when one is given, otherwise from the
-LLM judge of the spec; F1 (the dataset's declared variant) and BLEU-1 are computed here. A
-question without a prediction is counted as failed (`no_prediction`), never as wrong.
+A question id given twice in either file is an error, never "the last one wins"; so is an id
+the dataset does not have (with a hint when it only lacks the zero padding).
+
+Open questions take their verdict from the labels file when one is given, from the LLM judge
+of the spec with `--judge`, or from no judge at all: F1 (the dataset's declared variant, or the
+one asked for) and BLEU-1 are computed for every answered open question either way. A question
+that the labels file does not label keeps its F1 and BLEU-1 and is counted as unjudged (not
+correct, not wrong, not failed); a label of null is a judge failure. A question without a
+prediction is counted as failed (`no_prediction`), never as wrong.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+import re
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, Literal, get_args
 
+import nltk  # type: ignore[import-untyped]
 from pydantic import BaseModel, Field
 
 from aml_contract.api import JobResults
 from aml_evaluation.aggregate import QuestionOutcome, aggregate
-from aml_evaluation.datasets import Dataset, DatasetManifest, Question, manifest_path
-from aml_evaluation.judging import JudgeVerdict, judge, majority
+from aml_evaluation.datasets import (
+    Dataset,
+    DatasetManifest,
+    Question,
+    manifest_path,
+    question_id,
+)
+from aml_evaluation.judging import (
+    JUDGE_PARSER_VERSION,
+    JudgeVerdict,
+    judge,
+    judge_prompt_for,
+    majority,
+)
 from aml_evaluation.prompts import Prompt
-from aml_evaluation.scoring import F1_VARIANTS, JudgeLabel, bleu1, parse_choice
+from aml_evaluation.punkt import MODEL_ID as PUNKT_MODEL_ID
+from aml_evaluation.scoring import (
+    ABSTENTION_VERSION,
+    BLEU_VERSION,
+    MC_VERSION,
+    JudgeLabel,
+    open_answer_scores,
+    parse_choice,
+)
 
 NO_PREDICTION = "no_prediction"
-# Judge one open question: (question, gold answer, predicted answer) → verdict.
+# Judge one open question: (question, predicted answer) → verdict.
 Judge = Callable[[Question, str], Awaitable[JudgeVerdict]]
+# An id written without the zero padding, e.g. "conv-26:q0" for "conv-26:q0000".
+_LOOSE_ID = re.compile(r"(?P<sample>.+):q(?P<index>[0-9]+)")
 
 
 class RescoreInputError(ValueError):
@@ -46,11 +79,45 @@ class QuestionRow(BaseModel):
     category: int
     category_name: str
     failure: str | None
+    judged: bool = Field(
+        default=False,
+        description="An open question with a verdict (given or asked for); False without one, "
+        "when F1 and BLEU-1 still count.",
+    )
     judge_label: JudgeLabel | None = None
     judge_labels: list[JudgeLabel | None] = Field(default_factory=list)
     f1: float | None = None
     bleu1: float | None = None
     choice_correct: bool | None = None
+
+
+class JudgeSource(BaseModel):
+    """Where the verdicts came from."""
+
+    kind: Literal["labels", "llm", "none"]
+    labels_file: str | None = None
+    labels_sha256: str | None = None
+    questions_labelled: int | None = None
+    model: str | None = None
+    prompt: str | None = None
+    abstention_prompt: str | None = None
+
+
+class Provenance(BaseModel):
+    """What produced a rescoring's numbers, written beside them in the results document."""
+
+    dataset_id: str
+    dataset_version: str
+    bundle_hash: str
+    spec_hash: str
+    predictions_file: str
+    predictions_sha256: str
+    f1_variant: str
+    f1_variant_declared: str = Field(description="The variant the dataset manifest declares.")
+    scorers: dict[str, str]
+    nltk: str
+    categories: dict[int, str]
+    judge: JudgeSource
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -67,12 +134,24 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             yield number, value
 
 
+def check_known(path: Path, number: int, qid: str, known: set[str]) -> None:
+    """Refuse an id the dataset does not have; hint at the padded form when that is the fix."""
+    if qid in known:
+        return
+    hint = ""
+    loose = _LOOSE_ID.fullmatch(qid)
+    if loose is not None:
+        padded = question_id(loose["sample"], int(loose["index"]))
+        if padded != qid and padded in known:
+            hint = f"; ids are zero-padded to four digits: {padded!r}"
+    raise RescoreInputError(f"{path}:{number}: unknown question_id {qid!r}{hint}")
+
+
 def read_predictions(path: Path, known: set[str]) -> dict[str, str]:
     predictions: dict[str, str] = {}
     for number, row in read_jsonl(path):
         qid = row["question_id"]
-        if qid not in known:
-            raise RescoreInputError(f"{path}:{number}: unknown question_id {qid!r}")
+        check_known(path, number, qid, known)
         if qid in predictions:
             raise RescoreInputError(f"{path}:{number}: question_id {qid!r} given twice")
         answer = row.get("answer")
@@ -87,8 +166,9 @@ def read_labels(path: Path, known: set[str]) -> dict[str, list[JudgeLabel | None
     labels: dict[str, list[JudgeLabel | None]] = {}
     for number, row in read_jsonl(path):
         qid = row["question_id"]
-        if qid not in known:
-            raise RescoreInputError(f"{path}:{number}: unknown question_id {qid!r}")
+        check_known(path, number, qid, known)
+        if qid in labels:
+            raise RescoreInputError(f"{path}:{number}: question_id {qid!r} given twice")
         runs = row["labels"] if "labels" in row else [row.get("label")]
         if not isinstance(runs, list) or not runs:
             raise RescoreInputError(f"{path}:{number}: labels must be a non-empty list")
@@ -100,14 +180,15 @@ def read_labels(path: Path, known: set[str]) -> dict[str, list[JudgeLabel | None
 
 async def score_questions(
     dataset: Dataset,
-    predictions: dict[str, str],
-    labels: dict[str, list[JudgeLabel | None]] | None,
+    predictions: Mapping[str, str],
+    labels: Mapping[str, list[JudgeLabel | None]] | None,
     judge: Judge | None,
+    f1_variant: str | None = None,
 ) -> list[QuestionRow]:
-    """One row per question of the dataset, in dataset order."""
-    if labels is None and judge is None:
-        raise ValueError("open questions need judge labels or a judge")
-    f1 = F1_VARIANTS[dataset.f1_variant]
+    """One row per question of the dataset, in dataset order. Verdicts come from `labels` if
+    given, else from `judge` if given, else there are none. `f1_variant` defaults to the
+    dataset's declared one."""
+    variant = f1_variant or dataset.f1_variant
     rows = []
     for question in dataset.questions:
         row = QuestionRow(
@@ -126,18 +207,20 @@ async def score_questions(
             correct = None if chosen is None else question.options[chosen] == question.answer
             rows.append(row.model_copy(update={"choice_correct": correct}))
             continue
+        runs: list[JudgeLabel | None] | None = None
         if labels is not None:
-            runs = labels.get(question.question_id, [None])
-        else:
-            assert judge is not None
+            runs = labels.get(question.question_id)
+        elif judge is not None:
             runs = (await judge(question, answer)).labels
+        scores = open_answer_scores(answer, question.answer, question.category, variant)
         rows.append(
             row.model_copy(
                 update={
-                    "judge_label": majority(runs),
-                    "judge_labels": runs,
-                    "f1": f1(answer, question.answer),
-                    "bleu1": bleu1(answer, question.answer),
+                    "judged": runs is not None,
+                    "judge_label": None if runs is None else majority(runs),
+                    "judge_labels": runs or [],
+                    "f1": scores.f1,
+                    "bleu1": scores.bleu1,
                 }
             )
         )
@@ -153,6 +236,7 @@ def outcome_of(row: QuestionRow, multiple_choice: bool) -> QuestionOutcome:
         failure_kind=row.failure,
         judge_label=row.judge_label,
         judge_labels=row.judge_labels,
+        judged=row.judged,
         f1=row.f1,
         bleu1=row.bleu1,
         multiple_choice=multiple_choice,
@@ -160,7 +244,9 @@ def outcome_of(row: QuestionRow, multiple_choice: bool) -> QuestionOutcome:
     )
 
 
-def results_of(dataset: Dataset, rows: Iterable[QuestionRow]) -> JobResults:
+def results_of(
+    dataset: Dataset, rows: Iterable[QuestionRow], f1_variant: str | None = None
+) -> JobResults:
     manifest = DatasetManifest.model_validate_json(
         manifest_path(dataset.dataset_id).read_text(encoding="utf-8")
     )
@@ -172,19 +258,71 @@ def results_of(dataset: Dataset, rows: Iterable[QuestionRow]) -> JobResults:
         "completed",
         outcomes,
         {dataset.dataset_id: excluded},
-        {dataset.dataset_id: dataset.f1_variant},
+        {dataset.dataset_id: f1_variant or dataset.f1_variant},
     )
 
 
 def llm_judge(
-    call: Callable[[str], Awaitable[str]], prompt: Prompt, runs: int, retries: int
+    call: Callable[[str], Awaitable[str]],
+    prompt: Prompt,
+    abstention_prompt: Prompt,
+    runs: int,
+    retries: int,
 ) -> Judge:
-    """The spec's judge over any completion function (the same prompt the scorer uses)."""
+    """The spec's judge over any completion function, with the prompts the scorer uses: the
+    abstention prompt for a question without a gold answer."""
 
     async def verdict(question: Question, answer: str) -> JudgeVerdict:
-        text = prompt.text.format(
-            question=question.question, gold_answer=question.answer, generated_answer=answer
+        _, text = judge_prompt_for(
+            question.question, question.answer, answer, prompt, abstention_prompt
         )
         return await judge(lambda: call(text), runs, retries)
 
     return verdict
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def scorer_versions(f1_variant: str) -> dict[str, str]:
+    """Every scorer version a rescoring applies."""
+    return {
+        "f1": f1_variant,
+        "abstention": ABSTENTION_VERSION,
+        "bleu1": BLEU_VERSION,
+        "bleu1_sentence_model": PUNKT_MODEL_ID,
+        "multiple_choice": MC_VERSION,
+        "judge_parser": JUDGE_PARSER_VERSION,
+    }
+
+
+def provenance(
+    dataset: Dataset,
+    bundle_hash: str,
+    spec_hash: str,
+    predictions_path: Path,
+    f1_variant: str,
+    judge_source: JudgeSource,
+) -> Provenance:
+    return Provenance(
+        dataset_id=dataset.dataset_id,
+        dataset_version=dataset.version,
+        bundle_hash=bundle_hash,
+        spec_hash=spec_hash,
+        predictions_file=str(predictions_path),
+        predictions_sha256=file_sha256(predictions_path),
+        f1_variant=f1_variant,
+        f1_variant_declared=dataset.f1_variant,
+        scorers=scorer_versions(f1_variant),
+        nltk=str(nltk.__version__),
+        categories=dict(sorted(dataset.categories.items())),
+        judge=judge_source,
+    )
+
+
+def results_document(results: JobResults, origin: Provenance) -> dict[str, Any]:
+    """The `--json` document: the results as the pipeline reports them, plus `provenance`."""
+    document: dict[str, Any] = results.model_dump(mode="json")
+    document["provenance"] = origin.model_dump(mode="json")
+    return document

@@ -47,6 +47,9 @@ class SpecSettings(CommonSettings):
     token_counter: Literal["estimate", "llama.cpp"] = "estimate"
     judge_model: str = "gpt-4o-mini"
     judge_prompt: str = "judge_v1"
+    # For questions whose gold is that the conversation does not contain the answer (LoCoMo's
+    # adversarial category): the judge is told so and checks that the answer abstains.
+    judge_abstention_prompt: str = "judge_abstention_v1"
     judge_max_tokens: int = Field(default=64, ge=1)
     # Judge calls per question (majority vote), and re-asks of a run whose reply is unreadable.
     judge_runs: int = Field(default=1, ge=1, le=9)

@@ -56,6 +56,8 @@ def plan_questions(job_id: str, dataset: Dataset, top_k: int) -> list[Document]:
                 "question": question.question,
                 "category": question.category,
                 "category_name": question.category_name,
+                # None: the conversation does not contain the answer; the scorer then judges
+                # whether the answer abstains (never against LoCoMo's adversarial trap).
                 "gold_answer": question.answer,
                 "options": question.options,
                 "f1_variant": dataset.f1_variant,

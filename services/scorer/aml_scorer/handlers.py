@@ -1,7 +1,12 @@
 """Score one answer (R-6.2): an open question by the LLM judge (N runs, majority label), token
 F1 in the dataset's declared variant and BLEU-1; a multiple-choice question by the option the
 answer names. A judge verdict that cannot be read is a judge failure, counted apart, never
-turned into WRONG."""
+turned into WRONG.
+
+A question without a gold answer (`gold_answer` None: the conversation does not contain it) is
+judged with the abstention prompt, correct iff the answer says the information is not there;
+its F1 follows the abstention rule of every variant and it has no BLEU-1 (see
+docs/evaluation.md)."""
 
 from __future__ import annotations
 
@@ -11,14 +16,13 @@ from openai import AsyncOpenAI
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract.messages import QuestionWork
-from aml_evaluation.judging import judge
+from aml_evaluation.judging import judge, judge_prompt_for
 from aml_evaluation.prompts import Prompt
 from aml_evaluation.scoring import (
     BLEU_VERSION,
-    F1_VARIANTS,
     F1_VERSION,
     MC_VERSION,
-    bleu1,
+    open_answer_scores,
     parse_choice,
 )
 from aml_runtime.broker import Exhausted
@@ -34,6 +38,7 @@ class ScoreAnswer:
     db: AsyncDatabase[Document]
     llm: AsyncOpenAI
     prompt: Prompt
+    abstention_prompt: Prompt
 
     async def __call__(self, work: QuestionWork, question: Document, item: StageCall) -> Document:
         answer = await self.db.answers.find_one({"_id": work.item_id})
@@ -60,8 +65,8 @@ class ScoreAnswer:
 
     async def open_question(self, question: Document, answer: str, item: StageCall) -> Document:
         gold = question["gold_answer"]
-        text = self.prompt.text.format(
-            question=question["question"], gold_answer=gold, generated_answer=answer
+        prompt, text = judge_prompt_for(
+            question["question"], gold, answer, self.prompt, self.abstention_prompt
         )
         settings = self.settings
 
@@ -72,15 +77,17 @@ class ScoreAnswer:
 
         verdict = await judge(ask, settings.judge_runs, settings.judge_retries)
         variant = question.get("f1_variant", F1_VERSION)
+        scores = open_answer_scores(answer, gold, question["category"], variant)
         return {
             "judge_label": verdict.label,
             "judge_labels": verdict.labels,
             "judge_replies": verdict.replies,
             "judge_calls": verdict.calls,
             "judge_model": settings.judge_model,
-            "judge_prompt_sha256": self.prompt.sha256,
-            "f1": F1_VARIANTS[variant](answer, gold),
+            "judge_prompt": prompt.name,
+            "judge_prompt_sha256": prompt.sha256,
+            "f1": scores.f1,
             "f1_version": variant,
-            "bleu1": bleu1(answer, gold),
+            "bleu1": scores.bleu1,
             "bleu1_version": BLEU_VERSION,
         }

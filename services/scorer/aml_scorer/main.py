@@ -6,6 +6,7 @@ from faststream import FastStream
 
 from aml_contract.messages import QuestionWork
 from aml_evaluation.prompts import load_prompt
+from aml_evaluation.punkt import require_punkt_tab
 from aml_runtime.llm import make_llm_client
 from aml_runtime.question_stage import QuestionStageWorker
 from aml_runtime.service import open_runtime
@@ -15,10 +16,18 @@ from aml_scorer.settings import ScorerSettings
 
 
 def create_app(settings: ScorerSettings | None = None) -> FastStream:
+    # Fail at start, not on the first answer, when BLEU-1's tokenizer model is not installed.
+    require_punkt_tab()
     settings = settings or ScorerSettings()
     rt = open_runtime("scorer", settings)
     llm = make_llm_client(settings)
-    compute = ScoreAnswer(settings, rt.db, llm, load_prompt(settings.judge_prompt))
+    compute = ScoreAnswer(
+        settings,
+        rt.db,
+        llm,
+        load_prompt(settings.judge_prompt),
+        load_prompt(settings.judge_abstention_prompt),
+    )
     stage = QuestionStageWorker("score", settings, rt.db, rt.broker, compute)
     worker = StageWorker(
         llm_lanes("score", "scorer", settings),

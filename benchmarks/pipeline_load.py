@@ -1,0 +1,860 @@
+"""Pipeline load benchmark: whole smoke jobs through every service on the embedded stack, against
+scripted participants and an LLM stand-in with declared limits. Prints figures measured in this
+run (ratios, not timed assertions) and writes them as JSON; see docs/performance.md.
+
+    .venv/bin/python benchmarks/pipeline_load.py [--scenario solo|repeat|teams|all]
+        [--dataset locomo] [--quick] [--json out.json] [--data-dir .aml/bench] [--timeout S]
+
+The stack: nats-server and nx-27017 (no llama.cpp), the LLM stand-in (aml_llm_standin: 0.5 s per
+completion, 8 at once, 429 beyond), the gateway and every worker, and one participant simulator
+per team (Add 0.3 s, Search 0.1 s, 429 beyond 4 at once), each team's version registered with
+the declared capacity max_concurrency 4, max_rps 10. Every service uses the stand-in
+(AML_LLM_BASE_URL), AML_LLM_CONCURRENCY=8 and AML_TOKEN_COUNTER=estimate.
+
+Scenarios (each later one runs on the same stack after `solo`, which it compares against):
+- solo:   one team's smoke job on the dataset;
+- repeat: the same team's job again (new job, same data dir): time relative to the first;
+- teams:  three teams' jobs at once plus a fourth whose version declares max_rps=0.001 (its job
+          is submitted too and never waited for): each team's time against the solo time.
+
+Per scenario: wall time; the lower bound from the observed call counts and the declared limits
+(max of: participant requests / max_rps, sum of participant latencies / max_concurrency, LLM
+calls x latency / LLM capacity, the longest user's Add chain x Add latency) and the ratio; CPU ms
+per question of each process (its process group, from /proc) and of broker + database; peak
+RSS; per participant and for the LLM the most requests at once and in any 1 s window, 429s, and
+duplicate participant calls. `--quick` runs the shipped synthetic dataset (a check that the
+benchmark works, in a few minutes; its figures are dominated by fixed costs).
+
+The run stops by itself (--timeout, default 3600 s, 900 s with --quick) and stops every process
+it started, also on Ctrl-C, SIGTERM or an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+from pymongo import MongoClient
+
+from aml_llm_standin import max_in_window
+from aml_participant_simulator import (
+    CapacitySpec,
+    EndpointScript,
+    RequestRecord,
+    Script,
+    SimulatorSnapshot,
+)
+from aml_runtime.platform import (
+    GATEWAY,
+    WORKERS,
+    Platform,
+    PlatformConfig,
+    register_participant,
+    start_platform,
+)
+from aml_runtime.processes import free_port, http_ready
+from aml_runtime.stack import HOST, MONGO, NATS, EmbeddedStack, StackConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DATASETS_ROOT = ROOT.parent / "shared" / "datasets"
+
+ADD_LATENCY = 0.3
+SEARCH_LATENCY = 0.1
+DECLARED_CONCURRENCY = 4
+DECLARED_RPS = 10.0
+SLOW_TEAM = "team-4"
+SLOW_TEAM_RPS = 0.001
+LLM_LATENCY = 0.5
+LLM_CONCURRENCY = 8
+STANDIN = "llm-standin"
+SERVICES = (GATEWAY, *WORKERS)
+
+# Targets from the issue; reported, never enforced (the run's exit code is about completion).
+SOLO_BOUND_RATIO = 1.3
+SERVICES_CPU_MS = 30.0
+DATABASE_CPU_MS = 30.0
+REPEAT_TOLERANCE = 0.15
+TEAMS_VS_SOLO = 1.2
+
+POLL_SECONDS = 2.0
+PROGRESS_EVERY_SECONDS = 30.0
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+K = TypeVar("K", bound=Hashable)
+
+
+class BenchmarkTimeout(Exception):
+    """The global --timeout passed."""
+
+
+@dataclass
+class Team:
+    name: str
+    url: str
+    version_id: str
+    key: str
+    max_concurrency: int
+    max_rps: float
+
+
+@dataclass
+class Bench:
+    stack: EmbeddedStack
+    platform: Platform
+    llm_url: str
+    dataset: str
+    deadline: float
+    teams: dict[str, Team] = field(default_factory=dict)
+    labels: Counter[str] = field(default_factory=Counter)
+
+
+# -- process figures (from /proc: psutil is not a dependency) ----------------------------------
+
+
+def _stat_fields(pid: int) -> list[str]:
+    text = Path(f"/proc/{pid}/stat").read_text()
+    # The command name may hold spaces and parentheses: fields start after the last ")".
+    return text.rsplit(")", 1)[1].split()
+
+
+def _group_members(leader: int) -> list[int]:
+    """Every live process of the leader's process group: each stack process is started in its
+    own session, so the group is the process and whatever it spawned."""
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if int(_stat_fields(int(entry.name))[2]) == leader:
+                members.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile, or not ours to read
+    return members
+
+
+def group_cpu_seconds(leader: int) -> float:
+    total = 0
+    for pid in _group_members(leader):
+        try:
+            fields = _stat_fields(pid)
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
+    return total / CLK_TCK
+
+
+def group_peak_rss_mib(leader: int) -> float:
+    """VmHWM (the resident high-water mark) summed over the group's processes."""
+    kib = 0
+    for pid in _group_members(leader):
+        try:
+            lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+        except OSError:
+            continue
+        kib += next((int(line.split()[1]) for line in lines if line.startswith("VmHWM:")), 0)
+    return kib / 1024
+
+
+def cpu_snapshot(stack: EmbeddedStack) -> dict[str, float]:
+    return {
+        name: group_cpu_seconds(proc.pid)
+        for name, proc in stack.processes.items()
+        if proc.pid is not None and proc.is_running()
+    }
+
+
+def peak_rss(stack: EmbeddedStack) -> dict[str, float]:
+    return {
+        name: round(group_peak_rss_mib(proc.pid), 1)
+        for name, proc in stack.processes.items()
+        if proc.pid is not None and proc.is_running()
+    }
+
+
+# -- the stack ---------------------------------------------------------------------------------
+
+
+def start_standin(stack: EmbeddedStack) -> str:
+    port = free_port(HOST)
+    url = f"http://{HOST}:{port}"
+    argv = [
+        sys.executable, "-m", "aml_llm_standin", "--host", HOST, "--port", str(port),
+        "--latency", str(LLM_LATENCY), "--concurrency", str(LLM_CONCURRENCY),
+    ]  # fmt: skip
+    stack.start_process(STANDIN, argv, ready=http_ready(f"{url}/health"))
+    return url
+
+
+def platform_config(datasets_root: Path, llm_url: str) -> PlatformConfig:
+    return PlatformConfig(
+        datasets_root=datasets_root,
+        llm_concurrency=LLM_CONCURRENCY,
+        # The stand-in replies at once whatever the prompt, so the release's spec defaults apply
+        # (the embedded defaults are shortened for the slow local model).
+        answer_context_tokens=2000,
+        answer_max_tokens=128,
+        judge_max_tokens=64,
+        judge_retries=1,
+        extra_env={
+            "AML_LLM_BASE_URL": f"{llm_url}/v1",
+            # The stand-in has no /tokenize: the context budget uses the stated estimate.
+            "AML_TOKEN_COUNTER": "estimate",
+            # `repeat` and `teams` resubmit a team's smoke job at once.
+            "AML_QUOTAS": json.dumps({"smoke_interval": 0}),
+        },
+    )
+
+
+def simulator_script() -> Script:
+    return Script(
+        add=EndpointScript(latency=ADD_LATENCY),
+        search=EndpointScript(latency=SEARCH_LATENCY),
+        # 429 at once beyond the declared concurrency: over-sending must show, not queue.
+        capacity=CapacitySpec(max_concurrency=DECLARED_CONCURRENCY, on_excess="reject_429"),
+    )
+
+
+def start_team(bench: Bench, name: str, max_rps: float = DECLARED_RPS) -> Team:
+    stack = bench.stack
+    script = stack.data_dir / f"sim-{name}.json"
+    script.write_text(simulator_script().model_dump_json(), encoding="utf-8")
+    port = free_port(HOST)
+    url = f"http://{HOST}:{port}"
+    argv = [
+        sys.executable, "-m", "aml_participant_simulator",
+        "--host", HOST, "--port", str(port), "--script", str(script),
+    ]  # fmt: skip
+    stack.start_process(f"sim-{name}", argv, ready=http_ready(f"{url}/health"))
+    capacity = {"max_concurrency": DECLARED_CONCURRENCY, "max_rps": max_rps}
+    version_id, key = register_participant(
+        bench.platform, url, name, f"sim-{name}", capacity=capacity
+    )
+    team = Team(name, url, version_id, key, DECLARED_CONCURRENCY, max_rps)
+    bench.teams[name] = team
+    return team
+
+
+# -- jobs --------------------------------------------------------------------------------------
+
+
+def submit(bench: Bench, team: Team) -> str:
+    bench.labels[team.name] += 1
+    job = {
+        "version_id": team.version_id,
+        "mode": "smoke",
+        "run_label": f"load-{team.name}-{bench.labels[team.name]}",
+        "datasets": [bench.dataset],
+    }
+    response = httpx.post(
+        f"{bench.platform.gateway_url}/v1/jobs",
+        headers={"Authorization": f"Bearer {team.key}"},
+        json=job,
+        timeout=30,
+    )
+    if response.status_code != 201:
+        raise RuntimeError(f"submission for {team.name} refused: {response.text}")
+    job_id: str = response.json()["job_id"]
+    return job_id
+
+
+def job_status(bench: Bench, team: Team, job_id: str) -> dict[str, Any]:
+    response = httpx.get(
+        f"{bench.platform.gateway_url}/v1/jobs/{job_id}",
+        headers={"Authorization": f"Bearer {team.key}"},
+        timeout=30,
+    )
+    response.raise_for_status()
+    status: dict[str, Any] = response.json()
+    return status
+
+
+def _progress_line(team: Team, status: dict[str, Any]) -> str:
+    stages = _stages(status["stages"])
+    return f"  [{status['elapsed_seconds']:6.0f}s] {team.name:<8} {status['state']:<9} {stages}"
+
+
+def wait_jobs(bench: Bench, jobs: dict[str, Team]) -> dict[str, dict[str, Any]]:
+    """Poll until every job in `jobs` has ended; bounded by the global deadline."""
+    final: dict[str, dict[str, Any]] = {}
+    last_print = 0.0
+    while len(final) < len(jobs):
+        if time.monotonic() > bench.deadline:
+            raise BenchmarkTimeout(f"jobs still running at the deadline: {set(jobs) - set(final)}")
+        statuses = {
+            job_id: job_status(bench, team, job_id)
+            for job_id, team in jobs.items()
+            if job_id not in final
+        }
+        verbose = time.monotonic() - last_print >= PROGRESS_EVERY_SECONDS
+        for job_id, status in statuses.items():
+            ended = status["state"] in ("completed", "failed")
+            if verbose or ended:
+                print(_progress_line(jobs[job_id], status), flush=True)
+            if ended:
+                final[job_id] = status
+        last_print = time.monotonic() if verbose else last_print
+        if len(final) < len(jobs):
+            time.sleep(POLL_SECONDS)
+    return final
+
+
+def job_seconds(status: dict[str, Any]) -> float | None:
+    """Submission to completion, from the platform's own timestamps."""
+    if not status.get("finished_at"):
+        return None
+    created = datetime.fromisoformat(status["created_at"])
+    finished = datetime.fromisoformat(status["finished_at"])
+    return (finished - created).total_seconds()
+
+
+def job_summary(team: Team, job_id: str, status: dict[str, Any]) -> dict[str, Any]:
+    seconds = job_seconds(status)
+    return {
+        "team": team.name,
+        "job_id": job_id,
+        "state": status["state"],
+        "seconds": None if seconds is None else round(seconds, 1),
+        "created_at": status["created_at"],
+        "finished_at": status.get("finished_at"),
+        "stages": status["stages"],
+        "errors": [f"{e['stage']}/{e['kind']}: {e['reason']}" for e in status["errors"][:5]],
+        "questions": status["stages"]["search"]["total"],
+    }
+
+
+# -- what the participants and the LLM saw -----------------------------------------------------
+
+
+def simulator_records(team: Team, job_ids: Iterable[str]) -> list[RequestRecord]:
+    """The team's Add and Search requests that belong to `job_ids` (user ids are per job)."""
+    response = httpx.get(f"{team.url}/_sim/requests", timeout=300)
+    response.raise_for_status()
+    snapshot = SimulatorSnapshot.model_validate_json(response.content)
+    prefixes = tuple(f"eval:{job_id}:" for job_id in job_ids)
+    return [
+        record
+        for record in snapshot.requests
+        if record.endpoint in ("add", "search")
+        and str(_body(record).get("user_id", "")).startswith(prefixes)
+    ]
+
+
+def _body(record: RequestRecord) -> dict[str, Any]:
+    try:
+        value = json.loads(record.body)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def planned_searches(bench: Bench, job_ids: Iterable[str]) -> Counter[bytes]:
+    """How many questions of the jobs have each exact Search body: LoCoMo repeats question
+    texts within a conversation, so one body may legitimately be sent more than once."""
+    client: MongoClient[dict[str, Any]] = MongoClient(bench.stack.mongo_url)
+    try:
+        planned: Counter[bytes] = Counter()
+        for job_id in job_ids:
+            for question in client["aml"].questions.find({"job_id": job_id}, {"search_body": 1}):
+                planned[bytes(question["search_body"])] += 1
+        return planned
+    finally:
+        client.close()
+
+
+def duplicate_calls(
+    records: Sequence[RequestRecord], key: Callable[[RequestRecord], K], expected: Counter[K]
+) -> int:
+    """Requests received again after their item had been answered 200: per key, the 200s beyond
+    the expected count, plus the other requests arriving after the last expected 200 finished."""
+    by_key: dict[K, list[RequestRecord]] = defaultdict(list)
+    for record in records:
+        by_key[key(record)].append(record)
+    duplicates = 0
+    for item, group in by_key.items():
+        wanted = max(1, expected[item])
+        ok = sorted(r.finished_monotonic for r in group if r.status == 200)
+        duplicates += max(0, len(ok) - wanted)
+        if len(ok) >= wanted:
+            answered = ok[wanted - 1]
+            late = [r for r in group if r.status != 200 and r.arrived_monotonic > answered]
+            duplicates += len(late)
+    return duplicates
+
+
+def max_in_declared_window(arrivals: Sequence[float], max_rps: float) -> tuple[int, int, float]:
+    """(most arrivals in any window, allowed, window): the declared rate as a count per window
+    of ceil(rps)/rps seconds, which also covers rates below one per second."""
+    allowed = max(1, math.ceil(max_rps))
+    window = allowed / max_rps
+    return max_in_window(arrivals, window), allowed, window
+
+
+def participant_figures(
+    team: Team, records: Sequence[RequestRecord], planned: Counter[bytes]
+) -> dict[str, Any]:
+    adds = [r for r in records if r.endpoint == "add"]
+    searches = [r for r in records if r.endpoint == "search"]
+    arrivals = [r.arrived_monotonic for r in records]
+    rejected = sum(1 for r in records if r.outcome == "reject_429")
+    served_latency = sum(r.latency_s for r in records if r.outcome != "reject_429")
+    # Distinct Adds per user: a retried Add is one link of the user's sequential chain.
+    first_of_request = {str(_body(r).get("request_id")): r for r in adds}
+    adds_per_user = Counter(str(_body(r).get("user_id")) for r in first_of_request.values())
+    in_window, allowed, window = max_in_declared_window(arrivals, team.max_rps)
+    max_concurrency = max((r.total_concurrency_at_arrival for r in records), default=0)
+    request_ids: Counter[str] = Counter(dict.fromkeys(first_of_request, 1))
+    return {
+        "declared": {"max_concurrency": team.max_concurrency, "max_rps": team.max_rps},
+        "requests": {"add": len(adds), "search": len(searches)},
+        "rejected_429": rejected,
+        "served_latency_s": round(served_latency, 1),
+        "longest_add_chain": max(adds_per_user.values(), default=0),
+        "max_concurrency": max_concurrency,
+        "max_in_1s": max_in_window(arrivals),
+        "max_in_declared_window": {"count": in_window, "allowed": allowed, "window_s": window},
+        "within_declared": max_concurrency <= team.max_concurrency
+        and in_window <= allowed
+        and rejected == 0,
+        "duplicates": {
+            "add": duplicate_calls(adds, lambda r: str(_body(r).get("request_id")), request_ids),
+            "search": duplicate_calls(searches, lambda r: r.body, planned),
+        },
+        "busiest_1s": busiest_window(records),
+    }
+
+
+def busiest_window(records: Sequence[RequestRecord], window: float = 1.0) -> list[str]:
+    """The arrivals of the first window [t, t + window) holding the most, as "+seconds endpoint
+    status" from its first arrival: to see how a rate was exceeded, when it was."""
+    ordered = sorted(records, key=lambda r: r.arrived_monotonic)
+    best: tuple[int, int] = (0, 0)  # (count, start index)
+    start = 0
+    for end, record in enumerate(ordered):
+        while record.arrived_monotonic - ordered[start].arrived_monotonic >= window:
+            start += 1
+        best = max(best, (end - start + 1, -start))
+    count, first = best[0], -best[1]
+    t0 = ordered[first].arrived_monotonic if ordered else 0.0
+    return [
+        f"+{r.arrived_monotonic - t0:.3f} {r.endpoint} {r.status}"
+        for r in ordered[first : first + count]
+    ]
+
+
+def llm_stats(bench: Bench) -> dict[str, Any]:
+    response = httpx.get(f"{bench.llm_url}/stats", timeout=30)
+    response.raise_for_status()
+    stats: dict[str, Any] = response.json()
+    stats["within_declared"] = (
+        stats["max_concurrency"] <= stats["capacity"] and stats["rejected_429"] == 0
+    )
+    return stats
+
+
+def lower_bound(participants: dict[str, dict[str, Any]], llm: dict[str, Any]) -> dict[str, Any]:
+    """The least time the observed work could take within the declared limits, as the largest
+    of its terms: `llm` = served LLM calls x latency / capacity; per participant `rate` =
+    requests / max_rps, `latency` = the sum of its served latencies / max_concurrency, `chain` =
+    the longest user's Adds x Add latency (one Add per user at a time)."""
+    terms: dict[str, float] = {"llm": llm["served"] * llm["latency_s"] / llm["capacity"]}
+    for name, p in participants.items():
+        requests = p["requests"]["add"] + p["requests"]["search"]
+        declared = p["declared"]
+        terms[f"{name} rate"] = requests / declared["max_rps"]
+        terms[f"{name} latency"] = p["served_latency_s"] / declared["max_concurrency"]
+        terms[f"{name} chain"] = p["longest_add_chain"] * ADD_LATENCY
+    limiting = max(terms, key=lambda name: terms[name])
+    return {
+        "seconds": round(terms[limiting], 1),
+        "limiting": limiting,
+        "terms": {name: round(value, 1) for name, value in terms.items()},
+    }
+
+
+def cpu_per_question(
+    before: dict[str, float], after: dict[str, float], questions: int
+) -> dict[str, float]:
+    per = {name: 1000 * (after[name] - before.get(name, 0.0)) / max(1, questions) for name in after}
+    per["services"] = sum(per.get(name, 0.0) for name in SERVICES)
+    per["broker+database"] = per.get(NATS, 0.0) + per.get(MONGO, 0.0)
+    return {name: round(value, 2) for name, value in per.items()}
+
+
+# -- scenarios ---------------------------------------------------------------------------------
+
+
+def collect(
+    bench: Bench, jobs: dict[str, Team], awaited: set[str], finals: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    """Jobs and participants' figures of one scenario; the jobs not awaited are read as they
+    stand now."""
+    summaries = [
+        job_summary(team, job_id, finals.get(job_id) or job_status(bench, team, job_id))
+        for job_id, team in jobs.items()
+    ]
+    by_team: dict[str, list[str]] = defaultdict(list)
+    for job_id, team in jobs.items():
+        by_team[team.name].append(job_id)
+    planned = planned_searches(bench, jobs)
+    participants = {
+        name: participant_figures(
+            bench.teams[name], simulator_records(bench.teams[name], job_ids), planned
+        )
+        for name, job_ids in by_team.items()
+    }
+    questions = sum(s["questions"] for s in summaries if s["job_id"] in awaited)
+    return {"jobs": summaries, "questions": questions, "participants": participants}
+
+
+def wall_seconds(summaries: Sequence[dict[str, Any]], awaited: set[str]) -> float | None:
+    """The first awaited submission to the last awaited completion (one job: its own time)."""
+    ended = [s for s in summaries if s["job_id"] in awaited]
+    if not ended or any(s["finished_at"] is None for s in ended):
+        return None
+    start = min(datetime.fromisoformat(s["created_at"]) for s in ended)
+    end = max(datetime.fromisoformat(s["finished_at"]) for s in ended)
+    return round((end - start).total_seconds(), 1)
+
+
+def run_scenario(
+    bench: Bench, name: str, teams: Sequence[Team], awaited_teams: set[str]
+) -> dict[str, Any]:
+    """Submit one job per team at once, wait for the awaited teams' jobs, measure."""
+    print(f"\n== {name}: {', '.join(t.name for t in teams)} on {bench.dataset} ==", flush=True)
+    httpx.post(f"{bench.llm_url}/stats/reset", timeout=30).raise_for_status()
+    before = cpu_snapshot(bench.stack)
+    jobs = {submit(bench, team): team for team in teams}
+    awaited = {job_id for job_id, team in jobs.items() if team.name in awaited_teams}
+    finals = wait_jobs(bench, {job_id: jobs[job_id] for job_id in awaited})
+    # Read before the collection below, whose own requests would be counted otherwise.
+    after = cpu_snapshot(bench.stack)
+    llm = llm_stats(bench)
+    figures: dict[str, Any] = {"scenario": name, "dataset": bench.dataset}
+    figures |= collect(bench, jobs, awaited, finals)
+    figures["llm"] = llm
+    in_bound = {t: p for t, p in figures["participants"].items() if t in awaited_teams}
+    figures["bound"] = lower_bound(in_bound, llm)
+    figures["wall_seconds"] = wall = wall_seconds(figures["jobs"], awaited)
+    bound = figures["bound"]["seconds"]
+    figures["bound_ratio"] = round(wall / bound, 3) if wall and bound else None
+    figures["cpu_ms_per_question"] = cpu_per_question(before, after, figures["questions"])
+    figures["peak_rss_mib"] = peak_rss(bench.stack)
+    return figures
+
+
+def ensure_team(bench: Bench, name: str, max_rps: float = DECLARED_RPS) -> Team:
+    """The team started earlier in this run, or a new one."""
+    return bench.teams.get(name) or start_team(bench, name, max_rps)
+
+
+def scenario_solo(bench: Bench) -> dict[str, Any]:
+    return run_scenario(bench, "solo", [ensure_team(bench, "team-1")], {"team-1"})
+
+
+def scenario_repeat(bench: Bench, first: dict[str, Any]) -> dict[str, Any]:
+    figures = run_scenario(bench, "repeat", [ensure_team(bench, "team-1")], {"team-1"})
+    figures["vs_first"] = _ratio(figures["wall_seconds"], first["wall_seconds"])
+    return figures
+
+
+def scenario_teams(bench: Bench, first: dict[str, Any]) -> dict[str, Any]:
+    """Three teams at once, and a fourth that declares one request per 1,000 s: its job must
+    not hold up the others (it is not waited for)."""
+    busy = [ensure_team(bench, name) for name in ("team-1", "team-2", "team-3")]
+    slow = ensure_team(bench, SLOW_TEAM, SLOW_TEAM_RPS)
+    figures = run_scenario(bench, "teams", [*busy, slow], {t.name for t in busy})
+    figures["vs_solo"] = {
+        job["team"]: _ratio(job["seconds"], first["wall_seconds"])
+        for job in figures["jobs"]
+        if job["team"] != slow.name
+    }
+    return figures
+
+
+def _ratio(value: float | None, reference: float | None) -> float | None:
+    return round(value / reference, 3) if value and reference else None
+
+
+def targets(results: dict[str, dict[str, Any]]) -> dict[str, bool | None]:
+    """The issue's targets against this run's figures (None: not measured in this run)."""
+    out: dict[str, bool | None] = {}
+    if "solo" in results:
+        s = results["solo"]
+        cpu = s["cpu_ms_per_question"]
+        out[f"solo wall <= {SOLO_BOUND_RATIO} x bound"] = _at_most(
+            s["bound_ratio"], SOLO_BOUND_RATIO
+        )
+        out[f"services <= {SERVICES_CPU_MS:.0f} ms CPU/question (sum)"] = (
+            cpu["services"] <= SERVICES_CPU_MS
+        )
+        out[f"broker+database <= {DATABASE_CPU_MS:.0f} ms CPU/question"] = (
+            cpu["broker+database"] <= DATABASE_CPU_MS
+        )
+    if "repeat" in results:
+        ratio = results["repeat"]["vs_first"]
+        out[f"repeat within {REPEAT_TOLERANCE:.0%} of first"] = (
+            None if ratio is None else abs(ratio - 1) <= REPEAT_TOLERANCE
+        )
+    if "teams" in results:
+        t = results["teams"]
+        ratios = list(t["vs_solo"].values())
+        out[f"each team <= {TEAMS_VS_SOLO} x solo"] = (
+            None if None in ratios else all(r <= TEAMS_VS_SOLO for r in ratios)
+        )
+    for name, figures in results.items():
+        within = [p["within_declared"] for p in figures["participants"].values()]
+        out[f"{name}: declared limits never exceeded"] = (
+            all(within) and figures["llm"]["within_declared"]
+        )
+    return out
+
+
+def _at_most(value: float | None, limit: float) -> bool | None:
+    return None if value is None else value <= limit
+
+
+# -- output ------------------------------------------------------------------------------------
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _yes(value: bool | None) -> str:
+    return {True: "yes", False: "NO", None: "-"}[value]
+
+
+def _stages(stages: dict[str, dict[str, int]]) -> str:
+    return " ".join(
+        f"{stage} {p['done']}/{p['total']}" + (f" ({p['failed']} failed)" if p["failed"] else "")
+        for stage, p in stages.items()
+        if stage != "aggregate"
+    )
+
+
+def _job_lines(f: dict[str, Any]) -> list[str]:
+    lines = []
+    for job in f["jobs"]:
+        seconds = _num(job["seconds"])
+        lines.append(
+            f"  {job['team']:<7} {job['state']:<9} {seconds:>7} s  {_stages(job['stages'])}"
+        )
+        lines.extend(f"      error {error}" for error in job["errors"])
+    return lines
+
+
+def _time_lines(f: dict[str, Any]) -> list[str]:
+    bound = f["bound"]
+    by_callee: dict[str, list[str]] = defaultdict(list)
+    for name, value in bound["terms"].items():
+        callee, _, term = name.rpartition(" ")
+        by_callee[callee or term].append(f"{term} {value:.1f}" if callee else f"{value:.1f}")
+    terms = " | ".join(f"{callee} {' '.join(parts)}" for callee, parts in by_callee.items())
+    lines = [
+        f"  wall {_num(f['wall_seconds'])} s   bound {_num(bound['seconds'])} s "
+        f"({bound['limiting']})   ratio {_num(f['bound_ratio'], 2)}",
+        f"  bound terms (s): {terms}",
+    ]
+    if "vs_first" in f:
+        lines.append(f"  vs the first run: {_num(f['vs_first'], 2)}")
+    if "vs_solo" in f:
+        ratios = ", ".join(f"{team} {_num(r, 2)}" for team, r in f["vs_solo"].items())
+        lines.append(f"  vs solo: {ratios}")
+    return lines
+
+
+def _resource_lines(f: dict[str, Any]) -> list[str]:
+    cpu = f["cpu_ms_per_question"]
+    ours = (*SERVICES, "services")
+    rest = [name for name in cpu if name not in ours]
+    rss = ", ".join(f"{name} {mib:.0f}" for name, mib in f["peak_rss_mib"].items())
+    return [
+        "  CPU ms/question: " + ", ".join(f"{name} {cpu[name]:.1f}" for name in ours),
+        "                   " + ", ".join(f"{name} {cpu[name]:.1f}" for name in rest),
+        f"  peak RSS MiB: {rss}",
+    ]
+
+
+def _limit_row(name: str, seen: dict[str, Any], declared: str, dup: tuple[str, str]) -> str:
+    return (
+        f"  {name:<10}{seen['requests']:>9}{seen['rejected_429']:>6}{seen['max_concurrency']:>10}"
+        f"{seen['max_in_1s']:>8}  {declared:<12}{dup[0]:>8}{dup[1]:>11}  "
+        f"{_yes(seen['within_declared'])}"
+    )
+
+
+def _limit_lines(f: dict[str, Any]) -> list[str]:
+    lines = [
+        f"  {'callee':<10}{'requests':>9}{'429s':>6}{'max conc':>10}{'max/1s':>8}  "
+        f"{'declared':<12}{'dup add':>8}{'dup search':>11}  within"
+    ]
+    for name, p in f["participants"].items():
+        seen = p | {"requests": p["requests"]["add"] + p["requests"]["search"]}
+        declared = f"{p['declared']['max_concurrency']} @ {p['declared']['max_rps']:g}/s"
+        dup = (str(p["duplicates"]["add"]), str(p["duplicates"]["search"]))
+        lines.append(_limit_row(name, seen, declared, dup))
+    llm = f["llm"]
+    lines.append(
+        _limit_row("llm", llm | {"requests": llm["calls"]}, f"{llm['capacity']}", ("", ""))
+    )
+    return lines
+
+
+def render_scenario(f: dict[str, Any]) -> list[str]:
+    header = f"== {f['scenario']} ({f['dataset']}, {f['questions']} questions) =="
+    return [header, *_job_lines(f), *_time_lines(f), *_resource_lines(f), *_limit_lines(f)]
+
+
+def render(results: dict[str, dict[str, Any]], checks: dict[str, bool | None]) -> str:
+    lines: list[str] = []
+    for figures in results.values():
+        lines.extend([*render_scenario(figures), ""])
+    lines.append("targets:")
+    lines.extend(f"  {_yes(ok):<4} {name}" for name, ok in checks.items())
+    return "\n".join(lines)
+
+
+# -- main --------------------------------------------------------------------------------------
+
+
+SCENARIOS = {"solo": ("solo",), "repeat": ("solo", "repeat"), "teams": ("solo", "teams"),
+             "all": ("solo", "repeat", "teams")}  # fmt: skip
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="all")
+    parser.add_argument("--dataset", default="locomo")
+    parser.add_argument("--quick", action="store_true", help="the synthetic dataset instead")
+    parser.add_argument(
+        "--datasets-root",
+        type=Path,
+        default=Path(os.environ.get("AML_DATASETS_ROOT", DEFAULT_DATASETS_ROOT)),
+    )
+    parser.add_argument("--data-dir", type=Path, default=ROOT / ".aml" / "bench")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--timeout", type=float, help="seconds (default 3600, 900 with --quick)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.dataset = "synthetic"
+    if args.timeout is None:
+        args.timeout = 900.0 if args.quick else 3600.0
+    return args
+
+
+def _raise_timeout(*_: object) -> None:
+    raise BenchmarkTimeout("the global --timeout passed")
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def run(args: argparse.Namespace, stack: EmbeddedStack, results: dict[str, Any]) -> None:
+    """Run the scenarios in order, each one's figures into `results` as soon as it is done (so
+    a timeout still reports the scenarios that finished)."""
+    print(f"starting the stack in {stack.data_dir} ...", flush=True)
+    stack.start_infra()
+    llm_url = start_standin(stack)
+    platform = start_platform(stack, platform_config(args.datasets_root, llm_url))
+    # The soft deadline leaves time to collect the figures before the hard one (SIGALRM).
+    deadline = time.monotonic() + args.timeout - 60
+    bench = Bench(stack, platform, llm_url, args.dataset, deadline)
+    for name in SCENARIOS[args.scenario]:
+        if name == "solo":
+            results[name] = scenario_solo(bench)
+        elif name == "repeat":
+            results[name] = scenario_repeat(bench, results["solo"])
+        else:
+            results[name] = scenario_teams(bench, results["solo"])
+
+
+def report(args: argparse.Namespace, results: dict[str, Any], commit: str, stopped: str) -> None:
+    checks = targets(results)
+    print("\n" + render(results, checks))
+    document = {
+        "measured_at": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "commit": commit,
+        "stopped": stopped or None,
+        "settings": {
+            "participant": {"add_latency_s": ADD_LATENCY, "search_latency_s": SEARCH_LATENCY,
+                            "max_concurrency": DECLARED_CONCURRENCY, "max_rps": DECLARED_RPS},
+            "llm": {"latency_s": LLM_LATENCY, "capacity": LLM_CONCURRENCY},
+        },
+        "scenarios": results,
+        "targets": checks,
+    }  # fmt: skip
+    text = json.dumps(document, indent=2)
+    for path in filter(None, (args.data_dir / "figures.json", args.json)):
+        path.write_text(text + "\n", encoding="utf-8")
+        print(f"figures written to {path}")
+
+
+def all_completed(results: dict[str, Any]) -> bool:
+    return all(
+        job["state"] == "completed"
+        for figures in results.values()
+        for job in figures["jobs"]
+        if job["team"] != SLOW_TEAM
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    # Read at the start: the working tree may change while the benchmark runs.
+    commit = _commit()
+    if args.data_dir.exists():
+        shutil.rmtree(args.data_dir)  # the benchmark's own folder: every run starts empty
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGALRM, _raise_timeout)
+    results: dict[str, Any] = {}
+    stopped = ""
+    with EmbeddedStack(StackConfig(data_dir=args.data_dir, start_llm=False)) as stack:
+        signal.alarm(int(args.timeout))
+        try:
+            run(args, stack, results)
+        except BenchmarkTimeout as exc:
+            stopped = f"timeout: {exc}"
+        except KeyboardInterrupt:
+            stopped = "interrupted"
+        finally:
+            # Never while the stack is being stopped.
+            signal.alarm(0)
+    if stopped:
+        print(f"\nbenchmark stopped ({stopped}); figures of the finished scenarios follow")
+    report(args, results, commit, stopped)
+    if stopped:
+        return 2
+    return 0 if all_completed(results) else 1
+
+
+def _commit() -> str:
+    """The commit measured, and whether the working tree had changes (figures are only
+    comparable at the same code)."""
+
+    def git(*argv: str) -> str:
+        done = subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True, check=False)
+        return done.stdout.strip()
+
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return git("rev-parse", "--short", "HEAD") + (" with uncommitted changes" if dirty else "")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""The stand-in's HTTP surface, an ASGI app (Starlette, which FastAPI is built on):
+
+- `POST /v1/chat/completions`: the OpenAI chat completion shape. A request arriving while
+  `capacity` others are being served is answered 429 at once, in OpenAI's error shape; the
+  others are answered after `latency_s` with a deterministic reply (see replies.py);
+- `GET /health`; `GET /stats` (a StatsReport); `POST /stats/reset` (between a benchmark's
+  scenarios, so that each reads its own figures).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import time
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .replies import is_judge_prompt, reply_for
+from .stats import CallStats
+
+MODEL_FINGERPRINT = "aml-llm-standin"
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: str
+    # A string, or OpenAI's list of content parts ({"type": "text", "text": ...}).
+    content: str | list[dict[str, Any]] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(str(part.get("text", "")) for part in self.content)
+        return self.content or ""
+
+
+class ChatRequest(BaseModel):
+    # Sampling options (temperature, seed, ...) are accepted and ignored: replies are fixed.
+    model_config = ConfigDict(extra="allow")
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+    def prompt(self) -> str:
+        """The last user message: the platform sends its whole prompt as one."""
+        users = [message for message in self.messages if message.role == "user"]
+        return (users or self.messages)[-1].text()
+
+
+def _estimate_tokens(text: str) -> int:
+    # Only for `usage`, which the platform does not read; the same estimate it uses itself.
+    return math.ceil(len(text.encode("utf-8")) / 3)
+
+
+def _error(status: int, message: str, kind: str, code: str | None) -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    return JSONResponse(body, status_code=status)
+
+
+def _completion(number: int, request: ChatRequest, prompt: str, reply: str) -> dict[str, Any]:
+    prompt_tokens, reply_tokens = _estimate_tokens(prompt), _estimate_tokens(reply)
+    return {
+        "id": f"chatcmpl-standin-{number}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": request.model,
+        "system_fingerprint": MODEL_FINGERPRINT,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": reply},
+                "finish_reason": "stop",
+                "logprobs": None,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": reply_tokens,
+            "total_tokens": prompt_tokens + reply_tokens,
+        },
+    }
+
+
+def create_app(latency_s: float, capacity: int) -> Starlette:
+    stats = CallStats(latency_s, capacity)
+    numbers = itertools.count(1)
+
+    async def chat(request: Request) -> Response:
+        try:
+            chat_request = ChatRequest.model_validate_json(await request.body())
+        except ValidationError as exc:
+            stats.invalid()
+            text = f"invalid request: {exc.error_count()} error(s)"
+            return _error(400, text, "invalid_request_error", None)
+        admitted = stats.arrive()
+        try:
+            if not admitted:
+                # At once, not queued: a platform that over-sends must show up as 429s.
+                text = f"over capacity: at most {capacity} requests at once"
+                return _error(429, text, "rate_limit_error", "rate_limit_exceeded")
+            await asyncio.sleep(latency_s)
+            prompt = chat_request.prompt()
+            max_tokens = chat_request.max_completion_tokens or chat_request.max_tokens
+            reply = reply_for(prompt, max_tokens)
+            stats.served("judge" if is_judge_prompt(prompt) else "answer")
+            return JSONResponse(_completion(next(numbers), chat_request, prompt, reply))
+        finally:
+            stats.leave(admitted)
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def report(request: Request) -> Response:
+        return Response(stats.report().model_dump_json(), media_type="application/json")
+
+    async def reset(request: Request) -> Response:
+        stats.reset()
+        return JSONResponse({"reset": True})
+
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/stats", report, methods=["GET"]),
+            Route("/stats/reset", reset, methods=["POST"]),
+        ]
+    )
