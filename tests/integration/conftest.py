@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from faststream.nats import NatsBroker
 
+from aml_runtime.broker import declare_streams
 from aml_runtime.processes import find_executable
 from aml_runtime.stack import EmbeddedStack, StackConfig
 
@@ -33,3 +35,13 @@ def mongo_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real nx-27017 MongoDB wire server, alone."""
     for stack in _alone(tmp_path_factory, "nx-27017", "nx-27017", start_nats=False):
         yield stack.mongo_url
+
+
+@pytest.fixture(scope="module")
+async def broker(nats_url: str) -> AsyncIterator[NatsBroker]:
+    """A connected broker with the platform's streams declared."""
+    broker = NatsBroker(nats_url)
+    async with broker:
+        await broker.connect()
+        await declare_streams(broker)
+        yield broker

@@ -17,7 +17,6 @@ from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_gateway.progress import job_status
-from aml_runtime.broker import declare_streams
 from aml_runtime.db import Document, ensure_indexes
 from aml_runtime.evaluation_spec import build_spec
 from aml_runtime.jobs import record_error
@@ -44,15 +43,6 @@ async def db(mongo_url: str) -> AsyncIterator[AsyncDatabase[Document]]:
     await ensure_indexes(database)
     yield database
     await client.close()
-
-
-@pytest.fixture(scope="module")
-async def broker(nats_url: str) -> AsyncIterator[NatsBroker]:
-    broker = NatsBroker(nats_url)
-    async with broker:
-        await broker.connect()
-        await declare_streams(broker)
-        yield broker
 
 
 async def planned_job(

@@ -24,7 +24,7 @@ from aml_evaluation.aggregate import QuestionOutcome, aggregate
 from aml_publisher.handlers import Publisher
 from aml_publisher.main import DURABLE
 from aml_publisher.settings import PublisherSettings
-from aml_runtime.broker import declare_streams, publish
+from aml_runtime.broker import publish
 from aml_runtime.db import Document
 from aml_runtime.jobs import publish_finished, record_error
 from aml_runtime.progress import ItemStage, record_final
@@ -122,15 +122,6 @@ async def db(mongo_url: str) -> AsyncIterator[AsyncDatabase[Document]]:
     client: AsyncMongoClient[Document] = AsyncMongoClient(mongo_url, tz_aware=True)
     yield client[DB]
     await client.close()
-
-
-@pytest.fixture(scope="module")
-async def broker(nats_url: str) -> AsyncIterator[NatsBroker]:
-    broker = NatsBroker(nats_url)
-    async with broker:
-        await broker.connect()
-        await declare_streams(broker)
-        yield broker
 
 
 class PublisherProcess:
