@@ -15,6 +15,7 @@ from aml_contract.messages import QuestionWork
 from aml_contract.participant import AddRequest, Message, SearchRequest, encode
 from aml_participant_simulator import LeakSpec, Script, Simulator, running_simulator
 from aml_participant_simulator.script import EndpointScript
+from aml_runtime.jobs import Endpoints
 from aml_runtime.participants import ParticipantClient
 from aml_runtime.secrets import SecretBox
 from aml_runtime.settings import ParticipantCallSettings
@@ -74,7 +75,8 @@ async def test_search_records_another_users_text_as_a_leak(db: Any) -> None:
                                                 top_k=5)),
         }  # fmt: skip
         work = QuestionWork(job_id=JOB, version_id="v", item_id=question["_id"])
-        result = await SearchQuestion(db, client, box)(work, question, StageCall(delivered=1))
+        search = SearchQuestion(db, client, Endpoints(db, box))
+        result = await search(work, question, StageCall(delivered=1))
     await client.aclose()
 
     assert result["leaks"] == 1

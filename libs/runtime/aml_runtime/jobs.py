@@ -3,6 +3,8 @@ update (it names the state it leaves), so concurrent or repeated callers change 
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from faststream.nats import NatsBroker
@@ -137,6 +139,26 @@ async def load_endpoint(
         run_key=job_id,
         max_requests=(version.get("run_limits") or {}).get("max_requests_per_run"),
     )
+
+
+@dataclass
+class Endpoints:
+    """`load_endpoint` with a short memory per process: an item's call needs its version's
+    endpoint, and reading the version and its sealed key for every item was two database reads
+    per question. A changed version (URL, key, capacity) is seen within `ttl` seconds."""
+
+    db: AsyncDatabase[Document]
+    box: SecretBox
+    ttl: float = 5.0
+    _known: dict[str, tuple[float, Endpoint]] = field(default_factory=dict)
+
+    async def get(self, version_id: str, job_id: str) -> Endpoint:
+        now_s = time.monotonic()
+        known = self._known.get(version_id)
+        if known is None or now_s - known[0] > self.ttl:
+            known = (now_s, await load_endpoint(self.db, self.box, version_id))
+            self._known[version_id] = known
+        return known[1].model_copy(update={"run_key": job_id})
 
 
 def version_capacity(version: Document) -> Capacity:

@@ -21,7 +21,7 @@ from aml_contract.messages import QuestionDone, QuestionStage, QuestionWork, mes
 from aml_contract.subjects import WorkStage
 from aml_runtime.broker import Exhausted, publish, publish_work, run_delivery
 from aml_runtime.db import Document
-from aml_runtime.jobs import fail_job, job_is_active, now, record_error
+from aml_runtime.jobs import ACTIVE, fail_job, now, record_error
 from aml_runtime.progress import record_final
 from aml_runtime.settings import CommonSettings
 from aml_runtime.stage_worker import StageCall, WorkItem
@@ -75,12 +75,13 @@ class QuestionStageWorker:
             await self._hand_on(work, existing["state"])
             return
         # Checked after admission, right before the call: a failed job's work is dropped here.
-        if not await job_is_active(self.db, work.job_id):
+        job = await self.db.jobs.find_one({"_id": work.job_id}, {"state": 1, "top_k": 1})
+        if job is None or job["state"] not in ACTIVE:
             return
         question = await self.db.questions.find_one({"_id": work.item_id})
         if question is None:
             raise Exhausted("platform_error", f"question {work.item_id} is not planned")
-        fields = await self.compute(work, question, item.call)
+        fields = await self.compute(work, question, item.call(job))
         await self._store(work, {"state": "done", **fields})
         await self._hand_on(work, "done")
 

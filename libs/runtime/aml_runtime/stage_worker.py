@@ -71,6 +71,8 @@ class StageCall:
 
     delivered: int
     admission: Admission | None = None
+    # The item's job as the stage read it (state, version_id, top_k), read once per item.
+    job: Document | None = None
 
 
 @dataclass(frozen=True)
@@ -84,9 +86,8 @@ class WorkItem:
     def delivered(self) -> int:
         return self.delivery.delivered
 
-    @property
-    def call(self) -> StageCall:
-        return StageCall(self.delivered, self.admission)
+    def call(self, job: Document | None = None) -> StageCall:
+        return StageCall(self.delivered, self.admission, job)
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,9 @@ from aml_contract.messages import AddDone, AddWork, Outcome, message_id
 from aml_runtime.audit import VALID, CallRecorder
 from aml_runtime.broker import Exhausted, publish, run_delivery
 from aml_runtime.db import Document
-from aml_runtime.jobs import job_is_active, load_endpoint, now, record_error
+from aml_runtime.jobs import Endpoints, job_is_active, now, record_error
 from aml_runtime.participants import CallFailed, ParticipantClient
 from aml_runtime.progress import record_final
-from aml_runtime.secrets import SecretBox
 from aml_runtime.settings import CommonSettings
 from aml_runtime.stage_worker import WorkItem
 from aml_runtime.telemetry import stage_span
@@ -29,7 +28,7 @@ class AddHandler:
     db: AsyncDatabase[Document]
     broker: NatsBroker
     client: ParticipantClient
-    box: SecretBox
+    endpoints: Endpoints
 
     async def __call__(self, work: AddWork, item: WorkItem) -> None:
         async def attempt() -> None:
@@ -54,7 +53,7 @@ class AddHandler:
         # Checked after admission, right before the call: a failed job's work is dropped here.
         if not await job_is_active(self.db, work.job_id):
             return
-        endpoint = await load_endpoint(self.db, self.box, work.version_id, work.job_id)
+        endpoint = await self.endpoints.get(work.version_id, work.job_id)
         observe = CallRecorder(self.db, work.job_id, "add", work.request_id, item.delivered)
         ids = (chunk["_id"], chunk["user_id"], chunk["session_id"])
         try:

@@ -7,6 +7,7 @@ from faststream import FastStream
 from aml_adder.handlers import AddHandler
 from aml_adder.settings import AdderSettings
 from aml_contract.messages import AddWork
+from aml_runtime.jobs import Endpoints
 from aml_runtime.participants import ParticipantClient
 from aml_runtime.secrets import SecretBox
 from aml_runtime.service import open_runtime
@@ -18,7 +19,8 @@ def create_app(settings: AdderSettings | None = None) -> FastStream:
     rt = open_runtime("adder", settings)
     limiter = capacity_limiter(rt, settings)
     client = ParticipantClient.from_settings(settings, limiter)
-    handler = AddHandler(settings, rt.db, rt.broker, client, SecretBox(settings.secret_keys))
+    endpoints = Endpoints(rt.db, SecretBox(settings.secret_keys))
+    handler = AddHandler(settings, rt.db, rt.broker, client, endpoints)
     worker = StageWorker(
         participant_lanes("add", "adder", rt.db),
         AddWork,

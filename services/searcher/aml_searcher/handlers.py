@@ -12,9 +12,8 @@ from aml_runtime.audit import VALID, CallRecorder
 from aml_runtime.broker import Exhausted
 from aml_runtime.db import Document
 from aml_runtime.isolation import content_text, find_leaks, text_digest
-from aml_runtime.jobs import load_endpoint, record_error
+from aml_runtime.jobs import Endpoints, record_error
 from aml_runtime.participants import CallFailed, ParticipantClient
-from aml_runtime.secrets import SecretBox
 from aml_runtime.stage_worker import StageCall
 
 
@@ -22,13 +21,13 @@ from aml_runtime.stage_worker import StageCall
 class SearchQuestion:
     db: AsyncDatabase[Document]
     client: ParticipantClient
-    box: SecretBox
+    endpoints: Endpoints
 
     async def __call__(self, work: QuestionWork, question: Document, item: StageCall) -> Document:
-        job = await self.db.jobs.find_one({"_id": work.job_id}, {"version_id": 1, "top_k": 1})
+        job = item.job or await self.db.jobs.find_one({"_id": work.job_id}, {"top_k": 1})
         if job is None:
             raise Exhausted("platform_error", f"job {work.job_id} is missing")
-        endpoint = await load_endpoint(self.db, self.box, job["version_id"], work.job_id)
+        endpoint = await self.endpoints.get(work.version_id, work.job_id)
         observe = CallRecorder(self.db, work.job_id, "search", work.item_id, item.delivered)
         try:
             items = await self.client.search(

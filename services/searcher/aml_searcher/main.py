@@ -5,6 +5,7 @@ from __future__ import annotations
 from faststream import FastStream
 
 from aml_contract.messages import QuestionWork
+from aml_runtime.jobs import Endpoints
 from aml_runtime.participants import ParticipantClient
 from aml_runtime.question_stage import QuestionStageWorker
 from aml_runtime.secrets import SecretBox
@@ -19,7 +20,7 @@ def create_app(settings: SearcherSettings | None = None) -> FastStream:
     rt = open_runtime("searcher", settings)
     limiter = capacity_limiter(rt, settings)
     client = ParticipantClient.from_settings(settings, limiter)
-    search = SearchQuestion(rt.db, client, SecretBox(settings.secret_keys))
+    search = SearchQuestion(rt.db, client, Endpoints(rt.db, SecretBox(settings.secret_keys)))
     stage = QuestionStageWorker("search", settings, rt.db, rt.broker, search)
     worker = StageWorker(
         participant_lanes("search", "searcher", rt.db),
