@@ -68,7 +68,15 @@ class QuestionStageWorker:
             await run_delivery(item.delivery, self.settings, attempt, give_up)
 
     async def _process(self, work: QuestionWork, item: WorkItem) -> None:
-        existing = await self.db[self.collection].find_one({"_id": work.item_id}, {"state": 1})
+        # A first delivery cannot find its document: the broker drops a re-published hand-off
+        # (same message id) within its duplicate window. An LLM stage skips that read then; the
+        # search keeps it, since a second Search would reach the participant.
+        looked_up = self.stage == "search" or item.delivered > 1
+        existing = (
+            await self.db[self.collection].find_one({"_id": work.item_id}, {"state": 1})
+            if looked_up
+            else None
+        )
         if existing is not None:
             # Its writer may have died before recording it: record (once) and hand on again.
             await record_final(self.db, work.job_id, self.stage, work.item_id, existing["state"])
@@ -82,10 +90,10 @@ class QuestionStageWorker:
         if question is None:
             raise Exhausted("platform_error", f"question {work.item_id} is not planned")
         fields = await self.compute(work, question, item.call(job))
-        await self._store(work, {"state": "done", **fields})
-        await self._hand_on(work, "done")
+        await self._hand_on(work, await self._store(work, {"state": "done", **fields}))
 
-    async def _store(self, work: QuestionWork, fields: Document) -> None:
+    async def _store(self, work: QuestionWork, fields: Document) -> str:
+        """Store the stage's outcome unless one is stored; returns the state that stands."""
         # A concurrent or earlier delivery may have stored it first; its result stands, so the
         # outcome recorded is the stored one (its writer may have died before recording it).
         state = fields.get("state")
@@ -97,6 +105,7 @@ class QuestionStageWorker:
             stored = await self.db[self.collection].find_one({"_id": work.item_id}, {"state": 1})
             state = (stored or {}).get("state")
         await record_final(self.db, work.job_id, self.stage, work.item_id, state)
+        return str(state)
 
     async def _hand_on(self, work: QuestionWork, state: str) -> None:
         following = _NEXT[self.stage]
