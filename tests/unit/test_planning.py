@@ -17,6 +17,7 @@ from aml_evaluation.chunker import plan_adds
 from aml_evaluation.datasets import Dataset, load_dataset, parse_locomo
 from aml_evaluation.prompts import question_with_options
 from aml_evaluation.scoring import parse_choice
+from aml_runtime.telemetry import item_trace, item_trace_hex
 from aml_scheduler.handlers import question_outcome
 from aml_scheduler.planning import (
     plan_chunks,
@@ -236,3 +237,17 @@ def test_multiple_choice_is_scored_by_the_option_named() -> None:
     assert score.choice("(c) Oslo", options, "Berlin")["choice_correct"] is False
     unreadable = score.choice("maybe Lisbon or Oslo", options, "Berlin")
     assert unreadable["chosen_option"] is None and unreadable["choice_correct"] is None
+
+
+def test_every_item_is_planned_with_the_trace_its_releases_land_in(
+    chunks: list[dict[str, object]], questions: list[dict[str, object]]
+) -> None:
+    """The trace id is derived from the item id (aml_runtime.telemetry), so it is known at plan
+    time and no release has to write it."""
+    for item in [*chunks, *questions]:
+        assert item["trace_id"] == item_trace_hex(str(item["_id"]))
+    with item_trace("aml.release", str(chunks[0]["_id"])) as span:
+        assert format(span.get_span_context().trace_id, "032x") == chunks[0]["trace_id"]
+    assert len({item["trace_id"] for item in [*chunks, *questions]}) == len(chunks) + len(
+        questions
+    )

@@ -117,6 +117,11 @@ def item_trace_ids(item_key: str) -> tuple[int, int]:
     return int.from_bytes(digest[:16], "big") or 1, int.from_bytes(digest[16:24], "big") or 1
 
 
+def item_trace_hex(item_key: str) -> str:
+    """The trace id of a job item as auditors and `aml trace` read it (32 hex digits)."""
+    return format(item_trace_ids(item_key)[0], "032x")
+
+
 @contextmanager
 def item_trace(name: str, item_key: str, **ids: Any) -> Iterator[Span]:
     """A span in the trace of one job item (see item_trace_ids), not a child of whatever event

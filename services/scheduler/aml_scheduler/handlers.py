@@ -39,7 +39,7 @@ from aml_runtime.participants import ParticipantClient
 from aml_runtime.progress import questions_final, repair_counters, repair_due
 from aml_runtime.retention import purge_expired
 from aml_runtime.secrets import SecretBox
-from aml_runtime.telemetry import current_trace_ids, item_trace
+from aml_runtime.telemetry import item_trace
 from aml_scheduler.planning import (
     bundle_fingerprint,
     plan_chunks,
@@ -205,7 +205,6 @@ class Scheduler:
                 work = AddWork(job_id=job_id, version_id=version_id, request_id=pending["_id"])
                 ids = {"job_id": job_id, "request_id": pending["_id"], "user_id": user}
                 with item_trace("aml.release", pending["_id"], stage="add", **ids):
-                    await self._note_trace("add_chunks", pending["_id"])
                     await publish_work(self.broker, "add", work, pending["_id"])
 
     async def _release_questions(self, job_id: str, version_id: str, user_id: str) -> None:
@@ -218,16 +217,9 @@ class Scheduler:
             work = QuestionWork(job_id=job_id, version_id=version_id, item_id=question["_id"])
             ids = {"job_id": job_id, "request_id": question["_id"], "user_id": user_id}
             with item_trace("aml.release", question["_id"], stage="search", **ids):
-                await self._note_trace("questions", question["_id"])
                 await publish_work(self.broker, "search", work, question["_id"])
         # Written only after every publish went out: a crash before it re-publishes (harmless).
         await _insert_once(self.db, "question_releases", [{"_id": marker, "job_id": job_id}])
-
-    async def _note_trace(self, collection: str, item_id: str) -> None:
-        """The item's trace id, on the item, for auditors (the same on every release)."""
-        trace_id = current_trace_ids().get("trace_id")
-        if trace_id is not None:
-            await self.db[collection].update_one({"_id": item_id}, {"$set": {"trace_id": trace_id}})
 
     async def complete_if_done(self, job_id: str) -> None:
         job = await self.db.jobs.find_one({"_id": job_id})

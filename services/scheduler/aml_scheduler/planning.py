@@ -9,6 +9,7 @@ from aml_contract.participant import AddRequest, SearchRequest, encode, memory_u
 from aml_evaluation.chunker import plan_adds
 from aml_evaluation.datasets import Dataset
 from aml_runtime.isolation import content_text, owners_of_texts
+from aml_runtime.telemetry import item_trace_hex
 
 Document = dict[str, Any]
 
@@ -30,8 +31,8 @@ def plan_chunks(job_id: str, dataset: Dataset) -> list[Document]:
             "messages": len(chunk.request.messages),
             "body": encode(chunk.request),
             "state": "pending",
-            # The trace of this item, set when it is released (aml_runtime.telemetry).
-            "trace_id": None,
+            # The trace every release of this item lands in (derived from its id).
+            "trace_id": item_trace_hex(chunk.request_id),
         }
         for chunk in plan_adds(dataset, job_id)
     ]
@@ -40,6 +41,7 @@ def plan_chunks(job_id: str, dataset: Dataset) -> list[Document]:
 def plan_questions(job_id: str, dataset: Dataset, top_k: int) -> list[Document]:
     documents = []
     for question in dataset.questions:
+        item_id = question_item_id(job_id, dataset.dataset_id, question.question_id)
         user_id = memory_user_id(job_id, dataset.dataset_id, question.conversation_id)
         # Only the question (and options, for multiple choice) goes out: never the gold answer.
         request = SearchRequest(
@@ -47,7 +49,7 @@ def plan_questions(job_id: str, dataset: Dataset, top_k: int) -> list[Document]:
         )
         documents.append(
             {
-                "_id": question_item_id(job_id, dataset.dataset_id, question.question_id),
+                "_id": item_id,
                 "job_id": job_id,
                 "dataset_id": dataset.dataset_id,
                 "question_id": question.question_id,
@@ -62,7 +64,7 @@ def plan_questions(job_id: str, dataset: Dataset, top_k: int) -> list[Document]:
                 "options": question.options,
                 "f1_variant": dataset.f1_variant,
                 "search_body": encode(request),
-                "trace_id": None,
+                "trace_id": item_trace_hex(item_id),
             }
         )
     return documents
