@@ -20,5 +20,6 @@ RUN useradd --system --uid 10001 --create-home --home-dir /home/aml aml
 USER 10001:10001
 WORKDIR /home/aml
 
-EXPOSE 8000
+# 8000: the gateway; 9464: a worker's /health, /ready and /metrics (AML_METRICS_PORT).
+EXPOSE 8000 9464
 CMD ["python", "-m", "aml_gateway"]

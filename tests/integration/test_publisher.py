@@ -137,6 +137,9 @@ class PublisherProcess:
             # Only the event path gates here; the reconciliation is tested on its own.
             "AML_RECONCILE_INTERVAL_SECONDS": "3600",
             "AML_REDELIVERY_DELAY_SECONDS": "0.1",
+            # No metrics port: the fixed default could be taken on a shared test machine
+            # (the endpoint itself is tested in test_metrics.py).
+            "AML_METRICS_PORT": "0",
         }
         self.log = log
         self.process: subprocess.Popen[bytes] | None = None

@@ -370,8 +370,24 @@ def test_gateway_listens_where_it_is_published_and_probed() -> None:
     assert str(port) in published, f"compose.yaml: gateway ports {published} miss AML_PORT {port}"
     url = _url_in(_healthcheck_test(gateway))
     assert url is not None, "compose.yaml: the gateway healthcheck must GET a URL"
-    assert urlsplit(url).port == port and urlsplit(url).path == "/health", (
-        f"compose.yaml: gateway healthcheck {url} is not GET /health on AML_PORT {port}"
+    assert urlsplit(url).port == port and urlsplit(url).path == "/ready", (
+        f"compose.yaml: gateway healthcheck {url} is not GET /ready on AML_PORT {port}"
+    )
+
+
+@pytest.mark.parametrize("name", sorted(set(AML_SETTINGS) - {"gateway"}))
+def test_worker_healthcheck_gets_ready_on_its_metrics_port(name: str) -> None:
+    service = _services()[name]
+    module, class_name = AML_SETTINGS[name]
+    settings_class = getattr(importlib.import_module(module), class_name)
+    env = _environment(service)
+    port = int(_resolve(env.get("AML_METRICS_PORT", "")) or
+               settings_class.model_fields["metrics_port"].default)  # fmt: skip
+    assert port > 0, f"compose.yaml: `{name}` turns its metrics port off but probes it"
+    url = _url_in(_healthcheck_test(service))
+    assert url is not None, f"compose.yaml: `{name}` healthcheck must GET a URL"
+    assert (urlsplit(url).port, urlsplit(url).path) == (port, "/ready"), (
+        f"compose.yaml: `{name}` healthcheck {url} is not GET /ready on AML_METRICS_PORT {port}"
     )
 
 

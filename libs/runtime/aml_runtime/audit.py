@@ -9,6 +9,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract.api import Stage
 from aml_runtime.db import Document
+from aml_runtime.metrics import participant_call
 from aml_runtime.participants import Attempt
 
 VALID = "valid"
@@ -18,14 +19,25 @@ class CallRecorder:
     """The observer handed to the participant client for one item and one delivery."""
 
     def __init__(
-        self, db: AsyncDatabase[Document], job_id: str, stage: Stage, request_id: str, delivery: int
+        self,
+        db: AsyncDatabase[Document],
+        job_id: str,
+        stage: Stage,
+        request_id: str,
+        delivery: int,
+        version_id: str = "",
     ) -> None:
         self._db = db
+        self._version_id = version_id
         self._fields = {"job_id": job_id, "stage": stage, "request_id": request_id,
                         "delivery": delivery}  # fmt: skip
         self._answered: Any = None
 
     async def __call__(self, attempt: Attempt) -> None:
+        participant_call(
+            self._version_id, attempt.operation, attempt.status, attempt.error_class,
+            attempt.latency_ms,
+        )  # fmt: skip
         result = await self._db.calls.insert_one({**self._fields, **attempt.model_dump()})
         if attempt.outcome == "ok":
             self._answered = result.inserted_id

@@ -5,6 +5,10 @@ aml demo   the same plus the reference memory system; run one smoke job on the s
            dataset, show its progress and print the results table (exit 1 if it failed)
 aml rescore  score a predictions file against a dataset offline (see aml_runtime.rescore)
 aml trace  print the span tree of every trace of one request_id (from the stack's span files)
+aml check  check a memory system's Add/Search/Health endpoints against the participant contract
+aml baseline  print this deployment's release baseline (spec, code and dataset bundle hashes,
+           questions per dataset) from its AML_* settings; --json/--store: the JSON of
+           AML_RELEASE_BASELINE
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from aml_evaluation.datasets import (
 from aml_evaluation.prompts import load_prompt
 from aml_evaluation.punkt import PunktDataError, require_punkt_tab
 from aml_evaluation.scoring import BLEU_VERSION, F1_VARIANTS
-from aml_runtime import rescore, tracefiles
+from aml_runtime import conformance, rescore, tracefiles
 from aml_runtime.evaluation_spec import build_spec
 from aml_runtime.llm import complete, make_llm_client
 from aml_runtime.platform import (
@@ -92,7 +96,21 @@ def _parser() -> argparse.ArgumentParser:
     trace_cmd = sub.add_parser("trace", help="the span tree of one request_id")
     trace_cmd.add_argument("request_id", help="an Add request_id or a question item id")
     trace_cmd.add_argument("--data-dir", type=Path, default=Path(".aml") / "demo")
+    conformance.add_arguments(
+        sub.add_parser("check", help="check a memory system against the participant contract")
+    )
     rescore.add_argument("--json", type=Path, help="write the results document here")
+    baseline = sub.add_parser("baseline", help="this deployment's release baseline")
+    baseline.add_argument(
+        "--dataset",
+        action="append",
+        help="a dataset of the release (repeatable; default: AML_FULL_SUITE, the fixed suite)",
+    )
+    baseline.add_argument("--datasets-root", type=Path, help="default: AML_DATASETS_ROOT")
+    baseline.add_argument(
+        "--json", action="store_true", help="print only the JSON for AML_RELEASE_BASELINE"
+    )
+    baseline.add_argument("--store", type=Path, help="also write that JSON to this file")
     return parser
 
 
@@ -100,8 +118,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "rescore":
         return asyncio.run(_rescore(args))
+    if args.command == "check":
+        return conformance.main_from_args(args)
     if args.command == "trace":
         return _trace(args.request_id, args.data_dir / "traces")
+    if args.command == "baseline":
+        return _baseline(args)
     if args.command == "demo" and not args.keep_data and args.data_dir.exists():
         shutil.rmtree(args.data_dir)
     stack = EmbeddedStack(StackConfig(data_dir=args.data_dir))
@@ -110,7 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         print(f"starting the embedded stack in {stack.data_dir} ...", flush=True)
         stack.start_infra()
-        platform = start_platform(stack, PlatformConfig(datasets_root=args.datasets_root))
+        # The stack's own release baseline, so its full runs can pass the publication gate.
+        config = PlatformConfig(datasets_root=args.datasets_root, own_release_baseline=True)
+        platform = start_platform(stack, config)
         print(f"gateway   {platform.gateway_url}  (admin token in {stack.data_dir}/admin.token)")
         print(f"nats      {stack.nats_url}\nmongodb   {stack.mongo_url}")
         print(f"llm       {stack.llm_base_url}", flush=True)
@@ -154,6 +178,34 @@ def _demo(platform: Any, stack: EmbeddedStack, dataset: str, timeout: float) -> 
     print(render_results(results, category_numbers(results["datasets"])))
     for record in first["records"]:
         print(f"\nfollow one request: aml trace {record['request_id']} --data-dir {stack.data_dir}")
+    return 0
+
+
+def _baseline(args: argparse.Namespace) -> int:
+    # The scheduler computes what every job records; the gateway's fixed suite is what a
+    # publishable (full) run evaluates. Imported here: only this command needs the services.
+    from aml_gateway.settings import GatewaySettings
+    from aml_scheduler.baseline import release_baseline
+    from aml_scheduler.baseline import render as render_baseline
+    from aml_scheduler.settings import SchedulerSettings
+
+    settings = SchedulerSettings()
+    if args.datasets_root is not None:
+        settings = settings.model_copy(update={"datasets_root": args.datasets_root})
+    datasets = args.dataset or GatewaySettings().full_suite
+    try:
+        baseline = release_baseline(settings, datasets)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"aml baseline: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    document = baseline.release.model_dump_json()
+    if args.store is not None:
+        args.store.write_text(document + "\n", encoding="utf-8")
+    if args.json:
+        print(document)
+    else:
+        print(render_baseline(baseline))
+        print(f"\nAML_RELEASE_BASELINE='{document}'")
     return 0
 
 

@@ -11,6 +11,7 @@ from openai import AsyncOpenAI
 
 from aml_evaluation.context import TokenCount, estimated
 from aml_runtime.capacity import Admission, Capacity, Departure
+from aml_runtime.metrics import LLM_CALLS, LLM_ERRORS
 from aml_runtime.settings import LLMSettings
 from aml_runtime.telemetry import stage_span
 
@@ -41,13 +42,21 @@ async def complete(
     with stage_span("llm.chat", model=model, max_tokens=max_tokens):
         async with _llm_request(admission) as departure:
             departure.at = time.time()
-            response = await client.chat.completions.create(
-                model=model,
-                messages=[{"role": "user", "content": prompt}],
-                temperature=0,
-                max_tokens=max_tokens,
-                seed=seed,
-            )
+            # Timed from the call itself, not from the admission wait before it.
+            started = time.monotonic()
+            try:
+                response = await client.chat.completions.create(
+                    model=model,
+                    messages=[{"role": "user", "content": prompt}],
+                    temperature=0,
+                    max_tokens=max_tokens,
+                    seed=seed,
+                )
+            except Exception as exc:
+                LLM_CALLS.labels(model, "error").observe(time.monotonic() - started)
+                LLM_ERRORS.labels(model, type(exc).__name__).inc()
+                raise
+            LLM_CALLS.labels(model, "ok").observe(time.monotonic() - started)
     return response.choices[0].message.content or ""
 
 

@@ -19,6 +19,7 @@ import contextlib
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import get_args
 
 import httpx
 import structlog
@@ -27,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, ge
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract import subjects
+from aml_contract.api import JobState
 from aml_runtime.db import Document
 
 log = structlog.get_logger()
@@ -61,8 +63,8 @@ PENDING_WORK = Gauge(
 )
 JOBS = Gauge("aml_jobs", "Jobs by state.", ["state"])
 
-# Every job state the platform writes, so a state with no job reads 0 instead of vanishing.
-JOB_STATES = ("queued", "running", "completed", "failed", "cancelled")
+# Every job state, so a state with no job reads 0 instead of vanishing.
+JOB_STATES: tuple[str, ...] = get_args(JobState)
 
 
 def participant_call(version_id: str, operation: str, status: int | None, error: str | None,

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import httpx
 from pydantic import BaseModel
@@ -40,6 +42,10 @@ class PlatformConfig(BaseModel):
     # The operator's release baseline for the publication gate (R-3.8); None: not configured,
     # so every finished job fails the baseline checks (AML_RELEASE_BASELINE is left unset).
     release_baseline: ReleaseBaseline | None = None
+    # Without an explicit `release_baseline`: compute the stack's own (the scheduler's hashes
+    # under this very environment) so its full runs can pass the gate; datasets that are not
+    # available leave it unset, with a warning.
+    own_release_baseline: bool = False
     extra_env: dict[str, str] = {}
 
 
@@ -62,6 +68,27 @@ def _persistent_value(path: Path, make: str) -> str:
         path.write_text(make, encoding="utf-8")
         path.chmod(0o600)
     return path.read_text(encoding="utf-8").strip()
+
+
+def own_release_baseline(env: dict[str, str]) -> ReleaseBaseline | None:
+    """The baseline of the services started with `env` (over the process's own environment,
+    as the children see it), or None when its datasets cannot be read."""
+    # Imported here: the services' settings are only needed for this.
+    from aml_gateway.settings import GatewaySettings
+    from aml_scheduler.baseline import release_baseline
+    from aml_scheduler.settings import SchedulerSettings
+
+    # Read exactly as the children will: their environment is this one plus `env` (JSON values
+    # such as AML_FULL_SUITE are decoded by the settings' environment source only).
+    with mock.patch.dict(os.environ, env):
+        suite = GatewaySettings().full_suite
+        settings = SchedulerSettings()
+    try:
+        return release_baseline(settings, suite).release
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"no release baseline for {suite} ({type(exc).__name__}: {exc}): every job "
+              "fails the gate's baseline checks", file=sys.stderr, flush=True)  # fmt: skip
+        return None
 
 
 def start_platform(stack: EmbeddedStack, config: PlatformConfig) -> Platform:
@@ -90,10 +117,16 @@ def start_platform(stack: EmbeddedStack, config: PlatformConfig) -> Platform:
         "AML_JUDGE_MAX_TOKENS": str(config.judge_max_tokens),
         "AML_PORT": str(gateway_port),
         "AML_HOST": HOST,
+        # Every service runs on this one host with this one environment: a shared metrics port
+        # would collide, so the local stack serves none (the gateway's /ready still answers).
+        "AML_METRICS_PORT": "0",
         **config.extra_env,
     }
-    if config.release_baseline is not None:
-        env["AML_RELEASE_BASELINE"] = config.release_baseline.model_dump_json()
+    baseline = config.release_baseline
+    if baseline is None and config.own_release_baseline:
+        baseline = own_release_baseline(env)
+    if baseline is not None:
+        env["AML_RELEASE_BASELINE"] = baseline.model_dump_json()
     gateway_url = f"http://{HOST}:{gateway_port}"
     stack.start_process(
         GATEWAY,

@@ -3,8 +3,9 @@
     python -m aml_runtime.probe http://localhost:8000/health   GET answers 2xx
     python -m aml_runtime.probe --nats                         AML_NATS_URL answers, JetStream on
 
-Exit status 0 when healthy, 1 with the reason on stderr when not. Workers have no HTTP port, so
-their probe is the broker they cannot work without.
+Exit status 0 when healthy, 1 with the reason on stderr when not. Workers are probed on their
+`/ready` (AML_METRICS_PORT, aml_runtime.metrics); `--nats` remains for a worker whose metrics
+port is off: the broker it cannot work without.
 """
 
 from __future__ import annotations

@@ -50,6 +50,7 @@ from pymongo.errors import DuplicateKeyError
 
 from aml_contract.messages import Outcome
 from aml_runtime.db import Document, read_time
+from aml_runtime.metrics import ITEMS
 
 log = structlog.get_logger()
 
@@ -218,6 +219,7 @@ async def record_final(
         except DuplicateKeyError:
             continue  # recorded (and counted, or left for the repair) by an earlier writer
         inc[field] = 1
+        ITEMS.labels(kind, outcome).inc()
     if not inc:
         return False
     await _count(db, job_id, inc, at_us)

@@ -18,7 +18,8 @@ from pymongo.asynchronous.database import AsyncDatabase
 from aml_runtime.broker import declare_streams, make_broker
 from aml_runtime.db import Document, connect, ensure_indexes
 from aml_runtime.logging import configure_logging
-from aml_runtime.settings import CommonSettings
+from aml_runtime.metrics import OpsServer, process_checks
+from aml_runtime.settings import CommonSettings, LLMSettings
 from aml_runtime.telemetry import configure_tracing
 
 Hook = Callable[[], Awaitable[None]]
@@ -31,13 +32,15 @@ class Runtime:
     client: AsyncMongoClient[Document]
     db: AsyncDatabase[Document]
     tracing: TracerProvider
+    settings: CommonSettings
 
 
 def open_runtime(name: str, settings: CommonSettings) -> Runtime:
     configure_logging(name, settings.log_level)
     tracing = configure_tracing(name, settings.trace_dir)
     client, db = connect(settings)
-    return Runtime(broker=make_broker(settings, tracing), client=client, db=db, tracing=tracing)
+    broker = make_broker(settings, tracing)
+    return Runtime(broker=broker, client=client, db=db, tracing=tracing, settings=settings)
 
 
 @dataclass(frozen=True)
@@ -70,9 +73,18 @@ def serve(
 ) -> FastStream:
     app = FastStream(runtime.broker)
     background: list[asyncio.Task[None]] = []
+    settings = runtime.settings
+    # The LLM stages cannot work without the LLM: their readiness includes it.
+    llm_url = settings.llm_base_url if isinstance(settings, LLMSettings) else None
+    checks = process_checks(runtime.broker, runtime.db, settings.ready_timeout_seconds, llm_url)
+    ops = OpsServer(checks, timeout=settings.ready_timeout_seconds)
 
     @app.on_startup
     async def prepare() -> None:
+        # Listening first: /health answers (and /ready says why not) while start-up still waits
+        # on the broker or the database.
+        if settings.metrics_port:
+            await ops.start(settings.metrics_host, settings.metrics_port)
         await runtime.broker.connect()
         await declare_streams(runtime.broker)
         await ensure_indexes(runtime.db)
@@ -91,6 +103,7 @@ def serve(
                 await running
         if on_stop is not None:
             await on_stop()
+        await ops.stop()
         await runtime.client.close()
         runtime.tracing.shutdown()  # flushes the spans still batched
 

@@ -14,12 +14,17 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class CommonSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AML_", extra="ignore")
 
+    # The NATS server (JetStream enabled) every service publishes to and consumes from.
     nats_url: str = "nats://127.0.0.1:4222"
+    # MongoDB (a replica set in production: the platform relies on majority writes).
     mongo_url: str = "mongodb://127.0.0.1:27017/?directConnection=true"
+    # The database holding every job, item, audit and leaderboard document.
     mongo_db: str = "aml"
+    # Local working files of the embedded stack and the CLI (not used by deployed services).
     data_dir: Path = Path(".aml")
     # Spans are also written here as OTLP-JSON files (read by `aml trace`); unset: not written.
     trace_dir: Path | None = None
+    # Structured (JSON) log level: DEBUG, INFO, WARNING, ERROR.
     log_level: str = "INFO"
     # A message is redelivered at most this many times before its item is marked failed.
     max_deliver: int = Field(default=5, ge=1)
@@ -30,14 +35,27 @@ class CommonSettings(BaseSettings):
     # Added to every rate slot's period (aml_runtime.capacity): covers the way from the socket
     # to the receiver's clock, so a declared rate holds as the participant or LLM measures it.
     rate_margin_seconds: float = Field(default=0.05, ge=0, le=5)
+    # Worker processes serve /health, /ready and Prometheus /metrics on this port (0: off; the
+    # gateway answers /health and /ready on its own port). Each process needs its own port, so
+    # processes sharing one host (`aml up`) turn it off.
+    metrics_port: int = Field(default=9464, ge=0, le=65535)
+    # The address the metrics port listens on (all interfaces: probes and scrapers come from
+    # outside the container).
+    metrics_host: str = "0.0.0.0"
+    # /ready gives each dependency (NATS, MongoDB, the LLM) this long to answer.
+    ready_timeout_seconds: float = Field(default=2.0, gt=0, le=30)
 
 
 class SpecSettings(CommonSettings):
     """What a release holds constant for every job (recorded on each job, SPEC R-6.4)."""
 
+    # Candidates asked of every Search.
     top_k: int = Field(default=100, ge=1)
+    # The fixed answer model.
     answer_model: str = "gpt-4o-mini"
+    # The answer prompt's name (aml_evaluation/prompts/<name>.txt).
     answer_prompt: str = "answer_v1"
+    # Longest answer, in tokens.
     answer_max_tokens: int = Field(default=128, ge=1)
     # Candidates are added in the participant's order while their tokens fit this budget
     # (aml_evaluation.context, rule context-v1).
@@ -45,35 +63,48 @@ class SpecSettings(CommonSettings):
     # `llama.cpp`: the answer model's own tokenizer through the server's /tokenize; `estimate`:
     # the stated conservative estimate, for models whose tokenizer is not available offline.
     token_counter: Literal["estimate", "llama.cpp"] = "estimate"
+    # The fixed judge model.
     judge_model: str = "gpt-4o-mini"
+    # The judge prompt's name (aml_evaluation/prompts/<name>.txt).
     judge_prompt: str = "judge_v1"
     # For questions whose gold is that the conversation does not contain the answer (LoCoMo's
     # adversarial category): the judge is told so and checks that the answer abstains.
     judge_abstention_prompt: str = "judge_abstention_v1"
+    # Longest judge reply, in tokens.
     judge_max_tokens: int = Field(default=64, ge=1)
     # Judge calls per question (majority vote), and re-asks of a run whose reply is unreadable.
     judge_runs: int = Field(default=1, ge=1, le=9)
+    # Re-asks of a judge run whose reply is unreadable.
     judge_retries: int = Field(default=1, ge=0, le=5)
 
 
 class LLMSettings(SpecSettings):
+    # Any OpenAI-compatible endpoint serving the answer and judge models.
     llm_base_url: str = "https://api.openai.com/v1"
+    # The endpoint's API key (a secret: from the secret store only).
     llm_api_key: SecretStr = SecretStr("")
+    # One LLM call gives up after this long (the work item is then redelivered).
     llm_timeout_seconds: float = 120.0
     # The LLM's declared capacity: ONE budget for the deployment, shared by every answerer and
     # scorer replica (not per process): at most this many questions at the LLM at once, and at
     # most `llm_requests_per_minute` calls (unset: the provider sets no request rate).
     llm_concurrency: int = Field(default=2, ge=1)
+    # The provider's request rate limit for the whole deployment (unset: none).
     llm_requests_per_minute: float | None = Field(default=None, gt=0)
 
 
 class ParticipantCallSettings(CommonSettings):
     # Memory System Keys are encrypted at rest with these (first one encrypts; all decrypt).
     secret_keys: SecretStr = SecretStr("")
+    # One participant HTTP call (Add, Search, health) gives up after this long.
     participant_timeout_seconds: float = 1800.0
+    # HTTP attempts of one participant call, retries of transient failures included.
     participant_max_attempts: int = Field(default=5, ge=1)
+    # Back-off before a retried attempt: base · 2^(attempt-1), at most the maximum.
     participant_backoff_base_seconds: float = 0.5
+    # The longest back-off between two attempts of one call.
     participant_backoff_max_seconds: float = 30.0
+    # Allow participant URLs on loopback/private addresses (local stacks and tests only).
     allow_loopback_targets: bool = False
     # Items one adder/searcher process works on at once, over all participants together: a
     # safety bound only. Each participant's declared capacity is what limits its calls, so this

@@ -54,7 +54,9 @@ class AddHandler:
         if not await job_is_active(self.db, work.job_id):
             return
         endpoint = await self.endpoints.get(work.version_id, work.job_id)
-        observe = CallRecorder(self.db, work.job_id, "add", work.request_id, item.delivered)
+        observe = CallRecorder(
+            self.db, work.job_id, "add", work.request_id, item.delivered, work.version_id
+        )
         ids = (chunk["_id"], chunk["user_id"], chunk["session_id"])
         try:
             await self.client.add(endpoint, chunk["body"], ids, observe, item.admission)

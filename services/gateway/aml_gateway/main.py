@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime
+from typing import Any
 
 from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from pymongo import ASCENDING
@@ -20,8 +22,33 @@ from aml_runtime.broker import declare_streams, make_broker
 from aml_runtime.db import connect, ensure_indexes
 from aml_runtime.jobs import now
 from aml_runtime.logging import configure_logging
+from aml_runtime.metrics import process_checks, readiness
 from aml_runtime.secrets import SecretBox
 from aml_runtime.telemetry import configure_tracing
+
+_READY_BODY = {
+    "type": "object",
+    "properties": {
+        "status": {"type": "string", "enum": ["ok", "not_ready"]},
+        "reasons": {"type": "object", "additionalProperties": {"type": "string"}},
+    },
+    "required": ["status"],
+}
+_READY_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "NATS (JetStream) and MongoDB answer",
+        "content": {"application/json": {"schema": _READY_BODY, "example": {"status": "ok"}}},
+    },
+    503: {
+        "description": "A dependency does not answer in time; the reason per dependency",
+        "content": {
+            "application/json": {
+                "schema": _READY_BODY,
+                "example": {"status": "not_ready", "reasons": {"mongodb": "no answer within 2s"}},
+            }
+        },
+    },
+}
 
 
 class UnsafeConfiguration(RuntimeError):
@@ -78,5 +105,20 @@ def create_app(
     @app.get("/health", tags=["ops"])
     async def health() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get("/ready", tags=["ops"], response_model=None, responses=_READY_RESPONSES)
+    async def ready() -> JSONResponse:
+        """200 when NATS (with JetStream) and MongoDB answer within the bounded timeout, else
+        503 with the reason per dependency."""
+        services: Services | None = getattr(app.state, "services", None)
+        if services is None:
+            problems = {"startup": "not started"}
+        else:
+            timeout = settings.ready_timeout_seconds
+            checks = process_checks(services.broker, services.db, timeout, None)
+            problems = await readiness(checks, timeout)
+        if problems:
+            return JSONResponse({"status": "not_ready", "reasons": problems}, status_code=503)
+        return JSONResponse({"status": "ok"})
 
     return app

@@ -14,12 +14,16 @@ class GatewaySettings(ParticipantCallSettings):
     admin_token: SecretStr = SecretStr("")
     # Production refuses to start with a missing or weak admin token (`startup_problem`).
     environment: Literal["development", "production"] = "development"
+    # Where the HTTP API and pages listen.
     host: str = "127.0.0.1"
+    # The HTTP port of the API, the pages and /health, /ready.
     port: int = 8000
+    # Submission quotas per key and season (README, "Gateway API"), e.g.
     # AML_QUOTAS='{"seasons": [{"name": "2027-S1", "starts_at": "2027-01-01T00:00:00Z", ...}]}'
     quotas: QuotaPolicy = QuotaPolicy()
-    # The fixed suite of full runs and the public sample of smoke runs.
+    # The fixed suite of full runs.
     full_suite: list[str] = Field(default=["locomo_refined"], min_length=1)
+    # The datasets of a smoke run that names none (the public sample, R-3.4).
     smoke_suite: list[str] = Field(default=["synthetic"], min_length=1)
     # What a smoke run may name instead of the sample.
     smoke_datasets: list[str] = Field(default=["synthetic", "locomo", "locomo_refined"])

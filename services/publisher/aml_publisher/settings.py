@@ -13,6 +13,7 @@ class PublisherSettings(CommonSettings):
     # Finished jobs not gated yet (an event that ran out of deliveries, a crash) are looked for
     # this often.
     reconcile_interval_seconds: float = Field(default=60.0, gt=0)
+    # Finished-job events gated at once by one publisher process.
     consumer_concurrency: int = Field(default=4, ge=1)
 
     @field_validator("release_baseline", mode="before")

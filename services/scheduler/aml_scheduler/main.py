@@ -12,11 +12,15 @@ from aml_contract.messages import AddDone, JobSubmitted, QuestionDone
 from aml_runtime.broker import FastStreamDelivery, Handler, consume, run_delivery
 from aml_runtime.codehash import code_hash
 from aml_runtime.evaluation_spec import build_spec
+from aml_runtime.metrics import observe_backlog
 from aml_runtime.participants import ParticipantClient
 from aml_runtime.secrets import SecretBox
 from aml_runtime.service import Periodic, open_runtime, serve
 from aml_scheduler.handlers import Scheduler
 from aml_scheduler.settings import SchedulerSettings
+
+# Often enough for an autoscaler polling every 30 s; one stream_info per stage each time.
+BACKLOG_INTERVAL = 10.0
 
 
 async def _dropped(kind: str, reason: str) -> None:
@@ -60,5 +64,7 @@ def create_app(settings: SchedulerSettings | None = None) -> FastStream:
         every=[
             Periodic("reconcile", interval, scheduler.reconcile),
             Periodic("retention", interval, scheduler.purge_expired),
+            # Pending work per stage and jobs by state: exported by this one service only.
+            Periodic("backlog", BACKLOG_INTERVAL, lambda: observe_backlog(rt.broker, rt.db)),
         ],
     )

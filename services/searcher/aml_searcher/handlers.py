@@ -28,7 +28,9 @@ class SearchQuestion:
         if job is None:
             raise Exhausted("platform_error", f"job {work.job_id} is missing")
         endpoint = await self.endpoints.get(work.version_id, work.job_id)
-        observe = CallRecorder(self.db, work.job_id, "search", work.item_id, item.delivered)
+        observe = CallRecorder(
+            self.db, work.job_id, "search", work.item_id, item.delivered, work.version_id
+        )
         try:
             items = await self.client.search(
                 endpoint, question["search_body"], job["top_k"], observe, item.admission

@@ -1,0 +1,60 @@
+"""The release baseline of a deployment (`aml baseline`, `aml up`): what every job this
+scheduler plans records — spec hash, code hash, dataset bundle hash — and the questions per
+dataset its results account for, computed by the same functions `Scheduler._plan` calls. Its
+JSON is the `ReleaseBaseline` the publisher's gate compares jobs with (`AML_RELEASE_BASELINE`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from aml_contract.api import ReleaseBaseline
+from aml_evaluation.datasets import DatasetManifest, bundle_hash, load_dataset, manifest_path
+from aml_runtime.codehash import code_hash
+from aml_runtime.evaluation_spec import build_spec
+from aml_scheduler.planning import bundle_fingerprint
+from aml_scheduler.settings import SchedulerSettings
+
+
+@dataclass(frozen=True)
+class Baseline:
+    release: ReleaseBaseline
+    # Per dataset: its bundle hash (the release's `dataset_bundle_hash` is one hash over them).
+    bundles: dict[str, str]
+
+
+def release_baseline(settings: SchedulerSettings, datasets: Sequence[str]) -> Baseline:
+    """The baseline for jobs over `datasets` (a publishable full run always runs the fixed
+    suite, AML_FULL_SUITE), reading the benchmark files under `settings.datasets_root`."""
+    bundles: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    for dataset_id in datasets:
+        dataset = load_dataset(dataset_id, settings.datasets_root)
+        manifest = DatasetManifest.model_validate_json(manifest_path(dataset_id).read_text())
+        bundles[dataset_id] = bundle_hash(manifest)
+        # Every planned question ends in the results (excluded categories included), which is
+        # what the gate's `question_counts` check sums.
+        counts[dataset_id] = len(dataset.questions)
+    spec = build_spec(settings)
+    release = ReleaseBaseline(
+        answer_model=spec.answer.model,
+        spec_hash=spec.content_hash,
+        code_hash=code_hash(),
+        dataset_bundle_hash=bundle_fingerprint(bundles),
+        question_counts=counts,
+    )
+    return Baseline(release=release, bundles=bundles)
+
+
+def render(baseline: Baseline) -> str:
+    release = baseline.release
+    lines = [
+        f"answer model         {release.answer_model}",
+        f"spec hash            {release.spec_hash}",
+        f"code hash            {release.code_hash}",
+        f"dataset bundle hash  {release.dataset_bundle_hash}",
+    ]
+    for dataset_id, digest in baseline.bundles.items():
+        count = release.question_counts[dataset_id]
+        lines.append(f"  {dataset_id:<18} bundle {digest}  {count} questions")
+    return "\n".join(lines)
