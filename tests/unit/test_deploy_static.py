@@ -21,6 +21,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from aml_runtime.configdoc import SERVICES
+
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose.yaml"
 DOCKERFILE = ROOT / "Dockerfile"
@@ -32,16 +34,9 @@ GRAFANA_DATASOURCES = DEPLOY / "grafana" / "provisioning" / "datasources"
 GRAFANA_PROVIDERS = DEPLOY / "grafana" / "provisioning" / "dashboards"
 GRAFANA_DASHBOARDS = DEPLOY / "grafana" / "dashboards"
 
-# compose service -> its settings class (module, class name).
-AML_SETTINGS = {
-    "gateway": ("aml_gateway.settings", "GatewaySettings"),
-    "scheduler": ("aml_scheduler.settings", "SchedulerSettings"),
-    "adder": ("aml_adder.settings", "AdderSettings"),
-    "searcher": ("aml_searcher.settings", "SearcherSettings"),
-    "answerer": ("aml_answerer.settings", "AnswererSettings"),
-    "scorer": ("aml_scorer.settings", "ScorerSettings"),
-    "publisher": ("aml_publisher.settings", "PublisherSettings"),
-}
+# compose service -> its settings class (module, class name): the services the configuration
+# reference documents.
+AML_SETTINGS = SERVICES
 INFRA = {"nats", "mongo", "otel-collector", "tempo", "grafana"}
 # Who must wait for whom to be healthy.
 REQUIRED_DEPENDENCIES = {
