@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pymongo import AsyncMongoClient
 
-from aml_runtime.capacity import Capacity, CapacityLimiter
+from aml_runtime.capacity import Admission, Capacity, CapacityLimiter, Refused
 
 pytestmark = pytest.mark.integration
 
@@ -75,29 +75,29 @@ async def test_fractional_rate(mongo_url: str) -> None:
 
 
 async def test_an_admission_never_waits(mongo_url: str) -> None:
-    """try_admit answers at once: None while the key is at its limit, and a slot again once an
-    admission is released (the rule that lets a worker skip a busy version)."""
+    """try_admit answers at once: the refusing pool while the key is at its limit, and a slot
+    again once an admission is released (the rule that lets a worker skip a busy version)."""
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_url)
     limiter = CapacityLimiter(client["aml_capacity"])
     capacity = Capacity(key="v-busy", max_concurrency=1, max_rps=1000)
     first = await limiter.try_admit(capacity)
-    assert first is not None
-    assert await limiter.try_admit(capacity) is None
+    assert isinstance(first, Admission)
+    assert await limiter.try_admit(capacity) == Refused("concurrency")
     await first.release()
     again = await limiter.try_admit(capacity)
-    assert again is not None
+    assert isinstance(again, Admission)
     await again.release()
     # A rate slot taken but never used is given back: the next admission is not delayed.
     slow = Capacity(key="v-unused", max_concurrency=5, max_rps=0.001)
     unused = await limiter.try_admit(slow)
-    assert unused is not None
+    assert isinstance(unused, Admission)
     await unused.release()
     used = await limiter.try_admit(slow)
-    assert used is not None
+    assert isinstance(used, Admission)
     async with used.request():
         pass
     await used.release()
-    # Used once, the only rate slot of 0.001/s is gone for 1000 s.
-    assert await limiter.try_admit(slow) is None
-    assert await limiter.wait_hint(slow) > 900
+    # Used once, the only rate slot of 0.001/s is gone for 1000 s, and the wait says so.
+    assert await limiter.try_admit(slow) == Refused("rate")
+    assert await limiter.wait_hint(slow, "rate") > 900
     await client.close()

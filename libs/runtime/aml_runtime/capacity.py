@@ -15,6 +15,9 @@ find-and-update, so no replica needs to know of the others:
 
 `try_admit` never waits: a worker that gets no admission leaves the version's work in the broker
 and serves other versions; nothing is fetched, and nothing sits un-acknowledged, while it waits.
+It says which pool refused, so the worker waits for that pool only: a rate slot's free time is
+exact, and a freed concurrency slot (announced by replicas) matters only to a lane waiting for
+one.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pymongo import ASCENDING, ReturnDocument
@@ -67,6 +71,16 @@ class Capacity(BaseModel):
         """How long one rate slot is used by one request (before the margin): a second, or
         longer for rates below one per second (0.001/s: 1,000 s)."""
         return max(1.0, self.rate_slots / self.max_rps) if self.max_rps else 0.0
+
+
+Pool = Literal["rate", "concurrency"]
+
+
+@dataclass(frozen=True)
+class Refused:
+    """No admission: which of the two pools had no free slot."""
+
+    pool: Pool
 
 
 @dataclass
@@ -144,23 +158,26 @@ class CapacityLimiter:
         # version that raises its declared capacity gets its new slots).
         self._ensured: set[tuple[str, int]] = set()
 
-    async def try_admit(self, capacity: Capacity) -> Admission | None:
-        """A concurrency slot and (with a rate limit) a rate slot of `capacity`, or None at once
-        when either is taken."""
+    async def try_admit(self, capacity: Capacity) -> Admission | Refused:
+        """A rate slot (with a rate limit) and a concurrency slot of `capacity`, or at once the
+        pool that refused. The rate slot is tried first: a rate-bound participant refuses there,
+        at the cost of one database operation and nothing to give back."""
         holder = uuid.uuid4().hex
-        concurrency = await self._try_take(
-            f"{capacity.key}/c", capacity.max_concurrency, self._lease, holder
-        )
-        if concurrency is None:
-            return None
         rate: str | None = None
         if capacity.max_rps:
             rate = await self._try_take(
                 f"{capacity.key}/r", capacity.rate_slots, RATE_LOCK_SECONDS, holder
             )
             if rate is None:
-                await self._set_free(concurrency, holder, 0.0)
-                return None
+                return Refused("rate")
+        concurrency = await self._try_take(
+            f"{capacity.key}/c", capacity.max_concurrency, self._lease, holder
+        )
+        if concurrency is None:
+            if rate is not None:
+                # Never used: its last departure is at least a period old (free when taken).
+                await self._set_free(rate, holder, time.time())
+            return Refused("concurrency")
         admission = Admission(self, capacity, holder, concurrency, rate, time.time())
         admission._renew = asyncio.create_task(self._renew_lease(concurrency, holder))
         return admission
@@ -169,32 +186,32 @@ class CapacityLimiter:
         """Wait for an admission (for callers outside a stage worker: tests, one-off calls)."""
         while True:
             admission = await self.try_admit(capacity)
-            if admission is not None:
+            if isinstance(admission, Admission):
                 return admission
-            await asyncio.sleep(await self.wait_hint(capacity))
+            await asyncio.sleep(await self.wait_hint(capacity, admission.pool))
 
-    async def wait_hint(self, capacity: Capacity) -> float:
-        """How long before `capacity` can admit again: both slots are needed, so the longer of
-        the two waits. A stamped rate slot's time is known exactly (a version declaring one
-        request per 1,000 s is looked at again in 1,000 s); a concurrency slot frees when a call
-        returns (replicas announce it), so that wait is a short poll."""
+    async def wait_hint(self, capacity: Capacity, pool: Pool) -> float:
+        """How long before the refusing `pool` of `capacity` may admit again. A stamped rate
+        slot's time is known exactly (a version declaring one request per 1,000 s is looked at
+        again in 1,000 s); a concurrency slot frees when a call returns (replicas announce it),
+        so that wait is a short poll."""
         now = time.time()
-        waits = [random.uniform(*_RETRY_SECONDS)]
-        pools = [(f"{capacity.key}/c", capacity.max_concurrency)]
-        if capacity.max_rps:
-            pools.append((f"{capacity.key}/r", capacity.rate_slots))
-        for pool, size in pools:
-            first = await self._db.capacity_slots.find_one(
-                {"pool": pool, "index": {"$lt": size}},
-                {"free_at": 1, "stamped": 1},
-                sort=[("free_at", ASCENDING)],
-            )
-            if first is None or float(first["free_at"]) <= now:
-                continue
-            exact = pool.endswith("/r") and first.get("stamped", True)
-            wait = float(first["free_at"]) - now
-            waits.append(wait if exact else min(wait, _MAX_WAIT_SECONDS))
-        return max(waits)
+        name, size = (
+            (f"{capacity.key}/r", capacity.rate_slots)
+            if pool == "rate"
+            else (f"{capacity.key}/c", capacity.max_concurrency)
+        )
+        first = await self._db.capacity_slots.find_one(
+            {"pool": name, "index": {"$lt": size}},
+            {"free_at": 1, "stamped": 1},
+            sort=[("free_at", ASCENDING)],
+        )
+        poll = random.uniform(*_RETRY_SECONDS)
+        if first is None or float(first["free_at"]) <= now:
+            return poll
+        wait = float(first["free_at"]) - now
+        exact = pool == "rate" and first.get("stamped", True)
+        return max(poll, wait if exact else min(wait, _MAX_WAIT_SECONDS))
 
     async def wait_rate_slot(self, capacity: Capacity, holder: str) -> str:
         pool, size = f"{capacity.key}/r", capacity.rate_slots
@@ -202,7 +219,7 @@ class CapacityLimiter:
             slot = await self._try_take(pool, size, RATE_LOCK_SECONDS, holder)
             if slot is not None:
                 return slot
-            await asyncio.sleep(await self.wait_hint(capacity))
+            await asyncio.sleep(await self.wait_hint(capacity, "rate"))
 
     async def stamp(
         self, capacity: Capacity, slot: str, holder: str, departed_at: float | None

@@ -43,7 +43,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract import subjects
 from aml_runtime.broker import FetchedDelivery
-from aml_runtime.capacity import Admission, Capacity, CapacityLimiter
+from aml_runtime.capacity import Admission, Capacity, CapacityLimiter, Pool, Refused
 from aml_runtime.db import Document
 from aml_runtime.jobs import version_capacity
 from aml_runtime.llm import llm_capacity
@@ -123,6 +123,8 @@ class _Lane:
     capacity_read_at: float
     # Monotonic time before which it is not tried again (no capacity until then).
     not_before: float = 0.0
+    # The pool that refused the last admission.
+    waits_for: Pool | None = None
     last_work: float = 0.0
 
 
@@ -179,8 +181,10 @@ class StageWorker(Generic[Work]):
         self._capacity_freed(msg.data.decode())
 
     def _capacity_freed(self, key: str) -> None:
+        # Only lanes waiting for a concurrency slot: a rate slot's time is known, and trying a
+        # rate-bound lane early costs a database round trip for nothing.
         for lane in self._known.values():
-            if lane.capacity.key == key:
+            if lane.capacity.key == key and lane.waits_for == "concurrency":
                 lane.not_before = 0.0
         self._wake.set()
 
@@ -230,9 +234,10 @@ class StageWorker(Generic[Work]):
         if lane.not_before > time.monotonic():
             return False
         admission = await self.limiter.try_admit(lane.capacity)
-        if admission is None:
-            wait = await self.limiter.wait_hint(lane.capacity)
+        if isinstance(admission, Refused):
+            wait = await self.limiter.wait_hint(lane.capacity, admission.pool)
             lane.not_before = time.monotonic() + wait
+            lane.waits_for = admission.pool
             return False
         msg = await self._fetch(lane)
         if msg is None:
