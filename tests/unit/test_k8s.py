@@ -205,13 +205,13 @@ def test_secrets_only_by_reference_and_settings_exist(overlay: str) -> None:
 
 
 def _llm_durables() -> dict[str, str]:
-    """The durable consumer each LLM stage's main.py passes to `llm_lanes`."""
+    """The durable consumer each LLM stage's main.py passes to `llm_stage_worker`."""
     found = {}
     for name in ("answerer", "scorer"):
         tree = ast.parse((ROOT / "services" / name / f"aml_{name}" / "main.py").read_text())
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "llm_lanes":
-                durable = node.args[1]
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "llm_stage_worker":
+                durable = node.args[3]
                 assert isinstance(durable, ast.Constant)
                 found[name] = str(durable.value)
     return found

@@ -42,6 +42,7 @@ from pydantic import BaseModel, ValidationError
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract import subjects
+from aml_contract.messages import QuestionWork
 from aml_runtime.broker import FetchedDelivery
 from aml_runtime.capacity import Admission, Capacity, CapacityLimiter, Pool, Refused
 from aml_runtime.db import Document
@@ -394,6 +395,25 @@ def llm_lanes(stage: subjects.WorkStage, durable: str, settings: LLMSettings) ->
         return budget
 
     return Lanes(stage, durable, per_version=False, capacity_of=capacity_of)
+
+
+def llm_stage_worker(
+    runtime: Runtime,
+    settings: LLMSettings,
+    stage: subjects.WorkStage,
+    durable: str,
+    handle: Callable[[QuestionWork, WorkItem], Awaitable[None]],
+) -> StageWorker[QuestionWork]:
+    """The worker of an LLM stage (answer, score): one lane, admitted under the deployment's
+    LLM budget, which also bounds what one process needs in flight."""
+    return StageWorker(
+        llm_lanes(stage, durable, settings),
+        QuestionWork,
+        handle,
+        capacity_limiter(runtime, settings),
+        settings,
+        max_in_flight=settings.llm_concurrency,
+    )
 
 
 def capacity_limiter(runtime: Runtime, settings: CommonSettings) -> CapacityLimiter:

@@ -7,12 +7,11 @@ from faststream import FastStream
 
 from aml_answerer.handlers import AnswerQuestion
 from aml_answerer.settings import AnswererSettings
-from aml_contract.messages import QuestionWork
 from aml_evaluation.prompts import load_prompt
 from aml_runtime.llm import make_llm_client, make_token_counter
 from aml_runtime.question_stage import QuestionStageWorker
 from aml_runtime.service import open_runtime
-from aml_runtime.stage_worker import StageWorker, capacity_limiter, llm_lanes, serve_stage
+from aml_runtime.stage_worker import llm_stage_worker, serve_stage
 
 
 def create_app(settings: AnswererSettings | None = None) -> FastStream:
@@ -23,15 +22,7 @@ def create_app(settings: AnswererSettings | None = None) -> FastStream:
     count = make_token_counter(settings, http)
     compute = AnswerQuestion(settings, rt.db, llm, load_prompt(settings.answer_prompt), count)
     stage = QuestionStageWorker("answer", settings, rt.db, rt.broker, compute)
-    worker = StageWorker(
-        llm_lanes("answer", "answerer", settings),
-        QuestionWork,
-        stage.handle,
-        capacity_limiter(rt, settings),
-        settings,
-        # The deployment's LLM budget bounds it; one process never needs more places than that.
-        max_in_flight=settings.llm_concurrency,
-    )
+    worker = llm_stage_worker(rt, settings, "answer", "answerer", stage.handle)
 
     async def close() -> None:
         await llm.close()

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from faststream import FastStream
 
-from aml_contract.messages import QuestionWork
 from aml_evaluation.prompts import load_prompt
 from aml_evaluation.punkt import require_punkt_tab
 from aml_runtime.llm import make_llm_client
 from aml_runtime.question_stage import QuestionStageWorker
 from aml_runtime.service import open_runtime
-from aml_runtime.stage_worker import StageWorker, capacity_limiter, llm_lanes, serve_stage
+from aml_runtime.stage_worker import llm_stage_worker, serve_stage
 from aml_scorer.handlers import ScoreAnswer
 from aml_scorer.settings import ScorerSettings
 
@@ -29,12 +28,5 @@ def create_app(settings: ScorerSettings | None = None) -> FastStream:
         load_prompt(settings.judge_abstention_prompt),
     )
     stage = QuestionStageWorker("score", settings, rt.db, rt.broker, compute)
-    worker = StageWorker(
-        llm_lanes("score", "scorer", settings),
-        QuestionWork,
-        stage.handle,
-        capacity_limiter(rt, settings),
-        settings,
-        max_in_flight=settings.llm_concurrency,
-    )
+    worker = llm_stage_worker(rt, settings, "score", "scorer", stage.handle)
     return serve_stage(rt, worker, on_stop=llm.close)
