@@ -8,8 +8,10 @@ as the scheduler and the publisher leave them."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,11 +22,12 @@ import pytest
 from gateway_support import Clock, serve_in_thread
 from leaderboard_support import PER_CATEGORY, finished_job, results, version_body
 from pydantic import SecretStr
-from pymongo import MongoClient
+from pymongo import AsyncMongoClient, MongoClient
 
 from aml_gateway.main import create_app
 from aml_gateway.settings import GatewaySettings
 from aml_runtime.db import Document
+from aml_runtime.progress import STAGE_COLLECTIONS, ItemStage, record_final
 from aml_runtime.secrets import SecretBox
 
 pytestmark = pytest.mark.integration
@@ -127,18 +130,22 @@ class Site:
         with MongoClient(self.mongo_url) as mongo:
             mongo[self.mongo_db].jobs.update_one({"_id": job_id}, {"$set": fields})
 
-    def mark_done(self, collection: str, job_id: str, count: int, state: str = "done") -> None:
-        with MongoClient(self.mongo_url) as mongo:
-            mongo[self.mongo_db][collection].insert_many(
-                [
-                    {
-                        "_id": f"{job_id}/{collection}/{uuid.uuid4().hex}",
-                        "job_id": job_id,
-                        "state": state,
-                    }
-                    for _ in range(count)
-                ]
-            )
+    def mark_done(self, stage: ItemStage, job_id: str, count: int, state: str = "done") -> None:
+        """Finish `count` new items of a stage as the workers do: the stage document, then its
+        final record through the runtime's own writer (which counts it on the job)."""
+        # Its own thread: Playwright's sync API keeps an event loop running in this one.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pool.submit(asyncio.run, self._finish(stage, job_id, count, state)).result()
+
+    async def _finish(self, stage: ItemStage, job_id: str, count: int, state: str) -> None:
+        async with AsyncMongoClient(self.mongo_url) as mongo:
+            db = mongo[self.mongo_db]
+            for _ in range(count):
+                item_id = f"{job_id}/{stage}/{uuid.uuid4().hex}"
+                await db[STAGE_COLLECTIONS[stage]].insert_one(
+                    {"_id": item_id, "job_id": job_id, "state": state}
+                )
+                assert await record_final(db, job_id, stage, item_id, state)
 
 
 def _seed(client: httpx.Client, mongo: Any, clock: Clock) -> tuple[str, str, str]:
@@ -405,8 +412,8 @@ def test_private_job_page_shows_live_progress(watched: Watched, site: Site) -> N
     page = watched.page
     job = site.running_job
     site.update_job(job, {"totals": {"add": 8, "questions": 4 * PER_CATEGORY}})
-    site.mark_done("add_chunks", job, 5)
-    site.mark_done("add_chunks", job, 1, state="failed")
+    site.mark_done("add", job, 5)
+    site.mark_done("add", job, 1, state="failed")
     page.goto(f"/jobs/{job}")
     assert page.inner_text("#job-id") == job
     assert_accessible_basics(page)
@@ -436,8 +443,8 @@ def test_private_job_page_shows_live_progress(watched: Watched, site: Site) -> N
     shot(page, "job-running")
 
     # Polled every 2 s: new progress shows without a reload.
-    site.mark_done("add_chunks", job, 2)
-    site.mark_done("searches", job, 12)
+    site.mark_done("add", job, 2)
+    site.mark_done("search", job, 12)
     page.wait_for_function(
         "() => document.getElementById('progress-search').value === 12", timeout=10_000
     )
