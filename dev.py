@@ -57,6 +57,7 @@ def main() -> int:
         return run(str(BIN / "aml"), task, *extra)
     for step in (
         [str(BIN / "ruff"), "check", "."],
+        [str(BIN / "ruff"), "format", "--check", "."],
         [str(BIN / "mypy"), "libs", "services", "tools"],
         [str(BIN / "pytest"), "-q", "-rs", *extra],
     ):

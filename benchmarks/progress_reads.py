@@ -1,7 +1,7 @@
 """What a job's progress costs on the embedded MongoDB (nx-27017) as the database's history grows:
 `GET /v1/jobs/{id}` (the job read plus `job_status`) and the scheduler's per-event
 `complete_if_done`, for one job alone in the database, then for the same job with `--others`
-unrelated stage documents (and their final records and some error entries) of other jobs.
+unrelated stage documents (and some error entries) of other jobs.
 Each is measured as now (the job's counters, `aml_runtime.progress`) and as before (the
 `count_documents` queries it replaced, reproduced here). Prints the median of a few runs.
 
@@ -25,7 +25,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from aml_gateway.progress import job_status
 from aml_runtime.db import Document, ensure_indexes
 from aml_runtime.jobs import now, record_error
-from aml_runtime.progress import FINALS, ItemStage, micros, record_final, repair_counters
+from aml_runtime.progress import ItemStage, count_final, micros, now_us, outcome_of, repair_counters
 from aml_runtime.stack import EmbeddedStack, StackConfig
 from aml_scheduler.handlers import Scheduler
 from aml_scheduler.settings import SchedulerSettings
@@ -72,13 +72,19 @@ async def target_job(db: AsyncDatabase[Document]) -> None:
 
 
 async def write(db: AsyncDatabase[Document], stage: ItemStage, item: str, state: str) -> None:
-    await db[COLLECTIONS[stage]].insert_one({"_id": item, "job_id": JOB, "state": state})
-    await record_final(db, JOB, stage, item, state)
+    """A terminal stage document, counted on the job as its writer counts it."""
+    at_us = now_us()
+    await db[COLLECTIONS[stage]].insert_one(
+        {"_id": item, "job_id": JOB, "state": state, "at_us": at_us}
+    )
+    outcome = outcome_of(state)
+    assert outcome is not None
+    await count_final(db, JOB, stage, outcome, at_us)
 
 
 async def other_jobs(db: AsyncDatabase[Document], count: int) -> None:
-    """`count` stage documents of 100 other jobs, as their workers leave them (with the final
-    records and, for one in ten, an error entry)."""
+    """`count` stage documents of 100 other jobs, as their workers leave them (and, for one in
+    ten, an error entry)."""
     batch = 5000
     stages = list(COLLECTIONS.items())
     at_us = micros(now())
@@ -86,23 +92,17 @@ async def other_jobs(db: AsyncDatabase[Document], count: int) -> None:
         ids = range(start, min(count, start + batch))
         for stage, collection in stages:
             docs = [
-                {"_id": f"o{i}", "job_id": f"other{i % 100}", "state": "done", "body": "x" * 200}
+                {
+                    "_id": f"o{i}",
+                    "job_id": f"other{i % 100}",
+                    "state": "done",
+                    "at_us": at_us,
+                    "body": "x" * 200,
+                }
                 for i in ids
                 if i % len(stages) == stages.index((stage, collection))
             ]
             await db[collection].insert_many(docs)
-            finals = [
-                {
-                    "_id": f"{stage}/{doc['_id']}",
-                    "job_id": doc["job_id"],
-                    "stage": stage,
-                    "item_id": doc["_id"],
-                    "outcome": "done",
-                    "at_us": at_us,
-                }
-                for doc in docs
-            ]
-            await db[FINALS].insert_many(finals)
         errors = [
             {
                 "_id": f"other{i % 100}/search/o{i}",

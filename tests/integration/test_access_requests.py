@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+import structlog
 from gateway_support import (
     ADMIN,
     ADMIN_TOKEN,
@@ -23,6 +24,7 @@ from gateway_support import request_body as any_request_body
 from pydantic import SecretStr
 from pymongo import AsyncMongoClient
 
+from aml_gateway import access_requests
 from aml_gateway.main import UnsafeConfiguration, create_app
 from aml_gateway.settings import GatewaySettings
 from aml_runtime.db import Document
@@ -346,3 +348,146 @@ def test_production_refuses_a_weak_admin_token() -> None:
             create_app(GatewaySettings(environment="production", admin_token=SecretStr(token)))
     create_app(GatewaySettings(environment="production", admin_token=SecretStr("z" * 24)))
     create_app(GatewaySettings(environment="development", admin_token=SecretStr("")))
+
+
+# --- The request token and the key's delivery to the requester ------------------------------
+
+
+def _bearer(secret: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret}"}
+
+
+async def test_the_requester_follows_its_request_and_gets_the_key_once(
+    gateway: Gateway, participant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The module's own logger, recorded (structlog caches the configured one on first use).
+    logger = structlog.testing.CapturingLogger()
+    monkeypatch.setattr(access_requests, "log", logger)
+    token, key = await _follow_request(gateway, participant)
+    # The gateway logged the steps, never the token or the key.
+    assert "leaderboard_key_delivered" in [call.args[0] for call in logger.calls]
+    assert token not in repr(logger.calls) and key not in repr(logger.calls)
+
+
+async def _follow_request(gw: Gateway, participant: str) -> tuple[str, str]:
+    created = await submit(gw, request_body(participant, system_name="token-flow"))
+    token = created["request_token"]
+    assert token.startswith("amlreq_") and len(token) > 40
+    request_id = created["id"]
+    path = f"/v1/access-requests/{request_id}"
+
+    documents = await gw.db_documents()
+    [stored] = [d for d in documents if d.get("_id") == request_id]
+    # Only the hash is stored, the way keys are.
+    assert stored["request_token_hash"] == hashlib.sha256(token.encode()).hexdigest()
+    assert token not in repr(documents)
+
+    pending = await gw.client.get(path, headers=_bearer(token))
+    assert pending.status_code == 200, pending.text
+    assert pending.json()["state"] == "pending"
+    assert pending.json()["leaderboard_api_key"] is None
+    assert pending.json()["key_delivery"] is None
+    # The token is never shown again, not even to its holder.
+    assert "request_token" not in pending.json()
+
+    # No token, a wrong one, or this token on another request: refused alike.
+    other = await submit(gw, request_body(participant, system_name="token-other"))
+    assert (await gw.client.get(path)).status_code == 401
+    assert (await gw.client.get(path, headers=_bearer("amlreq_wrong"))).status_code == 401
+    crossed = await gw.client.get(f"/v1/access-requests/{other['id']}", headers=_bearer(token))
+    assert crossed.status_code == 401
+    assert crossed.json() == {"detail": {"reason": "unknown Leaderboard API Key or request token"}}
+
+    # Approval: the admin still sees the key (as before); a sealed copy waits for the requester.
+    approved = await gw.client.post(
+        f"/v1/admin/access-requests/{request_id}/approve", headers=ADMIN
+    )
+    assert approved.status_code == 200, approved.text
+    key = approved.json()["leaderboard_api_key"]
+    listed = await gw.client.get("/v1/admin/access-requests?state=approved", headers=ADMIN)
+    [seen] = [r for r in listed.json() if r["id"] == request_id]
+    assert seen["key_delivery"] == "held" and key not in listed.text
+    documents = await gw.db_documents()
+    [stored] = [d for d in documents if d.get("_id") == request_id]
+    held = stored["key_delivery"]
+    assert held["state"] == "held"
+    assert key not in repr(documents) and key.encode() not in held["sealed"]
+    box = SecretBox(gw.settings.secret_keys)
+    assert box.open(held["sealed"]).get_secret_value() == key
+
+    # The first read with the token delivers it; the sealed copy is gone in the same write.
+    first = await gw.client.get(path, headers=_bearer(token))
+    assert first.status_code == 200, first.text
+    assert first.json()["state"] == "approved"
+    assert first.json()["leaderboard_api_key"] == key
+    assert first.json()["key_delivery"] == "delivered"
+    assert first.json()["version_id"] == approved.json()["version_id"]
+    [stored] = [d for d in await gw.db_documents() if d.get("_id") == request_id]
+    assert stored["key_delivery"]["state"] == "delivered"
+    assert "sealed" not in stored["key_delivery"]
+
+    # Later reads say it was delivered; the key itself works and reads the request too.
+    again = await gw.client.get(path, headers=_bearer(token))
+    assert again.json()["leaderboard_api_key"] is None
+    assert again.json()["key_delivery"] == "delivered" and key not in again.text
+    own = await gw.client.get(path, headers=_bearer(key))
+    assert own.status_code == 200 and own.json()["leaderboard_api_key"] is None
+    # A team key reads its own team's requests only.
+    assert (
+        await gw.client.get(f"/v1/access-requests/{other['id']}", headers=_bearer(key))
+    ).status_code == 404
+    return token, key
+
+
+async def test_concurrent_reads_deliver_the_key_once(gateway: Gateway, participant: str) -> None:
+    gw = gateway
+    created = await submit(gw, request_body(participant, system_name="token-race"))
+    path = f"/v1/access-requests/{created['id']}"
+    approved = await gw.client.post(
+        f"/v1/admin/access-requests/{created['id']}/approve", headers=ADMIN
+    )
+    key = approved.json()["leaderboard_api_key"]
+    reads = await asyncio.gather(
+        *(gw.client.get(path, headers=_bearer(created["request_token"])) for _ in range(4))
+    )
+    assert all(r.status_code == 200 for r in reads)
+    delivered = [r.json()["leaderboard_api_key"] for r in reads]
+    assert delivered.count(key) == 1 and delivered.count(None) == 3
+
+
+async def test_rejected_and_add_version_requests(gateway: Gateway, participant: str) -> None:
+    gw = gateway
+    created = await submit(gw, request_body(participant, system_name="token-rejected"))
+    await gw.client.post(
+        f"/v1/admin/access-requests/{created['id']}/reject",
+        json={"reason": "no repository"},
+        headers=ADMIN,
+    )
+    read = await gw.client.get(
+        f"/v1/access-requests/{created['id']}", headers=_bearer(created["request_token"])
+    )
+    assert read.json()["state"] == "rejected" and read.json()["reason"] == "no repository"
+    assert read.json()["leaderboard_api_key"] is None and read.json()["key_delivery"] is None
+
+    # A team that holds a key asks for a version with it: no token, and no key to deliver.
+    shortcut = await gw.client.post(
+        "/v1/admin/versions",
+        headers=ADMIN,
+        json={
+            "team": "token-team",
+            "system_name": "t",
+            "version_label": "v1",
+            "add_url": f"{participant}/add",
+            "search_url": f"{participant}/search",
+            "health_url": f"{participant}/health",
+            "memory_system_key": CANARY,
+        },
+    )
+    team_key = shortcut.json()["leaderboard_api_key"]
+    second = await submit(
+        gw, request_body(participant, kind="add_version", version_label="2.0"), key=team_key
+    )
+    assert second["request_token"] is None
+    await gw.client.post(f"/v1/admin/access-requests/{second['id']}/approve", headers=ADMIN)
+    read = await gw.client.get(f"/v1/access-requests/{second['id']}", headers=_bearer(team_key))
+    assert read.json()["state"] == "approved" and read.json()["key_delivery"] is None

@@ -137,6 +137,15 @@ async def test_review_publishes_approved_jobs_only(gateway: Gateway, db: Any, cl
     # The team sees its job's gate checks and review state, no other team's job.
     status = ok(await gw.client.get(f"/v1/jobs/{first}", headers=alpha1.auth))
     assert status["review_state"] == "pending_review"
+    # What ran and what it was held to, as the job page shows it.
+    assert (status["system_name"], status["version_label"], status["board"]) == (
+        "alpha-mem",
+        "1.0",
+        "industrial",
+    )
+    assert status["answer_model"] == ANSWER_MODEL
+    assert {k: status[k] for k in RELEASE} == RELEASE
+    assert status["duration_seconds"] == 0.0  # seeded as started and finished at once
     assert status["gate"]["passed"] is True and len(status["gate"]["checks"]) == 8
     assert status["gate"]["checks"][0] == {
         "name": "mode_full",
@@ -301,6 +310,18 @@ async def test_review_publishes_approved_jobs_only(gateway: Gateway, db: Any, cl
     # The pages follow the same rule.
     page = (await gw.client.get("/leaderboard?track=textual&board=industrial")).text
     assert "alpha-mem" in page and "75.0%" in page and "85.0%" not in page
+    # So do the tabs' counts: the disqualified entry is not counted.
+    text = " ".join(re.sub(r"<[^>]+>", "", page).split())
+    assert "Textual (2 entries)" in text and "Coding (0 entries)" in text
+    assert "Academic (1 entry)" in text and "Industrial (1 entry)" in text
+    # With no board named, the page opens on the first one that has entries.
+    for path, title in (
+        ("/leaderboard", "Textual track, Academic board"),
+        ("/leaderboard?board=industrial", "Textual track, Industrial board"),
+        ("/leaderboard?track=coding", "Coding track, Academic board"),
+    ):
+        opened = (await gw.client.get(path)).text
+        assert f"<title>{title} ·" in opened, path
 
 
 async def test_concurrent_approvals_create_one_entry(

@@ -25,7 +25,7 @@ from aml_runtime.llm import complete
 from aml_runtime.metrics import OpsServer, observe_backlog, process_checks
 from aml_runtime.participants import Attempt
 from aml_runtime.processes import free_port
-from aml_runtime.progress import record_final
+from aml_runtime.progress import count_final, now_us
 from aml_runtime.secrets import SecretBox
 from aml_runtime.service import open_runtime, serve
 from aml_runtime.settings import CommonSettings
@@ -117,9 +117,9 @@ async def test_metrics_expose_items_calls_llm_backlog_and_jobs(
     await db.jobs.insert_one({"_id": job_id, "state": "running"})
     items_before = _value("aml_items_total", stage="search", outcome="failed")
 
-    assert await record_final(db, job_id, "search", "q-1", "failed")
-    # The same outcome recorded again (a redelivery) is not counted twice.
-    assert not await record_final(db, job_id, "search", "q-1", "failed")
+    # The writer of the stage document counts its outcome (a redelivery finds the document and
+    # counts nothing: tests/integration/test_progress.py).
+    await count_final(db, job_id, "search", "failed", now_us())
 
     record = CallRecorder(db, job_id, "search", "q-1", delivery=1, version_id="ver-m1")
     await record(
@@ -155,7 +155,6 @@ async def test_metrics_expose_items_calls_llm_backlog_and_jobs(
     ):
         assert f"\n{name}{{" in text, f"{name} missing from /metrics"
     assert _value("aml_items_total", stage="search", outcome="failed") == items_before + 1
-    assert _value("aml_items_total", stage="question", outcome="failed") >= 1
     calls = _value(
         "aml_participant_call_seconds_count", version_id="ver-m1", operation="search", status="503"
     )
@@ -164,7 +163,6 @@ async def test_metrics_expose_items_calls_llm_backlog_and_jobs(
     assert _value("aml_pending_work", stage="score") >= 1
     assert _value("aml_jobs", state="running") == 1
     assert _value("aml_jobs", state="completed") == 0
-
 
 
 async def test_gateway_ready_checks_nats_and_mongodb(nats_url: str, mongo_url: str) -> None:

@@ -9,9 +9,11 @@ as the scheduler and the publisher leave them."""
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,14 +22,23 @@ from typing import Any
 import httpx
 import pytest
 from gateway_support import Clock, serve_in_thread
-from leaderboard_support import PER_CATEGORY, finished_job, results, version_body
+from leaderboard_support import (
+    ANSWER_MODEL,
+    CATEGORIES,
+    DATASET,
+    PER_CATEGORY,
+    RELEASE,
+    finished_job,
+    version_body,
+)
 from pydantic import SecretStr
 from pymongo import AsyncMongoClient, MongoClient
 
+from aml_evaluation.aggregate import QuestionOutcome, aggregate
 from aml_gateway.main import create_app
 from aml_gateway.settings import GatewaySettings
 from aml_runtime.db import Document
-from aml_runtime.progress import STAGE_COLLECTIONS, ItemStage, record_final
+from aml_runtime.progress import STAGE_COLLECTIONS, ItemStage, count_final, now_us
 from aml_runtime.secrets import SecretBox
 
 pytestmark = pytest.mark.integration
@@ -130,9 +141,25 @@ class Site:
         with MongoClient(self.mongo_url) as mongo:
             mongo[self.mongo_db].jobs.update_one({"_id": job_id}, {"$set": fields})
 
+    @contextmanager
+    def hidden_track(self, track: str) -> Iterator[None]:
+        """The track's entries off every public answer for a while: their jobs back to
+        pending review (public entries are those of approved jobs), then approved again."""
+        with MongoClient(self.mongo_url) as mongo:
+            db = mongo[self.mongo_db]
+            jobs = [entry["job_id"] for entry in db.leaderboard.find({"track": track})]
+            assert jobs
+            db.jobs.update_many(
+                {"_id": {"$in": jobs}}, {"$set": {"review_state": "pending_review"}}
+            )
+            try:
+                yield
+            finally:
+                db.jobs.update_many({"_id": {"$in": jobs}}, {"$set": {"review_state": "approved"}})
+
     def mark_done(self, stage: ItemStage, job_id: str, count: int, state: str = "done") -> None:
-        """Finish `count` new items of a stage as the workers do: the stage document, then its
-        final record through the runtime's own writer (which counts it on the job)."""
+        """Finish `count` new items of a stage as the workers do: the terminal stage document,
+        then its count on the job through the runtime's own counter."""
         # Its own thread: Playwright's sync API keeps an event loop running in this one.
         with ThreadPoolExecutor(max_workers=1) as pool:
             pool.submit(asyncio.run, self._finish(stage, job_id, count, state)).result()
@@ -141,11 +168,12 @@ class Site:
         async with AsyncMongoClient(self.mongo_url) as mongo:
             db = mongo[self.mongo_db]
             for _ in range(count):
-                item_id = f"{job_id}/{stage}/{uuid.uuid4().hex}"
+                at_us = now_us()
                 await db[STAGE_COLLECTIONS[stage]].insert_one(
-                    {"_id": item_id, "job_id": job_id, "state": state}
-                )
-                assert await record_final(db, job_id, stage, item_id, state)
+                    {"_id": f"{job_id}/{stage}/{uuid.uuid4().hex}", "job_id": job_id,
+                     "state": state, "at_us": at_us}
+                )  # fmt: skip
+                await count_final(db, job_id, stage, "done" if state == "done" else "failed", at_us)
 
 
 def _seed(client: httpx.Client, mongo: Any, clock: Clock) -> tuple[str, str, str]:
@@ -166,6 +194,7 @@ def _seed(client: httpx.Client, mongo: Any, clock: Clock) -> tuple[str, str, str
             keys[team] = version["leaderboard_api_key"]
         at = T0 + timedelta(days=20 * index)
         job = finished_job(version["team_id"], version["version_id"], correct, at, track=track)
+        job["results"] = results(job["_id"], correct)  # with the adversarial category
         mongo.jobs.insert_one(job)
         clock.at = at + timedelta(days=3)
         approved = client.post(f"/v1/admin/reviews/{job['_id']}/approve", headers=ADMIN)
@@ -180,6 +209,31 @@ def _seed(client: httpx.Client, mongo: Any, clock: Clock) -> tuple[str, str, str
     running["started_at"] = datetime.now(UTC) - timedelta(seconds=75)
     mongo.jobs.insert_one(running)
     return running["_id"], pending["_id"], keys["Northwind Labs"]
+
+
+# LoCoMo's adversarial category: reported on its own, kept out of the dataset's overall and
+# of Overall (the scheduler plans it so from the dataset manifest).
+EXCLUDED = "adversarial"
+
+
+def results(job_id: str, correct: Mapping[str, int]) -> dict[str, Any]:
+    """What the scheduler stores as `results`: `correct[category]` of PER_CATEGORY questions
+    judged CORRECT (F1 1.0, BLEU-1 0.8; the others 0.25 and 0.2) in each category of DATASET
+    and in EXCLUDED, which Overall leaves out."""
+    outcomes = [
+        QuestionOutcome(
+            dataset_id=DATASET,
+            category_name=category,
+            scored=True,
+            judge_label="CORRECT" if index < correct.get(category, 0) else "WRONG",
+            f1=1.0 if index < correct.get(category, 0) else 0.25,
+            bleu1=0.8 if index < correct.get(category, 0) else 0.2,
+            question_id=f"conv-{index}:q{position}",
+        )
+        for position, category in enumerate((*CATEGORIES, EXCLUDED))
+        for index in range(PER_CATEGORY)
+    ]
+    return aggregate(job_id, "completed", outcomes, {DATASET: [EXCLUDED]}).model_dump(mode="json")
 
 
 @pytest.fixture(scope="module")
@@ -252,6 +306,16 @@ def column(page: Any, table: str, index: int) -> list[str]:
     return cells
 
 
+def tab_names(page: Any, navigation: str) -> list[str]:
+    """The tabs' names as screen readers get them (the count's noun is visually hidden)."""
+    names: list[str] = (
+        page.get_by_role("navigation", name=navigation)
+        .locator("a")
+        .evaluate_all("links => links.map(a => a.textContent.replace(/\\s+/g, ' ').trim())")
+    )
+    return names
+
+
 def header_index(page: Any, table: str, label: str) -> int:
     index: int = page.eval_on_selector_all(
         f"{table} thead th",
@@ -316,6 +380,20 @@ def test_board_tabs_sorting_and_charts(watched: Watched, site: Site) -> None:
     page.goto("/")
     assert page.title().startswith("Textual track, Academic board")
     assert_accessible_basics(page)
+    # Each tab says how many entries it leads to (a track: on all its boards).
+    assert tab_names(page, "Track") == [
+        "Textual (6 entries)",
+        "Multimodal (0 entries)",
+        "Coding (1 entry)",
+    ]
+    assert tab_names(page, "Board") == ["Academic (5 entries)", "Industrial (1 entry)"]
+    # On screen, the count alone: "Textual (6)", "Academic (5)".
+    shown = page.locator(".tabs [aria-current='page']").evaluate_all(
+        "links => links.map(a => { const c = a.cloneNode(true);"
+        " c.querySelectorAll('.visually-hidden').forEach(e => e.remove());"
+        " return c.textContent.replace(/\\s+/g, ' ').trim(); })"
+    )
+    assert shown == ["Textual (6)", "Academic (5)"]
     # Keyboard: the first Tab reaches the skip link, which moves focus to the main content.
     page.keyboard.press("Tab")
     assert page.evaluate("document.activeElement.className") == "skip-link"
@@ -341,6 +419,19 @@ def test_board_tabs_sorting_and_charts(watched: Watched, site: Site) -> None:
     ]
     overall = page.locator(f"{table} thead th", has_text="Overall").first
     assert overall.get_attribute("aria-sort") == "descending"
+    # The category kept out of Overall comes last among its dataset's, marked, with a legend.
+    adversarial = f"{DATASET}: {EXCLUDED}† (not in Overall)"
+    headers = page.eval_on_selector_all(
+        f"{table} thead th", "cells => cells.map(c => c.textContent.trim())"
+    )
+    assert headers[headers.index(adversarial) - 4 : headers.index(adversarial) + 1] == [
+        *(f"{DATASET}: {category}" for category in sorted(CATEGORIES)),
+        adversarial,
+    ]
+    assert headers.index(adversarial) + 1 == headers.index("Questions")
+    assert page.locator(f"{table} thead .excluded-mark").count() == 1
+    assert page.get_attribute(table, "aria-describedby") == "board-legend"
+    assert "Not in Overall" in page.inner_text("#board-legend")
     # Charts: one per dataset, drawn by the vendored Chart.js.
     page.wait_for_function("() => window.Chart && Object.keys(Chart.instances).length === 1")
     assert page.locator("canvas[role='img']").count() == 1
@@ -375,7 +466,7 @@ def test_board_tabs_sorting_and_charts(watched: Watched, site: Site) -> None:
     page.get_by_role("navigation", name="Board").get_by_role("link", name="Industrial").click()
     page.wait_for_url("**/leaderboard?track=textual&board=industrial")
     current = page.get_by_role("navigation", name="Board").locator("[aria-current='page']")
-    assert current.inner_text() == "Industrial"
+    assert current.text_content() == "Industrial (1 entry)"
     assert column(page, table, header_index(page, table, "Version")) == ["3.2-pro"]
     page.get_by_role("navigation", name="Track").get_by_role("link", name="Coding").click()
     page.wait_for_url("**/leaderboard?track=coding&board=industrial")
@@ -384,6 +475,42 @@ def test_board_tabs_sorting_and_charts(watched: Watched, site: Site) -> None:
     page.wait_for_url("**/leaderboard?track=multimodal&board=industrial")
     assert "No entry has been published" in page.inner_text("main")
     shot(page, "leaderboard-multimodal-empty")
+
+
+def test_board_opens_where_there_are_entries(watched: Watched, site: Site) -> None:
+    page = watched.page
+    table = "#board"
+    # A URL naming only the board keeps it, on the first track with entries there.
+    page.goto("/leaderboard?board=industrial")
+    assert page.title().startswith("Textual track, Industrial board")
+    assert column(page, table, header_index(page, table, "Version")) == ["3.2-pro"]
+    with site.hidden_track("textual"):
+        # Nothing on the default track: the page opens on the first board that has entries.
+        page.goto("/")
+        assert page.title().startswith("Coding track, Industrial board")
+        assert column(page, table, header_index(page, table, "System")) == ["zettel-code"]
+        assert tab_names(page, "Track") == [
+            "Textual (0 entries)",
+            "Multimodal (0 entries)",
+            "Coding (1 entry)",
+        ]
+        assert tab_names(page, "Board") == ["Academic (0 entries)", "Industrial (1 entry)"]
+        current = page.locator(".tabs [aria-current='page']").all_text_contents()
+        assert current == ["Coding (1 entry)", "Industrial (1 entry)"]
+        shot(page, "leaderboard-opens-on-entries")
+        # So does a URL naming only the track.
+        page.goto("/leaderboard?track=coding")
+        assert page.title().startswith("Coding track, Industrial board")
+        # A URL naming the board is respected, even when it is empty.
+        page.goto("/leaderboard?track=textual&board=academic")
+        assert page.title().startswith("Textual track, Academic board")
+        assert "No entry has been published" in page.inner_text("main")
+        # The Coding tab leads to its board with entries, not to its empty Academic one.
+        coding = page.get_by_role("navigation", name="Track").get_by_role("link", name="Coding")
+        assert coding.get_attribute("href") == "/leaderboard?track=coding&board=industrial"
+    # Back: the default track has entries again, and the page opens on it.
+    page.goto("/leaderboard")
+    assert page.title().startswith("Textual track, Academic board")
 
 
 def test_system_page_shows_versions_over_time(watched: Watched, site: Site) -> None:
@@ -437,6 +564,31 @@ def test_private_job_page_shows_live_progress(watched: Watched, site: Site) -> N
     assert page.locator("#key-section").is_hidden()
     assert page.inner_text("#job-state") == "running"
     assert page.inner_text("#job-stage") == "add"
+    # What runs: the version's system, label and board, read with the job.
+    facts = {f: page.inner_text(f"#job-{f}") for f in ("system", "version", "board", "track")}
+    assert facts == {
+        "system": "recall-graph",
+        "version": "2.0",
+        "board": "Academic",
+        "track": "textual",
+    }
+    # What it is held to: the answer model and the hashes the publication gate compares.
+    assert page.inner_text("#job-answer-model") == ANSWER_MODEL
+    assert page.inner_text("#job-spec-hash") == RELEASE["spec_hash"]
+    assert page.inner_text("#job-code-hash") == RELEASE["code_hash"]
+    assert page.inner_text("#job-bundle-hash") == RELEASE["dataset_bundle_hash"]
+    bundles = page.locator("#job-bundles div").all_inner_texts()
+    assert [" ".join(b.split()) for b in bundles] == [
+        f"Bundle of {DATASET} {RELEASE['dataset_bundle_hash']}"
+    ]
+    page.get_by_text("Everything held constant").click()
+    assert "top_k" in page.inner_text("#job-spec") and "100" in page.inner_text("#job-spec")
+    # Timings: started 75 s before the site came up, not finished, running for over a minute.
+    assert page.get_attribute("#job-started", "datetime")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", page.inner_text("#job-started"))
+    assert page.inner_text("#job-finished") == "not yet"
+    assert page.inner_text("#job-duration-label") == "Running for"
+    assert re.fullmatch(r"(\d+ h )?\d+ min \d+ s", page.inner_text("#job-duration"))
     add = page.get_by_label("Add", exact=True)
     assert add.evaluate("e => [e.tagName, e.value, e.max]") == ["PROGRESS", 6, 8]
     assert page.inner_text("#progress-add-text") == "5 of 8 done, 1 failed"
@@ -451,20 +603,67 @@ def test_private_job_page_shows_live_progress(watched: Watched, site: Site) -> N
     assert page.inner_text("#progress-add-text") == "7 of 8 done, 1 failed"
 
     # The job ends: the results table appears and polling stops.
-    correct = {"single-hop": 9, "multi-hop": 8, "temporal": 7, "open-domain": 6}
+    correct = {"single-hop": 9, "multi-hop": 8, "temporal": 7, "open-domain": 6, EXCLUDED: 2}
+    started = datetime(2027, 2, 1, 9, 0, 0, tzinfo=UTC)
     site.update_job(
         job,
         {
             "state": "completed",
-            "finished_at": datetime.now(UTC),
+            "started_at": started,
+            "finished_at": started + timedelta(hours=2, minutes=5, seconds=7),
             "results": results(job, correct),
         },
     )
     page.locator("#results-block").wait_for(state="visible", timeout=10_000)
     assert page.inner_text("#job-state") == "completed"
-    rows = page.locator("#results-table tbody tr")
-    assert rows.count() == 1 + 1 + 4  # Overall, the dataset's overall, its four categories
-    assert "75.0%" in rows.first.inner_text()
+    assert page.inner_text("#job-started") == "2027-02-01 09:00:00 UTC"
+    assert page.inner_text("#job-finished") == "2027-02-01 11:05:07 UTC"
+    assert page.get_attribute("#job-finished", "datetime") is not None
+    assert page.inner_text("#job-duration-label") == "Duration"
+    assert page.inner_text("#job-duration") == "2 h 5 min 7 s"
+
+    table = "#results-table"
+    rows = page.locator(f"{table} tbody tr")
+    # Overall, the dataset's overall, its four categories and the excluded one.
+    assert rows.count() == 1 + 1 + 5
+    questions = header_index(page, table, "Questions")
+    accuracy = header_index(page, table, "Judge accuracy")
+    f1 = header_index(page, table, "F1")
+    bleu = header_index(page, table, "BLEU-1")
+    overall = page.eval_on_selector(
+        f"{table} tbody tr", "r => [...r.cells].map(c => c.textContent)"
+    )
+    # 30 of 40: the adversarial questions are in no Overall figure; BLEU-1 (24 + 2) / 40.
+    assert [overall[i] for i in (0, questions, accuracy, f1, bleu)] == [
+        "Overall",
+        "40",
+        "75.0%",
+        "0.813",  # (30 * 1.0 + 10 * 0.25) / 40
+        "0.650",
+    ]
+    categories = column(page, table, 1)
+    # The category kept out of Overall comes last, marked.
+    assert categories == [
+        "all",
+        "overall",
+        "multi-hop",
+        "open-domain",
+        "single-hop",
+        "temporal",
+        f"{EXCLUDED}† (not in Overall)",
+    ]
+    excluded = rows.nth(6)
+    assert column(page, table, bleu)[6] == "0.320"  # (2 * 0.8 + 8 * 0.2) / 10
+    assert column(page, table, accuracy)[6] == "20.0%"
+    # The mark is shown, and said in words (screen readers skip the dagger itself).
+    mark = excluded.locator(".excluded-mark")
+    assert mark.is_visible() and mark.get_attribute("aria-hidden") == "true"
+    assert excluded.locator(".visually-hidden").text_content() == " (not in Overall)"
+    assert page.locator(f"{table} .excluded-mark").count() == 1
+    legend = page.locator("#results-legend")
+    assert legend.is_visible() and "Not in Overall" in legend.inner_text()
+    assert page.get_attribute(table, "aria-describedby") == "results-legend"
+    assert_accessible_basics(page)
     shot(page, "job-completed")
 
     # The key went only into a header, never into a URL, and stays in this tab's storage.
@@ -510,6 +709,43 @@ def test_pages_fit_a_phone(browser: Any, site: Site) -> None:
             " return [w.scrollWidth > w.clientWidth, getComputedStyle(w).overflowX]; }"
         )
         assert wrapped == [True, "auto"]
+        # Yet Overall, in the header and in every row, is in view without scrolling: inside
+        # the part of the wrapper that shows, itself on screen.
+        view = page.eval_on_selector(
+            ".table-wrap",
+            "w => { const b = w.getBoundingClientRect();"
+            " return [b.left + w.clientLeft, b.left + w.clientLeft + w.clientWidth]; }",
+        )
+        assert 0 <= view[0] < view[1] <= PHONE["width"], view
+        overall = header_index(page, "#board", "Overall")
+        boxes = page.eval_on_selector_all(
+            "#board tr",
+            "(rows, i) => rows.map(r => { const b = r.cells[i].getBoundingClientRect();"
+            " return [r.cells[i].textContent.trim(), b.left, b.right, b.width]; })",
+            overall,
+        )
+        assert len(boxes) == 1 + 5
+        for text, left, right, width in boxes:
+            assert text and width > 0 and view[0] <= left and right <= view[1], (view, boxes)
+        # Scrolled sideways, the system names stay in view beside the other columns.
+        page.eval_on_selector(".table-wrap", "w => { w.scrollLeft = w.scrollWidth; }")
+        page.wait_for_function(
+            "() => { const w = document.querySelector('.table-wrap');"
+            " return w.scrollLeft > 0 && w.scrollLeft + w.clientWidth >= w.scrollWidth - 1; }"
+        )
+        names = page.eval_on_selector_all(
+            "#board tbody th, #board thead th.row-header",
+            "cells => cells.map(c => { const b = c.getBoundingClientRect();"
+            " return [c.textContent.trim(), b.left, b.right]; })",
+        )
+        assert len(names) == 1 + 5
+        for text, left, right in names:
+            assert text and view[0] <= left and right <= view[1], (view, names)
+        last = page.eval_on_selector(
+            "#board tbody td:last-child", "c => c.getBoundingClientRect().right"
+        )
+        assert last <= view[1]
+        shot(page, "phone-leaderboard-scrolled")
         # The private job page with the key, its progress bars at phone width.
         page.goto(f"/jobs/{site.running_job}")
         page.get_by_label("Leaderboard API Key").fill(site.team_key)

@@ -1,8 +1,9 @@
 """Job progress counters (`aml_runtime.progress`) on the real nx-27017 MongoDB wire server (and
-a real nats-server for the scheduler's completion): a final item is counted exactly once
-whoever records it and however often, a crash between the record and its increment is
-repaired, the scheduler completes a job from its counter, and the gateway's status reads the
-counters alone."""
+a real nats-server for the scheduler's completion): an item's terminal outcome is counted
+exactly once by the stage writers themselves however often and however concurrently they store
+it, a crash between the stage document and its increment is repaired, the writer that makes
+every question final says so, the scheduler completes a job from its counter, and the
+gateway's status reads the counters alone."""
 
 from __future__ import annotations
 
@@ -16,18 +17,23 @@ from faststream.nats import NatsBroker
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
+from aml_adder.handlers import AddHandler
+from aml_contract.messages import AddWork, QuestionStage, QuestionWork
 from aml_gateway.progress import job_status
 from aml_runtime.db import Document, ensure_indexes
 from aml_runtime.evaluation_spec import build_spec
 from aml_runtime.jobs import record_error
 from aml_runtime.progress import (
-    FINALS,
+    ItemStage,
     _count,
+    count_final,
     counters_of,
     micros,
-    record_final,
+    now_us,
     repair_counters,
 )
+from aml_runtime.question_stage import QuestionStageWorker
+from aml_runtime.settings import CommonSettings
 from aml_scheduler.handlers import Scheduler
 from aml_scheduler.settings import SchedulerSettings
 
@@ -74,59 +80,77 @@ async def counters(db: AsyncDatabase[Document], job_id: str) -> dict[str, int]:
     return {field: value for field, value in counters_of(job).items() if value}
 
 
-async def test_a_final_item_counts_once_however_often_it_is_recorded(
-    db: AsyncDatabase[Document],
+def stage_worker(
+    db: AsyncDatabase[Document], broker: NatsBroker, stage: QuestionStage
+) -> QuestionStageWorker:
+    async def unused(*_: Any) -> Document:
+        raise AssertionError("store only")
+
+    return QuestionStageWorker(stage, CommonSettings(), db, broker, unused)
+
+
+def work(job_id: str, i: int) -> QuestionWork:
+    return QuestionWork(job_id=job_id, version_id="ver-1", item_id=f"{job_id}/{ITEM}{i}")
+
+
+async def finished(
+    db: AsyncDatabase[Document], stage: ItemStage, job_id: str, item_id: str, state: str
+) -> bool:
+    """A terminal stage document written and counted as its writer does (no worker at hand)."""
+    collection = {"add": "add_chunks", "search": "searches", "answer": "answers"}.get(
+        stage, "scores"
+    )
+    at_us = now_us()
+    await db[collection].insert_one(
+        {"_id": item_id, "job_id": job_id, "state": state, "at_us": at_us}
+    )
+    return await count_final(db, job_id, stage, "done" if state == "done" else "failed", at_us)
+
+
+async def test_an_outcome_counts_once_however_often_it_is_stored(
+    db: AsyncDatabase[Document], broker: NatsBroker
 ) -> None:
-    await planned_job(db, "jonce")
-    question = f"jonce/{ITEM}0"
-    # A redelivery records the same outcome again.
-    assert await record_final(db, "jonce", "search", question, "done") is True
-    assert await record_final(db, "jonce", "search", question, "done") is False
+    await planned_job(db, "jonce", questions=2)
+    search, score = stage_worker(db, broker, "search"), stage_worker(db, broker, "score")
+    # A redelivery stores the same outcome again: the stored one stands, counted once.
+    assert await search.store(work("jonce", 0), {"state": "done"}) == ("done", False)
+    assert await search.store(work("jonce", 0), {"state": "failed"}) == ("done", False)
     # Ten concurrent deliveries (or replicas) of one message.
-    calls = [record_final(db, "jonce", "score", question, "done") for _ in range(10)]
-    assert sorted(await asyncio.gather(*calls)) == [False] * 9 + [True]
-    # A race that left a question with two terminal records still ends it once.
-    other = f"jonce/{ITEM}1"
-    both = [record_final(db, "jonce", "answer", other, "failed") for _ in range(5)]
-    both += [record_final(db, "jonce", "score", other, "done") for _ in range(5)]
-    await asyncio.gather(*both)
-    # A state that is not final records nothing.
-    assert await record_final(db, "jonce", "answer", f"jonce/{ITEM}2", "pending") is False
-    errors = [record_error(db, "jonce", "search", "outage", question, "down") for _ in range(10)]
+    stores = [search.store(work("jonce", 1), {"state": "failed"}) for _ in range(10)]
+    assert {state for state, _ in await asyncio.gather(*stores)} == {"failed"}
+    # The score that makes every question final says so, once, whoever wins the race.
+    scores = [score.store(work("jonce", 0), {"state": "done"}) for _ in range(10)]
+    assert sorted(last for _, last in await asyncio.gather(*scores)) == [False] * 9 + [True]
+    # The adder's guarded update: ten concurrent finishes of one chunk count one.
+    await db.add_chunks.insert_one({"_id": "jonce/u/0", "job_id": "jonce", "state": "pending"})
+    adder = AddHandler(CommonSettings(), db, broker, cast(Any, None), cast(Any, None))
+    add = AddWork(job_id="jonce", version_id="ver-1", request_id="jonce/u/0")
+    await asyncio.gather(*[adder.finish(add, "done", {}) for _ in range(10)])
+    errors = [record_error(db, "jonce", "search", "outage", "jonce/x", "down") for _ in range(10)]
     await asyncio.gather(*errors)
 
     assert await counters(db, "jonce") == {
+        "progress.add.done": 1,
         "progress.search.done": 1,
-        "progress.answer.failed": 1,
-        "progress.score.done": 2,
+        "progress.search.failed": 1,
+        "progress.score.done": 1,
         "progress.questions_final": 2,
         "progress.errors": 1,
     }
-    # Nothing to repair: the counters are what the records say.
+    # Nothing to repair: the counters are what the documents say.
     assert await repair_counters(db, "jonce") is False
     assert (await counters(db, "jonce"))["progress.questions_final"] == 2
 
 
 async def test_repair_counts_what_a_crash_left_uncounted(db: AsyncDatabase[Document]) -> None:
     await planned_job(db, "jcrash")
-    counted = f"jcrash/{ITEM}0"
-    assert await record_final(db, "jcrash", "search", counted, "done")
-    # A writer died after inserting its final record, before its increment.
+    assert await finished(db, "search", "jcrash", f"jcrash/{ITEM}0", "done") is False
+    # Writers that died after their stage document, before their increment.
     lost = f"jcrash/{ITEM}1"
-    await db.searches.insert_one({"_id": lost, "job_id": "jcrash", "state": "failed"})
     at_us = micros(datetime.now(UTC))
-    await db[FINALS].insert_one(
-        {
-            "_id": f"search/{lost}",
-            "job_id": "jcrash",
-            "stage": "search",
-            "item_id": lost,
-            "outcome": "failed",
-            "at_us": at_us,
-        }
+    await db.searches.insert_one(
+        {"_id": lost, "job_id": "jcrash", "state": "failed", "at_us": at_us}
     )
-    # Another died after its stage document, before its final record (a redelivery finds the
-    # document and only re-announces it): the repair backfills the record from the document.
     unrecorded = f"jcrash/{ITEM}2"
     await db.scores.insert_one({"_id": unrecorded, "job_id": "jcrash", "state": "done"})
     await db.searches.insert_one({"_id": f"jcrash/{ITEM}3", "job_id": "jcrash", "state": "x"})
@@ -135,9 +159,6 @@ async def test_repair_counts_what_a_crash_left_uncounted(db: AsyncDatabase[Docum
     assert await counters(db, "jcrash") == {"progress.search.done": 1}
 
     assert await repair_counters(db, "jcrash") is True
-    # Backfilled from the documents: the unrecorded score's records, the lost search's question.
-    backfilled = await db[FINALS].find({"job_id": "jcrash", "stage": "question"}).to_list()
-    assert sorted(doc["item_id"] for doc in backfilled) == [lost, unrecorded]
     repaired = {
         "progress.search.done": 1,
         "progress.search.failed": 1,
@@ -148,12 +169,12 @@ async def test_repair_counts_what_a_crash_left_uncounted(db: AsyncDatabase[Docum
     assert await counters(db, "jcrash") == repaired
     assert await repair_counters(db, "jcrash") is False
     # The writer of the lost increment was only slow, not dead: its late increment finds the
-    # record already counted by the repair (watermark) and changes nothing.
+    # document already counted by the repair (watermark) and changes nothing.
     late = {"progress.search.failed": 1, "progress.questions_final": 1}
-    await _count(db, "jcrash", late, at_us)
+    assert await _count(db, "jcrash", late, at_us) is None
     assert await counters(db, "jcrash") == repaired
-    # Records written after the repair count as usual.
-    assert await record_final(db, "jcrash", "score", f"jcrash/{ITEM}0", "done")
+    # Outcomes written after the repair count as usual.
+    assert await finished(db, "score", "jcrash", f"jcrash/{ITEM}0", "done") is False
     assert await counters(db, "jcrash") == {
         **repaired,
         "progress.score.done": 2,
@@ -164,7 +185,7 @@ async def test_repair_counts_what_a_crash_left_uncounted(db: AsyncDatabase[Docum
     # Another job, without a watermark, is counted on its own document and on no other (the
     # guard is not an `$or`, which nx-27017 would apply to another job's document).
     await planned_job(db, "jother")
-    assert await record_final(db, "jother", "search", f"jother/{ITEM}0", "done")
+    assert await finished(db, "search", "jother", f"jother/{ITEM}0", "done") is False
     assert await counters(db, "jother") == {"progress.search.done": 1}
     assert await counters(db, "jcrash") == {
         **repaired,
@@ -175,12 +196,12 @@ async def test_repair_counts_what_a_crash_left_uncounted(db: AsyncDatabase[Docum
 
 async def test_job_status_reads_the_counters(db: AsyncDatabase[Document]) -> None:
     await planned_job(db, "jstatus")
-    for i in range(3):
-        await record_final(db, "jstatus", "search", f"jstatus/{ITEM}{i}", "done")
-    await record_final(db, "jstatus", "search", f"jstatus/{ITEM}3", "failed")
+    for _ in range(3):
+        await count_final(db, "jstatus", "search", "done", now_us())
+    await count_final(db, "jstatus", "search", "failed", now_us())
     await record_error(db, "jstatus", "search", "participant_outage", f"jstatus/{ITEM}3", "503")
-    await record_final(db, "jstatus", "add", "jstatus/u1/0", "done")
-    await record_final(db, "jstatus", "add", "jstatus/u1/1", "done")
+    await count_final(db, "jstatus", "add", "done", now_us())
+    await count_final(db, "jstatus", "add", "done", now_us())
     job = await db.jobs.find_one({"_id": "jstatus"})
     assert job is not None
     # No stage document exists at all: the figures come from the job document alone.
@@ -242,12 +263,11 @@ async def test_scheduler_completes_a_job_from_its_counter(
     # An Add chunk confirmed whose writer died before recording it: the completion repairs it.
     await db.add_chunks.insert_one({"_id": "jdone/u/0", "job_id": "jdone", "state": "done"})
     await scored(db, "jdone", first)
-    await record_final(db, "jdone", "score", first, "done")
+    assert await count_final(db, "jdone", "score", "done", now_us()) is False
     await run.complete_if_done("jdone")
     assert (await db.jobs.find_one({"_id": "jdone"}) or {})["state"] == "running"
 
-    await db.searches.insert_one({"_id": second, "job_id": "jdone", "state": "failed"})
-    await record_final(db, "jdone", "search", second, "failed")
+    assert await finished(db, "search", "jdone", second, "failed") is True
     await run.complete_if_done("jdone")
     job = await db.jobs.find_one({"_id": "jdone"})
     assert job is not None and job["state"] == "completed"

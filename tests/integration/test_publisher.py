@@ -27,7 +27,7 @@ from aml_publisher.settings import PublisherSettings
 from aml_runtime.broker import publish
 from aml_runtime.db import Document
 from aml_runtime.jobs import publish_finished, record_error
-from aml_runtime.progress import ItemStage, record_final
+from aml_runtime.progress import ItemStage, count_final, now_us
 
 pytestmark = pytest.mark.integration
 
@@ -98,21 +98,30 @@ async def insert_job(
             **fields,
         }
     )
-    chunks = [{"_id": f"{job_id}/a{i}", "job_id": job_id, "state": "done"} for i in range(CHUNKS)]
+    at_us = now_us()
+    chunks = [
+        {"_id": f"{job_id}/a{i}", "job_id": job_id, "state": "done", "at_us": at_us}
+        for i in range(CHUNKS)
+    ]
     await db.add_chunks.insert_many(chunks)
-    for chunk in chunks:
-        await record_final(db, job_id, "add", chunk["_id"], chunk["state"])
+    for _ in chunks:
+        await count_final(db, job_id, "add", "done", at_us)
     stages: dict[ItemStage, str] = {"search": "searches", "answer": "answers", "score": "scores"}
     for stage, collection in stages.items():
         last = QUESTIONS - 1 if failed else QUESTIONS
-        docs = [{"_id": f"{item}{i}", "job_id": job_id, "state": "done"} for i in range(last)]
+        docs = [
+            {"_id": f"{item}{i}", "job_id": job_id, "state": "done", "at_us": at_us}
+            for i in range(last)
+        ]
         if failed and stage == "search":
-            docs.append({"_id": f"{item}{last}", "job_id": job_id, "state": "failed"})
+            docs.append(
+                {"_id": f"{item}{last}", "job_id": job_id, "state": "failed", "at_us": at_us}
+            )
         if docs:
             await db[collection].insert_many(docs)
         # Counted on the job as the stage workers count them (the gate reads the counters).
         for doc in docs:
-            await record_final(db, job_id, stage, doc["_id"], doc["state"])
+            await count_final(db, job_id, stage, doc["state"], at_us)
     if failed:
         await record_error(db, job_id, "search", "contract_error", f"{item}2", "bad body")
 

@@ -3,8 +3,10 @@
 compose.yaml, the Dockerfile, .dockerignore and the configs under deploy/ are read as files and
 checked against each other and against the code: services, healthchecks and their dependencies,
 build contexts, mounts and volumes, secrets only by substitution, AML_* variables that are real
-settings fields, commands that run modules that exist, the Grafana provisioning and dashboard,
-the collector pipelines and the Tempo config. Every failure names the service or file at fault.
+settings fields, commands that run modules that exist, the Grafana provisioning, login and
+dashboard (its PromQL names only metrics aml_runtime.metrics exports), Prometheus' scrape
+targets, the collector pipelines and the Tempo config. Every failure names the service or file
+at fault.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from prometheus_client.metrics import MetricWrapperBase
 
+from aml_runtime import metrics
 from aml_runtime.configdoc import SERVICES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,6 +34,7 @@ DOCKERIGNORE = ROOT / ".dockerignore"
 DEPLOY = ROOT / "deploy"
 COLLECTOR = DEPLOY / "otel-collector.yaml"
 TEMPO = DEPLOY / "tempo.yaml"
+PROMETHEUS = DEPLOY / "prometheus.yaml"
 GRAFANA_DATASOURCES = DEPLOY / "grafana" / "provisioning" / "datasources"
 GRAFANA_PROVIDERS = DEPLOY / "grafana" / "provisioning" / "dashboards"
 GRAFANA_DASHBOARDS = DEPLOY / "grafana" / "dashboards"
@@ -37,11 +42,13 @@ GRAFANA_DASHBOARDS = DEPLOY / "grafana" / "dashboards"
 # compose service -> its settings class (module, class name): the services the configuration
 # reference documents.
 AML_SETTINGS = SERVICES
-INFRA = {"nats", "mongo", "otel-collector", "tempo", "grafana"}
+INFRA = {"nats", "mongo", "otel-collector", "tempo", "prometheus", "grafana"}
+# The services that serve /metrics (the gateway answers only /health and /ready).
+WORKERS = set(AML_SETTINGS) - {"gateway"}
 # Who must wait for whom to be healthy.
 REQUIRED_DEPENDENCIES = {
     **{name: {"nats", "mongo"} for name in AML_SETTINGS},
-    "grafana": {"tempo"},
+    "grafana": {"tempo", "prometheus"},
     "otel-collector": {"tempo"},
 }
 # Variables that hold a secret: only a required substitution, `${VAR:?message}`, is allowed.
@@ -71,6 +78,29 @@ REQUIRED_PANELS = {
         "rate()",
     ],
 }
+# Dashboard panels on the Prometheus metrics: title -> fragments its PromQL queries must contain.
+REQUIRED_METRIC_PANELS = {
+    "Jobs by state": ["aml_jobs", "by (state)"],
+    "Items per stage and outcome": ["rate(aml_items_total[", "by (stage, outcome)"],
+    "Participant call latency p50 / p95 by version": [
+        "histogram_quantile(0.5,",
+        "histogram_quantile(0.95,",
+        "aml_participant_call_seconds_bucket",
+        "version_id",
+    ],
+    "Participant calls by version and status": [
+        "aml_participant_call_seconds_count",
+        "by (version_id, status)",
+    ],
+    "LLM call latency p50 / p95": ["aml_llm_call_seconds_bucket", "histogram_quantile(0.95,"],
+    "LLM calls by outcome and errors by class": ["aml_llm_errors_total", "by (model, error)"],
+    "Pending work per stage": ["aml_pending_work", "by (stage)"],
+}
+# Series Prometheus itself makes for every target, and the labels it gives every series.
+PROMETHEUS_SERIES = {"up": set[str]()}
+PROMETHEUS_TARGET_LABELS = {"job", "instance"}
+PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and",
+                "or", "unless", "offset"}  # fmt: skip
 
 
 def _problems(found: list[str]) -> str:
@@ -523,24 +553,32 @@ def test_grafana_provisioning_is_mounted_where_the_providers_look() -> None:
     )
 
 
-def test_dashboards_use_provisioned_datasources_and_traceql() -> None:
-    uids = set(_provisioned_datasources())
+def test_dashboards_use_provisioned_datasources_and_their_query_languages() -> None:
+    sources = _provisioned_datasources()
     found = []
     for path, dashboard in _dashboards().items():
         where = path.relative_to(ROOT)
         if not dashboard.get("uid") or not dashboard.get("title"):
             found.append(f"{where}: a dashboard needs a uid and a title")
-        for uid in sorted(set(_datasource_refs(dashboard)) - uids):
-            found.append(f"{where}: datasource uid {uid!r} is not provisioned ({sorted(uids)})")
+        for uid in sorted(set(_datasource_refs(dashboard)) - set(sources)):
+            found.append(f"{where}: datasource uid {uid!r} is not provisioned ({sorted(sources)})")
         for panel in _panels(dashboard):
             if panel.get("type") == "row":
                 continue
+            title = panel.get("title")
             targets = panel.get("targets") or []
             if not targets:
-                found.append(f"{where}: panel {panel.get('title')!r} has no query")
+                found.append(f"{where}: panel {title!r} has no query")
             for target in targets:
-                if target.get("queryType") != "traceql" or not target.get("query"):
-                    found.append(f"{where}: panel {panel.get('title')!r} needs a TraceQL query")
+                uid = (target.get("datasource") or panel.get("datasource") or {}).get("uid")
+                kind = (sources.get(uid) or {}).get("type")
+                if kind == "tempo" and (target.get("queryType") != "traceql"
+                                        or not target.get("query")):  # fmt: skip
+                    found.append(f"{where}: panel {title!r} needs a TraceQL query")
+                elif kind == "prometheus" and not target.get("expr"):
+                    found.append(f"{where}: panel {title!r} needs a PromQL `expr`")
+                elif kind not in ("tempo", "prometheus"):
+                    found.append(f"{where}: panel {title!r} queries datasource {uid!r} ({kind})")
     assert not found, _problems(found)
 
 
@@ -559,6 +597,217 @@ def test_dashboard_has_the_required_panels() -> None:
             if not any(fragment in query for query in queries[title]):
                 found.append(f"deploy/grafana/dashboards: panel {title!r} lacks {fragment!r}")
     assert not found, _problems(found)
+
+
+def test_grafana_requires_a_login() -> None:
+    env = _environment(_services()["grafana"])
+    assert env.get("GF_AUTH_ANONYMOUS_ENABLED") == "false", (
+        "compose.yaml: grafana must set GF_AUTH_ANONYMOUS_ENABLED=false (a login is required)"
+    )
+    assert env.get("GF_USERS_ALLOW_SIGN_UP") == "false", "compose.yaml: grafana allows sign-up"
+    assert env.get("GF_AUTH_DISABLE_LOGIN_FORM", "false") == "false"
+    assert REQUIRED_SUBSTITUTION.match(env.get("GF_SECURITY_ADMIN_PASSWORD", "")), (
+        "compose.yaml: grafana's GF_SECURITY_ADMIN_PASSWORD must be a required substitution"
+    )
+
+
+# -- Prometheus and the dashboard's metrics -----------------------------------------------------
+
+
+def _prometheus() -> dict[str, Any]:
+    config = _yaml(PROMETHEUS)
+    assert isinstance(config, dict), "deploy/prometheus.yaml: not a mapping"
+    return config
+
+
+def _scrape_targets() -> dict[str, set[tuple[str, int]]]:
+    """job name -> the (host, port) pairs it scrapes: DNS discovery names and static targets."""
+    found: dict[str, set[tuple[str, int]]] = {}
+    for job in _prometheus().get("scrape_configs") or []:
+        targets = found.setdefault(job["job_name"], set())
+        for dns in job.get("dns_sd_configs") or []:
+            assert dns.get("type", "SRV") == "A", "deploy/prometheus.yaml: DNS discovery by A"
+            targets |= {(name, int(dns["port"])) for name in dns["names"]}
+        for static in job.get("static_configs") or []:
+            for target in static["targets"]:
+                host, _, port = target.rpartition(":")
+                targets.add((host, int(port)))
+    return found
+
+
+def _target_labels() -> set[str]:
+    """The labels every scraped series carries: Prometheus' own and those relabelling sets."""
+    labels = set(PROMETHEUS_TARGET_LABELS)
+    for job in _prometheus().get("scrape_configs") or []:
+        for rule in job.get("relabel_configs") or []:
+            label = rule.get("target_label", "__")
+            if not label.startswith("__"):  # `__address__` and the like are not kept
+                labels.add(label)
+    return labels
+
+
+def _metric_objects() -> list[MetricWrapperBase]:
+    """The metrics aml_runtime.metrics defines (all in prometheus_client's default registry)."""
+    return [metric for metric in vars(metrics).values() if isinstance(metric, MetricWrapperBase)]
+
+
+def _exported_series() -> dict[str, set[str]]:
+    """Every series name aml_runtime.metrics exports -> its labels, as prometheus_client writes
+    them: a counter `x` is `x_total`, a histogram `x` is `x_bucket` (with `le`), `x_sum`,
+    `x_count`."""
+    series: dict[str, set[str]] = {}
+    for metric in _metric_objects():
+        labels = set(metric._labelnames)
+        for family in metric.describe():
+            if family.type == "counter":
+                series[f"{family.name}_total"] = labels
+            elif family.type == "histogram":
+                series[f"{family.name}_bucket"] = labels | {"le"}
+                series[f"{family.name}_sum"] = labels
+                series[f"{family.name}_count"] = labels
+            else:
+                series[family.name] = labels
+    assert series, "aml_runtime.metrics defines no metric"
+    return series
+
+
+def _promql(expr: str) -> tuple[set[str], set[str]]:
+    """(the series names, the label names) a PromQL expression uses: what is left once strings,
+    label matchers, ranges, numbers, groupings and function calls are taken out is names."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    matchers = " ".join(re.findall(r"\{([^}]*)\}", text))
+    labels = set(re.findall(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)", matchers))
+    grouping = r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)"
+    for group in re.findall(grouping, text):
+        labels |= {label.strip() for label in group.split(",") if label.strip()}
+    text = re.sub(grouping, " ", text)
+    text = re.sub(r"\{[^}]*\}|\[[^\]]*\]", " ", text)
+    text = re.sub(r"(?<![A-Za-z0-9_:])\d+(?:\.\d+)?(?:[eE][+-]?\d+)?", " ", text)
+    names = {
+        match.group()
+        for match in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", text)
+        if match.group() not in PROMQL_WORDS and not text[match.end() :].lstrip().startswith("(")
+    }
+    return names, labels
+
+
+def _promql_targets() -> list[tuple[str, str, dict[str, Any]]]:
+    """(file, panel title, target) of every PromQL query of the dashboards."""
+    return [
+        (str(path.relative_to(ROOT)), panel.get("title", ""), target)
+        for path, dashboard in _dashboards().items()
+        for panel in _panels(dashboard)
+        for target in panel.get("targets") or []
+        if target.get("expr")
+    ]
+
+
+def test_dashboard_promql_names_only_metrics_the_services_export() -> None:
+    exported = _exported_series()
+    known = {**exported, **PROMETHEUS_SERIES}
+    targets = _promql_targets()
+    assert targets, "deploy/grafana/dashboards: no PromQL query"
+    found = []
+    used = set()
+    for where, title, target in targets:
+        expr = target["expr"]
+        names, labels = _promql(expr)
+        if not names:
+            found.append(f"{where}: panel {title!r} queries no metric: {expr}")
+        for name in sorted(names - set(known)):
+            found.append(
+                f"{where}: panel {title!r} uses {name!r}, which aml_runtime.metrics does not "
+                f"export (it exports {sorted(exported)})"
+            )
+        used |= names
+        allowed = _target_labels().union(*(known.get(name, set()) for name in names))
+        legend = set(re.findall(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}",
+                                target.get("legendFormat") or ""))  # fmt: skip
+        for label in sorted((labels | legend) - allowed):
+            found.append(f"{where}: panel {title!r} uses label {label!r}, not one of {names}")
+    # Every metric the services export is on the dashboard.
+    families = {family.name for metric in _metric_objects() for family in metric.describe()}
+    for family in sorted(families):
+        if not any(name == family or name.startswith(f"{family}_") for name in used):
+            found.append(f"deploy/grafana/dashboards: no panel shows {family}")
+    assert not found, _problems(found)
+
+
+def test_dashboard_has_the_required_metric_panels() -> None:
+    queries: dict[str, list[str]] = {}
+    for _, title, target in _promql_targets():
+        queries.setdefault(title, []).append(target["expr"])
+    found = []
+    for title, fragments in REQUIRED_METRIC_PANELS.items():
+        if title not in queries:
+            found.append(f"deploy/grafana/dashboards: no PromQL panel titled {title!r}")
+            continue
+        for fragment in fragments:
+            if not any(fragment in query for query in queries[title]):
+                found.append(f"deploy/grafana/dashboards: panel {title!r} lacks {fragment!r}")
+    assert not found, _problems(found)
+
+
+def test_prometheus_scrapes_every_worker_compose_defines() -> None:
+    services = _services()
+    targets = _scrape_targets()
+    assert targets, "deploy/prometheus.yaml: no scrape_configs"
+    found = []
+    scraped = set()
+    for job, pairs in targets.items():
+        for host, port in sorted(pairs):
+            scraped.add(host)
+            if host not in services:
+                found.append(f"deploy/prometheus.yaml: job {job} scrapes {host!r}, not a service")
+                continue
+            if host not in WORKERS:
+                found.append(f"deploy/prometheus.yaml: job {job} scrapes {host!r}, no worker")
+                continue
+            module, class_name = AML_SETTINGS[host]
+            settings_class = getattr(importlib.import_module(module), class_name)
+            env = _environment(services[host])
+            metrics_port = int(_resolve(env.get("AML_METRICS_PORT", "")) or
+                               settings_class.model_fields["metrics_port"].default)  # fmt: skip
+            if port != metrics_port:
+                found.append(
+                    f"deploy/prometheus.yaml: job {job} scrapes {host}:{port}, but `{host}` "
+                    f"serves /metrics on AML_METRICS_PORT {metrics_port}"
+                )
+    for name in sorted(WORKERS - scraped):
+        found.append(f"deploy/prometheus.yaml: worker `{name}` is not scraped")
+    assert not found, _problems(found)
+
+
+def test_prometheus_runs_the_config_and_grafana_queries_it() -> None:
+    prometheus = _services()["prometheus"]
+    command = _command(prometheus)
+    config = _bind_target("prometheus", "deploy/prometheus.yaml")
+    assert f"--config.file={config}" in command, (
+        f"compose.yaml: prometheus runs {command}, not --config.file={config}"
+    )
+    listen = next((word.split("=", 1)[1] for word in command
+                   if word.startswith("--web.listen-address=")), ":9090")  # fmt: skip
+    port = _port(listen)
+    probe = _url_in(_healthcheck_test(prometheus))
+    assert probe is not None and urlsplit(probe).port == port, (
+        f"compose.yaml: prometheus healthcheck {probe} is not on its port {port}"
+    )
+    storage = next((word.split("=", 1)[1] for word in command
+                    if word.startswith("--storage.tsdb.path=")), None)  # fmt: skip
+    data = [target for kind, _, target in _volumes(prometheus) if kind == "volume"]
+    assert storage in data, f"compose.yaml: prometheus stores in {storage}, not on a volume {data}"
+    sources = _provisioned_datasources()
+    assert "prometheus" in sources, "grafana datasources: no datasource with uid `prometheus`"
+    source = sources["prometheus"]
+    assert source.get("type") == "prometheus", "datasource `prometheus` must have type prometheus"
+    url = urlsplit(source.get("url", ""))
+    assert url.hostname == "prometheus" and url.port == port, (
+        f"grafana datasource `prometheus` url {source.get('url')} is not http://prometheus:{port}"
+    )
+    defaults = [uid for uid, item in sources.items() if item.get("isDefault")]
+    assert len(defaults) <= 1, f"grafana datasources: several defaults {defaults}"
+    refs = {uid for dashboard in _dashboards().values() for uid in _datasource_refs(dashboard)}
+    assert "prometheus" in refs, "deploy/grafana/dashboards: no panel queries Prometheus"
 
 
 # -- OpenTelemetry collector and Tempo ----------------------------------------------------------

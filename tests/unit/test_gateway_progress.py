@@ -1,12 +1,15 @@
 """`current_stage`: the earliest stage of a job that has not finished (R-3.6); `stage_progress`:
-every stage's figures from the job document's counters alone."""
+every stage's figures from the job document's counters alone; `status_of`: the status with the
+version's names, the answer model and the timings."""
 
 from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from aml_contract.api import STAGES, Stage, StageProgress
-from aml_gateway.progress import current_stage, stage_progress
+from aml_gateway.progress import current_stage, stage_progress, status_of
 
 
 def _stages(**progress: tuple[int, int, int]) -> dict[Stage, StageProgress]:
@@ -87,3 +90,60 @@ def test_stage_progress_of_a_job_not_planned_or_counted_yet() -> None:
     assert current_stage("queued", stages) == "add"
     completed = stage_progress({"state": "completed", "totals": {"add": 1, "questions": 1}})
     assert completed["aggregate"] == StageProgress(total=1, done=1, failed=0)
+
+
+def _job(**fields: object) -> dict[str, object]:
+    return {
+        "_id": "j1",
+        "state": "running",
+        "mode": "full",
+        "track": "textual",
+        "version_id": "ver-1",
+        "run_label": "full-1",
+        "datasets": ["locomo_refined"],
+        "created_at": datetime(2027, 1, 1, 8, 0, tzinfo=UTC),
+        "spec": {"answer_model": "gpt-4o-mini", "top_k": "100"},
+        **fields,
+    }
+
+
+VERSION = {
+    "_id": "ver-1",
+    "system_name": "recall-graph",
+    "version_label": "2.0",
+    "board": "academic",
+}
+NOW = datetime(2027, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def test_status_names_the_version_and_the_answer_model() -> None:
+    status = status_of(_job(), VERSION, [], NOW)
+    assert (status.system_name, status.version_label, status.board) == (
+        "recall-graph",
+        "2.0",
+        "academic",
+    )
+    assert status.answer_model == "gpt-4o-mini"
+    # A version no longer there, a job not planned yet: nothing to show, no failure.
+    bare = status_of(_job(spec={}), None, [], NOW)
+    assert (bare.system_name, bare.version_label, bare.board, bare.answer_model) == (
+        None,
+        None,
+        None,
+        None,
+    )
+
+
+def test_status_timings() -> None:
+    started = datetime(2027, 1, 1, 9, 0, tzinfo=UTC)
+    queued = status_of(_job(state="queued"), VERSION, [], NOW)
+    assert (queued.started_at, queued.elapsed_seconds, queued.duration_seconds) == (None, 0.0, None)
+    running = status_of(_job(started_at=started), VERSION, [], NOW)
+    # Running: elapsed up to now, no duration yet.
+    assert (running.elapsed_seconds, running.duration_seconds) == (3 * 3600.0, None)
+    finished = started + timedelta(hours=2, minutes=5, seconds=7)
+    done = status_of(
+        _job(state="completed", started_at=started, finished_at=finished), VERSION, [], NOW
+    )
+    assert done.finished_at == finished
+    assert done.duration_seconds == done.elapsed_seconds == 7507.0

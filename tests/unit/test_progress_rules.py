@@ -1,5 +1,5 @@
-"""The rules of `aml_runtime.progress`: which final records an outcome implies, which counter
-each one bumps, how the counters are recounted and read, and when a repair is due."""
+"""The rules of `aml_runtime.progress`: which counters a terminal outcome bumps, how the
+counters are recounted and read, and when a repair is due."""
 
 from __future__ import annotations
 
@@ -13,15 +13,16 @@ from aml_runtime.progress import (
     ERRORS,
     QUESTIONS_FINAL,
     ItemStage,
+    all_questions_final,
     counter_field,
     counters_of,
     counting_filters,
     ends_question,
     error_count,
+    increments,
     micros,
     outcome_of,
     questions_final,
-    records_of,
     repair_due,
     stage_counts,
     tally,
@@ -57,41 +58,49 @@ def test_a_question_ends_when_scored_or_failed_before(
     assert ends_question(stage, outcome) is ends
 
 
-def test_records_of_an_outcome() -> None:
-    assert records_of("search", ITEM, "done") == [
-        (f"search/{ITEM}", "search", "progress.search.done")
-    ]
-    assert records_of("answer", ITEM, "failed") == [
-        (f"answer/{ITEM}", "answer", "progress.answer.failed"),
-        (f"question/{ITEM}", "question", QUESTIONS_FINAL),
-    ]
-    assert records_of("add", "job-1/u1/0", "failed") == [
-        ("add/job-1/u1/0", "add", "progress.add.failed")
-    ]
+def test_increments_of_an_outcome() -> None:
+    assert increments("search", "done") == {"progress.search.done": 1}
+    assert increments("answer", "failed") == {"progress.answer.failed": 1, QUESTIONS_FINAL: 1}
+    assert increments("score", "done") == {"progress.score.done": 1, QUESTIONS_FINAL: 1}
+    assert increments("add", "failed") == {"progress.add.failed": 1}
 
 
-def test_tally_counts_records_and_questions_once() -> None:
-    finals = [
-        {"stage": "add", "outcome": "done"},
-        {"stage": "add", "outcome": "done"},
-        {"stage": "search", "outcome": "done"},
-        {"stage": "search", "outcome": "failed"},
-        {"stage": "question", "outcome": "failed"},
-        {"stage": "score", "outcome": "done"},
-        {"stage": "question", "outcome": "done"},
-        # Not a final record of any known kind: ignored rather than guessed.
-        {"stage": "aggregate", "outcome": "done"},
-        {"stage": "score", "outcome": "pending"},
+def test_tally_counts_stage_documents_and_each_question_once() -> None:
+    documents: list[tuple[ItemStage, dict[str, object]]] = [
+        ("add", {"state": "done"}),
+        ("add", {"state": "done"}),
+        ("add", {"state": "pending"}),
+        ("search", {"state": "done"}),
+        ("search", {"state": "done"}),
+        ("search", {"state": "failed"}),
+        ("answer", {"state": "done"}),
+        ("score", {"state": "done"}),
+        # Not terminal, or not a state at all: ignored rather than guessed.
+        ("score", {"state": "running"}),
+        ("answer", {}),
     ]
-    counts = tally(finals, errors=2)
+    counts = tally(documents, errors=2)
     assert set(counts) == set(COUNTERS)
     assert counts[counter_field("add", "done")] == 2
-    assert counts[counter_field("search", "done")] == 1
+    assert counts[counter_field("search", "done")] == 2
     assert counts[counter_field("search", "failed")] == 1
+    assert counts[counter_field("answer", "done")] == 1
     assert counts[counter_field("score", "done")] == 1
     assert counts[counter_field("score", "failed")] == 0
+    # The failed search and the score: two questions over; the other search went on.
     assert counts[QUESTIONS_FINAL] == 2
     assert counts[ERRORS] == 2
+
+
+def test_every_question_final_only_against_the_planned_total() -> None:
+    assert not all_questions_final({"progress": {"questions_final": 3}})  # not planned yet
+    assert not all_questions_final({"totals": {"questions": 4}, "progress": {"questions_final": 3}})
+    assert all_questions_final({"totals": {"questions": 4}, "progress": {"questions_final": 4}})
+    assert not all_questions_final({"totals": {"questions": "4"}})
+    # The pre-image of the increment that counts the last question, plus that question.
+    before = {"totals": {"questions": 4}, "progress": {"questions_final": 3}}
+    assert all_questions_final(before, adding=1)
+    assert not all_questions_final(before, adding=0)
 
 
 def test_absent_counters_read_as_zero() -> None:

@@ -223,6 +223,17 @@ class JobStatus(BaseModel):
     review_reason: str | None = Field(
         default=None, description="Why an admin rejected the job's publication."
     )
+    system_name: str | None = Field(
+        default=None, description="The version's system; null when the version is gone."
+    )
+    version_label: str | None = Field(default=None, description="The version's label.")
+    board: Board | None = Field(default=None, description="The version's board.")
+    answer_model: str | None = Field(
+        default=None, description="The answer model the job ran with (from `spec`)."
+    )
+    duration_seconds: float | None = Field(
+        default=None, description="From start to finish; null until the job has finished."
+    )
 
 
 class Metrics(BaseModel):
@@ -317,6 +328,9 @@ class SearchAudit(BaseModel):
 
 AccessKind = Literal["new_key", "add_version"]
 AccessState = Literal["pending", "approved", "rejected"]
+# A new_key request's Leaderboard API Key on its way to the requester: `held` (sealed, from
+# approval until the first read with the request token), then `delivered` (no copy kept).
+KeyDelivery = Literal["held", "delivered"]
 # The academic board holds the models fixed so that only the memory method differs (R-2.2).
 ACADEMIC_EMBEDDING_MODEL = "text-embedding-v4"
 ACADEMIC_LLM = "gpt-4o-mini"
@@ -566,6 +580,33 @@ class AccessRequestView(BaseModel):
     decided_at: datetime | None
     reason: str | None = Field(description="Why the request was rejected.")
     version_id: str | None = Field(description="The version created on approval.")
+    key_delivery: KeyDelivery | None = Field(
+        default=None,
+        description="new_key requests sent with a request token, once approved: `held` until "
+        "the requester's first read with the token returns the key, then `delivered`.",
+    )
+
+
+class AccessRequestCreated(AccessRequestView):
+    """The answer to a submitted access request: the request, and for `new_key` the request
+    token that reads it (there is no Leaderboard API Key yet)."""
+
+    request_token: str | None = Field(
+        default=None,
+        description="new_key only: shown exactly once, stored hashed. Send it as a Bearer "
+        "token to `GET /v1/access-requests/{id}` to follow the request; the first read after "
+        "approval returns the new Leaderboard API Key.",
+    )
+
+
+class AccessRequestStatus(AccessRequestView):
+    """An access request as its requester reads it (request token or team key)."""
+
+    leaderboard_api_key: str | None = Field(
+        default=None,
+        description="The new team's key: only in the first read with the request token after "
+        "approval (key_delivery then becomes `delivered`); never again.",
+    )
 
 
 class AccessApproved(BaseModel):
@@ -574,7 +615,8 @@ class AccessApproved(BaseModel):
     team_id: str
     leaderboard_api_key: str | None = Field(
         default=None,
-        description="Only when a new_key request is approved; shown exactly once, stored hashed.",
+        description="Only when a new_key request is approved; shown once to the approving "
+        "admin, stored hashed. The requester receives it too, once, through its request token.",
     )
 
 
@@ -594,6 +636,31 @@ class VersionView(BaseModel):
     has_memory_system_key: bool
     capacity: Capacity
     created_at: datetime
+
+
+class DatasetCategory(BaseModel):
+    number: int
+    name: str
+    questions: int | None = Field(
+        description="Questions of the category; null when this gateway cannot read the files."
+    )
+    in_overall: bool = Field(description="False: reported apart, not counted in Overall.")
+
+
+class DatasetInfo(BaseModel):
+    """A dataset a job may run (`GET /v1/datasets`)."""
+
+    dataset_id: str
+    version: str
+    track: Track
+    questions: int | None = Field(
+        description="Every question of the dataset (excluded categories included); null when "
+        "this gateway cannot read the dataset's files (licensed data not mounted here)."
+    )
+    categories: list[DatasetCategory]
+    smoke_default: bool = Field(description="Part of the smoke sample a run that names none uses.")
+    smoke: bool = Field(description="May be named in a smoke run's `datasets`.")
+    full_suite: bool = Field(description="Part of the fixed suite every full run uses.")
 
 
 # --- Publication (R-3.8, R-3.9, R-5.3, R-7.4) ------------------------------------------------

@@ -1,5 +1,6 @@
-"""Internal messages carried over NATS JetStream. They carry ids only: the documents they point to
-live in MongoDB, so a message can be redelivered or replayed without carrying stale state."""
+"""Internal messages carried over NATS JetStream. They carry ids, and otherwise only what never
+changes once planned (a question's facts), so a message can be redelivered or replayed without
+carrying stale state: the documents they point to live in MongoDB."""
 
 from __future__ import annotations
 
@@ -34,16 +35,37 @@ class AddDone(_Message):
     outcome: Outcome
 
 
+class QuestionFacts(_Message):
+    """What the answer and score stages need of a planned question (immutable once planned).
+    The search stage reads the question document and hands these on with the work, so the
+    later stages do not read it again."""
+
+    dataset_id: str
+    question_id: str
+    user_id: str
+    question: str
+    category: int
+    category_name: str
+    gold_answer: str | None
+    options: list[str] | None = None
+    f1_variant: str
+
+
 class QuestionWork(_Message):
     """Run one question through one stage: search, answer or score."""
 
     job_id: str
     version_id: str
     item_id: str
+    # Set from the answer stage on; the search stage reads the question document.
+    facts: QuestionFacts | None = None
 
 
 class QuestionDone(_Message):
-    """A question reached a terminal state: scored, or failed in some stage."""
+    """A question reached its terminal state (scored, or failed in some stage) and with it every
+    question of the job is final, or a redelivery re-announces a terminal question: the job may
+    be complete. Not sent for every question: the scheduler looks at the job only when it may
+    be done (and its reconciliation catches an announcement lost in a crash)."""
 
     job_id: str
     item_id: str

@@ -9,6 +9,9 @@ aml check  check a memory system's Add/Search/Health endpoints against the parti
 aml baseline  print this deployment's release baseline (spec, code and dataset bundle hashes,
            questions per dataset) from its AML_* settings; --json/--store: the JSON of
            AML_RELEASE_BASELINE
+aml team   a team's client of the gateway API (AML_API_URL, AML_API_KEY): request access,
+           follow the request, list versions and datasets, submit, watch a job, results,
+           errors, audit (see aml_runtime.team_cli)
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from aml_evaluation.datasets import (
 from aml_evaluation.prompts import load_prompt
 from aml_evaluation.punkt import PunktDataError, require_punkt_tab
 from aml_evaluation.scoring import BLEU_VERSION, F1_VARIANTS
-from aml_runtime import conformance, rescore, tracefiles
+from aml_runtime import conformance, rescore, team_cli, tracefiles
 from aml_runtime.evaluation_spec import build_spec
 from aml_runtime.llm import complete, make_llm_client
 from aml_runtime.platform import (
@@ -111,6 +114,14 @@ def _parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="print only the JSON for AML_RELEASE_BASELINE"
     )
     baseline.add_argument("--store", type=Path, help="also write that JSON to this file")
+    team_cli.add_arguments(
+        sub.add_parser(
+            "team",
+            help="a team's client of the gateway API",
+            description=team_cli.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
     return parser
 
 
@@ -124,6 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _trace(args.request_id, args.data_dir / "traces")
     if args.command == "baseline":
         return _baseline(args)
+    if args.command == "team":
+        return team_cli.main_from_args(args)
     if args.command == "demo" and not args.keep_data and args.data_dir.exists():
         shutil.rmtree(args.data_dir)
     stack = EmbeddedStack(StackConfig(data_dir=args.data_dir))

@@ -32,8 +32,6 @@ _INDEXES: dict[str, list[list[tuple[str, int]]]] = {
     # The status shows a job's first errors by time: with (job_id, at) nx-27017 reads only those
     # (with job_id alone it sorts all of the job's errors; without an index, the collection).
     "job_errors": [_JOB, [("job_id", ASCENDING), ("at", ASCENDING)]],
-    # A job's final records, read only by the progress repair (aml_runtime.progress).
-    "item_finals": [_JOB],
     "versions": [[("team_id", ASCENDING)]],
 }
 

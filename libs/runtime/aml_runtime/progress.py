@@ -1,41 +1,45 @@
 """A job's progress as counters on its job document, exact and O(1) per event.
 
-**The rule.** An item's terminal outcome at a stage (an Add chunk, a question's search, answer or
-score: `done` or `failed`) is recorded as one *final record* in `item_finals`, `_id`
-`<stage>/<item_id>`. A question that reaches its terminal state — scored (any score record), or
-failed in search or answer — also gets `question/<item_id>`. The writer whose insert succeeds,
-and only that one (the others get a DuplicateKeyError), counts it with one `$inc` on the job:
-`progress.<stage>.done|failed`, `progress.questions_final` (questions, not records: a question
-is counted once even if a race gave it two terminal records), and, from `record_error`,
-`progress.errors`. Readers (the scheduler's completion, the gateway's status, the publisher's
-gate) read the job document only; absent counters are 0 (the plan does not write them).
+**The rule.** Each stage keeps one document per item (`add_chunks`, `searches`, `answers`,
+`scores`; `STAGE_COLLECTIONS`). The write that makes it terminal (`done` or `failed`) succeeds
+once across redeliveries, concurrent deliveries and replicas: the insert of a question stage's
+document (its `_id` is the item id) or the adder's update guarded by `state: pending`. That
+writer, and only that one, counts the outcome with one `$inc` on the job (`count_final`):
+`progress.<stage>.done|failed`, plus `progress.questions_final` when the outcome ends its
+question (scored, or failed in search or answer; a question has exactly one such document,
+since a stage hands a question on only when done), and, from `record_error`, `progress.errors`.
+The terminal write stamps the document with `at_us` (its time in microseconds). Readers (the
+scheduler's completion, the gateway's status, the publisher's gate) read the job document only;
+absent counters are 0 (the plan does not write them).
 
 **Why it is exact.**
-- *Insert first, then increment.* The unique `_id` lets one insert succeed across redeliveries,
-  concurrent deliveries and replicas, so no record is ever counted twice by its writers.
-- *The crash window.* A writer that dies between its insert and its `$inc` leaves a record no
-  counter includes; a writer that dies between the stage document and its final record leaves a
-  stage document without a record (a redelivery finds the stage document and only re-announces
-  it). Both make the counters *lower* than the truth, never higher: an increment never happens
-  without its record, so a job can be late to complete but never complete early.
+- *Write first, then increment.* The unique write lets one writer win, so no outcome is ever
+  counted twice by its writers; a redelivery that finds the document counts nothing.
+- *The crash window.* A writer that dies between its write and its `$inc` leaves a document
+  no counter includes. That makes the counters *lower* than the truth, never higher: an
+  increment never happens without its document, so a job can be late to complete but never
+  complete early.
 - *The repair* (`repair_counters`, run by the scheduler's reconciliation only, off the hot
-  paths) first backfills the missing records from the job's stage documents (through the same
-  unique inserts), then recounts every counter from the job's records and `$set`s them. Two
-  guards keep it exact while writers run concurrently:
+  paths) recounts every counter from the job's stage documents and `$set`s them. Two guards
+  keep it exact while writers run concurrently:
   - the `$set` matches only if `progress.events` (bumped by every `$inc`) is what it was before
-    the records were read, so an increment that lands in between makes the repair write
+    the documents were read, so an increment that lands in between makes the repair write
     nothing (it tries again);
-  - the `$set` also raises the watermark `progress.counted_to` to the newest record time it
-    counted (`at_us`, microseconds), and every writer's `$inc` matches only while
-    `counted_to < at_us` of its own record: a record the repair counted is not incremented
-    again by a writer that was merely slow. Each record is thus counted by exactly one of the
-    repair and its writer; one written at or under the watermark but after the repair's read
-    (clock skew between replicas, the same microsecond) by neither, until the next repair —
-    again lower, never higher.
-- *When it runs.* Reading a job's records costs O(the job's items), so the scheduler repairs a
-  running job only once its counters have not moved for a while (`repair_due`: no increment and
-  no repair within `stale_after`), which is when a lost increment shows (the job stalls), and
-  once when the job completes, so the figures stored for the gate and the status are exact.
+  - the `$set` also raises the watermark `progress.counted_to` to the newest `at_us` it
+    counted, and every writer's `$inc` matches only while `counted_to < at_us` of its own
+    document: a document the repair counted is not incremented again by a writer that was
+    merely slow. Each document is thus counted by exactly one of the repair and its writer;
+    one written at or under the watermark but after the repair's read (clock skew between
+    replicas, the same microsecond) by neither, until the next repair — again lower, never
+    higher.
+- *When it runs.* Reading a job's documents costs O(the job's items), so the scheduler repairs
+  a running job only once its counters have not moved for a while (`repair_due`: no increment
+  and no repair within `stale_after`), which is when a lost increment shows (the job stalls),
+  and once when the job completes, so the figures stored for the gate and the status are exact.
+
+**Why no separate record per outcome.** An earlier design inserted a second, unique "final
+record" per outcome next to the stage document; the stage document's own unique write carries
+the same guarantee for one database operation less per item and stage (four per question).
 """
 
 from __future__ import annotations
@@ -45,8 +49,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 import structlog
+from pymongo import ReturnDocument
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import DuplicateKeyError
 
 from aml_contract.messages import Outcome
 from aml_runtime.db import Document, read_time
@@ -64,18 +68,15 @@ STAGE_COLLECTIONS: dict[ItemStage, str] = {
     "score": "scores",
 }
 OUTCOMES: tuple[Outcome, ...] = ("done", "failed")
-FINALS = "item_finals"
-# The `stage` of the per-question record that counts a question once it is terminal.
-QUESTION = "question"
 
 QUESTIONS_FINAL = "progress.questions_final"
 ERRORS = "progress.errors"
 # Bumped by every increment: the repair's guard against a concurrent increment.
 EVENTS = "progress.events"
-# Time (µs) of the latest counted record, and of the latest repair: when counters last moved.
+# Time (µs) of the latest counted outcome, and of the latest repair: when counters last moved.
 LAST_US = "progress.last_us"
 REPAIRED_US = "progress.repaired_us"
-# Every record with `at_us` at or under this is in the counters through a repair's recount.
+# Every document with `at_us` at or under this is in the counters through a repair's recount.
 COUNTED_TO = "progress.counted_to"
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -110,36 +111,37 @@ def outcome_of(state: object) -> Outcome | None:
     return None
 
 
-def final_id(stage: str, item_id: str) -> str:
-    return f"{stage}/{item_id}"
-
-
 def ends_question(stage: ItemStage, outcome: Outcome) -> bool:
-    """A question is over once scored (whatever the score record says) or failed before it."""
+    """A question is over once scored (whatever the score says) or failed before it."""
     return stage == "score" or (stage in ("search", "answer") and outcome == "failed")
 
 
-def records_of(stage: ItemStage, item_id: str, outcome: Outcome) -> list[tuple[str, str, str]]:
-    """The final records an outcome implies, each as (`_id`, its `stage`, the counter it bumps)."""
-    records: list[tuple[str, str, str]] = [
-        (final_id(stage, item_id), stage, counter_field(stage, outcome))
-    ]
+def increments(stage: ItemStage, outcome: Outcome) -> dict[str, int]:
+    """The counters one item's terminal outcome at a stage bumps."""
+    inc = {counter_field(stage, outcome): 1}
     if ends_question(stage, outcome):
-        records.append((final_id(QUESTION, item_id), QUESTION, QUESTIONS_FINAL))
-    return records
+        inc[QUESTIONS_FINAL] = 1
+    return inc
 
 
-def tally(finals: Iterable[Document], errors: int) -> dict[str, int]:
-    """Every counter recomputed from a job's final records and its error-summary size."""
+def tally(documents: Iterable[tuple[ItemStage, Document]], errors: int) -> dict[str, int]:
+    """Every counter recomputed from a job's stage documents and its error-summary size."""
     counts = dict.fromkeys(COUNTERS, 0)
-    for final in finals:
-        stage, outcome = final.get("stage"), outcome_of(final.get("outcome"))
-        if stage == QUESTION:
-            counts[QUESTIONS_FINAL] += 1
-        elif stage in ITEM_STAGES and outcome is not None:
-            counts[f"progress.{stage}.{outcome}"] += 1
+    for stage, document in documents:
+        outcome = outcome_of(document.get("state"))
+        if outcome is not None:
+            for field, step in increments(stage, outcome).items():
+                counts[field] += step
     counts[ERRORS] = errors
     return counts
+
+
+def all_questions_final(job: Document, adding: int = 0) -> bool:
+    """Whether every planned question of the job has reached its terminal state (with `adding`
+    more questions counted than the document says)."""
+    totals = job.get("totals")
+    planned = totals.get("questions") if isinstance(totals, dict) else None
+    return isinstance(planned, int) and _read(job, QUESTIONS_FINAL) + adding >= planned
 
 
 def _read(job: Document, field: str) -> int:
@@ -191,39 +193,22 @@ def counting_filters(job_id: str, at_us: int) -> tuple[Document, Document]:
 # -- I/O ----------------------------------------------------------------------------------------
 
 
-def _now_us() -> int:
+def now_us() -> int:
+    """The `at_us` a terminal write stamps on its stage document."""
     return micros(datetime.now(UTC))
 
 
-async def record_final(
-    db: AsyncDatabase[Document], job_id: str, stage: ItemStage, item_id: str, state: object
+async def count_final(
+    db: AsyncDatabase[Document], job_id: str, stage: ItemStage, outcome: Outcome, at_us: int
 ) -> bool:
-    """Record an item's terminal outcome at `stage` from its *stored* state (a state that is not
-    terminal records nothing) and count it if this call was the first; True when it counted."""
-    outcome = outcome_of(state)
-    if outcome is None:
-        return False
-    at_us = _now_us()
-    inc: dict[str, int] = {}
-    for record_id, kind, field in records_of(stage, item_id, outcome):
-        record = {
-            "_id": record_id,
-            "job_id": job_id,
-            "stage": kind,
-            "item_id": item_id,
-            "outcome": outcome,
-            "at_us": at_us,
-        }
-        try:
-            await db[FINALS].insert_one(record)
-        except DuplicateKeyError:
-            continue  # recorded (and counted, or left for the repair) by an earlier writer
-        inc[field] = 1
-        ITEMS.labels(kind, outcome).inc()
-    if not inc:
-        return False
-    await _count(db, job_id, inc, at_us)
-    return True
+    """Count the terminal outcome whose unique write (stamped `at_us`) just succeeded. True when,
+    with this outcome, every question of the job is final: the caller announces it, so the
+    scheduler looks at the job once rather than once per question."""
+    ITEMS.labels(stage, outcome).inc()
+    inc = increments(stage, outcome)
+    before = await _count(db, job_id, inc, at_us)
+    adding = inc.get(QUESTIONS_FINAL, 0)
+    return before is not None and adding > 0 and all_questions_final(before, adding)
 
 
 async def count_error(db: AsyncDatabase[Document], job_id: str, at_us: int) -> None:
@@ -231,18 +216,27 @@ async def count_error(db: AsyncDatabase[Document], job_id: str, at_us: int) -> N
     await _count(db, job_id, {ERRORS: 1}, at_us)
 
 
-async def _count(db: AsyncDatabase[Document], job_id: str, inc: dict[str, int], at_us: int) -> None:
+async def _count(
+    db: AsyncDatabase[Document], job_id: str, inc: dict[str, int], at_us: int
+) -> Document | None:
+    """Apply the increment; the job's totals and counters as they were just before it (the
+    pre-image of the same atomic update: adding the increment gives the state after it, without
+    a second read), or None when the repair had already counted it (or the job is gone)."""
     update = {"$inc": {**inc, EVENTS: 1}, "$set": {LAST_US: at_us}}
+    fields = {"totals": 1, "progress": 1}
     for only_if in counting_filters(job_id, at_us):
-        if (await db.jobs.update_one(only_if, update)).matched_count:
-            return
+        job = await db.jobs.find_one_and_update(
+            only_if, update, fields, return_document=ReturnDocument.BEFORE
+        )
+        if job is not None:
+            return job
+    return None
 
 
 async def repair_counters(db: AsyncDatabase[Document], job_id: str, attempts: int = 3) -> bool:
-    """Backfill the job's missing final records from its stage documents, then recount its
-    counters from its records (see the module's docstring for why this is exact under
-    concurrent writers). True when a counter changed. O(the job's items): reconciliation only."""
-    await _backfill(db, job_id)
+    """Recount the job's counters from its stage documents (see the module's docstring for why
+    this is exact under concurrent writers). True when a counter changed. O(the job's items):
+    reconciliation only."""
     for _ in range(attempts):
         changed = await _recount(db, job_id)
         if changed is not None:
@@ -252,51 +246,25 @@ async def repair_counters(db: AsyncDatabase[Document], job_id: str, attempts: in
     return False
 
 
-async def _backfill(db: AsyncDatabase[Document], job_id: str) -> int:
-    """The final records missing after a writer died: after its stage document (the redelivery
-    only re-announces it), or between a stage's record and its question's record."""
-    fields = {"stage": 1, "item_id": 1, "outcome": 1}
-    finals = await db[FINALS].find({"job_id": job_id}, fields).to_list()
-    recorded = {doc["_id"] for doc in finals}
-    outcomes: list[tuple[ItemStage, str, object]] = [
-        (doc["stage"], doc["item_id"], doc.get("outcome"))
-        for doc in finals
-        if doc.get("stage") in ITEM_STAGES and "item_id" in doc
-    ]
-    for stage, collection in STAGE_COLLECTIONS.items():
-        docs = await db[collection].find({"job_id": job_id}, {"state": 1}).to_list()
-        outcomes += [(stage, doc["_id"], doc.get("state")) for doc in docs]
-    added = 0
-    for stage, item_id, state in outcomes:
-        outcome = outcome_of(state)
-        if outcome is None:
-            continue
-        if all(rid in recorded for rid, _, _ in records_of(stage, item_id, outcome)):
-            continue
-        if await record_final(db, job_id, stage, item_id, outcome):
-            added += 1
-        recorded.update(rid for rid, _, _ in records_of(stage, item_id, outcome))
-    if added:
-        log.warning("progress.records_backfilled", job_id=job_id, records=added)
-    return added
-
-
 async def _recount(db: AsyncDatabase[Document], job_id: str) -> bool | None:
     """One guarded recount: True/False (changed or not), None when an increment interfered."""
     job = await db.jobs.find_one({"_id": job_id}, {"progress": 1})
     if job is None:
         return False
     events = _read(job, EVENTS)
-    fields = {"stage": 1, "outcome": 1, "at_us": 1}
-    records = await db[FINALS].find({"job_id": job_id}, fields).to_list()
+    documents: list[tuple[ItemStage, Document]] = []
+    for stage, collection in STAGE_COLLECTIONS.items():
+        found = db[collection].find({"job_id": job_id}, {"state": 1, "at_us": 1})
+        documents += [(stage, doc) async for doc in found]
     errors = await db.job_errors.find({"job_id": job_id}, {"at_us": 1}).to_list()
-    counted = tally(records, len(errors))
-    stamp = {REPAIRED_US: _now_us()}
+    counted = tally(documents, len(errors))
+    stamp = {REPAIRED_US: now_us()}
     before = counters_of(job)
     if counted == before:
         await db.jobs.update_one({"_id": job_id}, {"$set": stamp})
         return False
-    watermark = max([_read(job, COUNTED_TO)] + [_read(doc, "at_us") for doc in (*records, *errors)])
+    stamps = [_read(doc, "at_us") for doc in (*(doc for _, doc in documents), *errors)]
+    watermark = max([_read(job, COUNTED_TO), *stamps])
     unchanged: Document = {EVENTS: events} if events else {EVENTS: {"$exists": False}}
     updated = await db.jobs.update_one(
         {"_id": job_id, **unchanged},

@@ -4,25 +4,34 @@ Each stage writes one document per question into its own collection, keyed by th
 item id, and then hands the question on. A redelivered message finds the document and only
 re-announces the hand-off (de-duplicated by the broker), so no question is searched, answered or
 scored twice. A question that cannot pass a stage gets a `failed` document with the reason and
-is reported as finished, so the job never waits for it.
+counts as final, so the job never waits for it. The writer of a terminal document counts it on
+the job (`aml_runtime.progress`); the one whose count makes every question final tells the
+scheduler. The question's facts travel with the work after the search stage read them.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from faststream.nats import NatsBroker
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
 from aml_contract import subjects
-from aml_contract.messages import QuestionDone, QuestionStage, QuestionWork, message_id
+from aml_contract.messages import (
+    QuestionDone,
+    QuestionFacts,
+    QuestionStage,
+    QuestionWork,
+    message_id,
+)
 from aml_contract.subjects import WorkStage
 from aml_runtime.broker import Exhausted, publish, publish_work, run_delivery
 from aml_runtime.db import Document
 from aml_runtime.jobs import ACTIVE, fail_job, now, record_error
-from aml_runtime.progress import record_final
+from aml_runtime.progress import count_final, now_us, outcome_of
 from aml_runtime.settings import CommonSettings
 from aml_runtime.stage_worker import StageCall, WorkItem
 from aml_runtime.telemetry import stage_span
@@ -37,6 +46,10 @@ _FATAL_KINDS = frozenset(
     {"contract_error", "authentication_error", "access_denied", "wrong_url", "run_limit_reached"}
 )
 
+# How long an LLM stage reuses a job's state it read (see `QuestionStageWorker._job`).
+_LLM_JOB_READ_SECONDS = 1.0
+_JOB_READS_KEPT = 256
+
 Compute = Callable[[QuestionWork, Document, StageCall], Awaitable[Document]]
 
 
@@ -47,6 +60,7 @@ class QuestionStageWorker:
     db: AsyncDatabase[Document]
     broker: NatsBroker
     compute: Compute
+    _jobs: dict[str, tuple[float, Document | None]] = field(default_factory=dict, init=False)
 
     @property
     def collection(self) -> str:
@@ -57,11 +71,12 @@ class QuestionStageWorker:
             await self._process(work, item)
 
         async def give_up(kind: str, reason: str) -> None:
-            await self._store(work, {"state": "failed", "failure_kind": kind, "failure": reason})
+            failure = {"state": "failed", "failure_kind": kind, "failure": reason}
+            state, last = await self.store(work, failure)
             await record_error(self.db, work.job_id, self.stage, kind, work.item_id, reason)
             if kind in _FATAL_KINDS:
                 await fail_job(self.db, self.broker, work.job_id, self.stage, kind, reason)
-            await self._hand_on(work, "failed")
+            await self._hand_on(work, state, announce=last)
 
         ids = {"job_id": work.job_id, "request_id": work.item_id, "stage": self.stage}
         with stage_span(f"aml.{self.stage}", delivery=item.delivered, **ids):
@@ -78,39 +93,76 @@ class QuestionStageWorker:
             else None
         )
         if existing is not None:
-            # Its writer may have died before recording it: record (once) and hand on again.
-            await record_final(self.db, work.job_id, self.stage, work.item_id, existing["state"])
-            await self._hand_on(work, existing["state"])
+            # Its writer counted it (or died first: the repair counts it); hand on again, and
+            # re-announce a terminal question, which the scheduler may not have seen.
+            await self._hand_on(work, existing["state"], announce=True)
             return
         # Checked after admission, right before the call: a failed job's work is dropped here.
-        job = await self.db.jobs.find_one({"_id": work.job_id}, {"state": 1, "top_k": 1})
+        job = await self._job(work.job_id)
         if job is None or job["state"] not in ACTIVE:
             return
+        question = await self._question(work)
+        fields = await self.compute(work, question, item.call(job))
+        work = work.model_copy(update={"facts": facts_of(question)})
+        state, last = await self.store(work, {"state": "done", **fields})
+        await self._hand_on(work, state, announce=last)
+
+    async def _job(self, job_id: str) -> Document | None:
+        """The job's state (and `top_k`). The search stage reads it before every call, since
+        the call reaches the participant. An LLM stage reuses what it read within the last
+        `_LLM_JOB_READ_SECONDS`: a job failed in that window may still have an item or two
+        answered or scored, at the LLM's cost only (its queued work is purged at once)."""
+        fields = {"state": 1, "top_k": 1}
+        if self.stage == "search":
+            return await self.db.jobs.find_one({"_id": job_id}, fields)
+        moment = time.monotonic()
+        cached = self._jobs.get(job_id)
+        if cached is not None and cached[0] > moment:
+            return cached[1]
+        job = await self.db.jobs.find_one({"_id": job_id}, fields)
+        if len(self._jobs) >= _JOB_READS_KEPT:
+            self._jobs = {k: v for k, v in self._jobs.items() if v[0] > moment}
+        self._jobs[job_id] = (moment + _LLM_JOB_READ_SECONDS, job)
+        return job
+
+    async def _question(self, work: QuestionWork) -> Document:
+        if work.facts is not None:
+            return work.facts.model_dump()
         question = await self.db.questions.find_one({"_id": work.item_id})
         if question is None:
             raise Exhausted("platform_error", f"question {work.item_id} is not planned")
-        fields = await self.compute(work, question, item.call(job))
-        await self._hand_on(work, await self._store(work, {"state": "done", **fields}))
+        return question
 
-    async def _store(self, work: QuestionWork, fields: Document) -> str:
-        """Store the stage's outcome unless one is stored; returns the state that stands."""
-        # A concurrent or earlier delivery may have stored it first; its result stands, so the
-        # outcome recorded is the stored one (its writer may have died before recording it).
-        state = fields.get("state")
+    async def store(self, work: QuestionWork, fields: Document) -> tuple[str, bool]:
+        """Store the stage's outcome unless one is stored; returns the state that stands and
+        whether its count made every question of the job final."""
+        at_us = now_us()
         try:
             await self.db[self.collection].insert_one(
-                {"_id": work.item_id, "job_id": work.job_id, "finished_at": now(), **fields}
+                {
+                    "_id": work.item_id,
+                    "job_id": work.job_id,
+                    "finished_at": now(),
+                    "at_us": at_us,
+                    **fields,
+                }
             )
         except DuplicateKeyError:
+            # A concurrent or earlier delivery stored (and counted) it first; its result stands.
             stored = await self.db[self.collection].find_one({"_id": work.item_id}, {"state": 1})
-            state = (stored or {}).get("state")
-        await record_final(self.db, work.job_id, self.stage, work.item_id, state)
-        return str(state)
+            return str((stored or {}).get("state")), False
+        state = str(fields["state"])
+        outcome = outcome_of(state)
+        if outcome is None:
+            return state, False
+        return state, await count_final(self.db, work.job_id, self.stage, outcome, at_us)
 
-    async def _hand_on(self, work: QuestionWork, state: str) -> None:
+    async def _hand_on(self, work: QuestionWork, state: str, announce: bool) -> None:
         following = _NEXT[self.stage]
         if state == "done" and following is not None:
             await publish_work(self.broker, following, work, work.item_id)
+            return
+        if not announce:
             return
         outcome = "done" if state == "done" else "failed"
         done = QuestionDone(
@@ -119,3 +171,10 @@ class QuestionStageWorker:
         await publish(
             self.broker, subjects.QUESTION_DONE, done, message_id("question-done", work.item_id)
         )
+
+
+def facts_of(question: Document) -> QuestionFacts:
+    """The facts of a planned question document (or of facts already carried) to hand on."""
+    return QuestionFacts.model_validate(
+        {field: question.get(field) for field in QuestionFacts.model_fields}
+    )

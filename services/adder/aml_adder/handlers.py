@@ -16,7 +16,7 @@ from aml_runtime.broker import Exhausted, publish, run_delivery
 from aml_runtime.db import Document
 from aml_runtime.jobs import Endpoints, job_is_active, now, record_error
 from aml_runtime.participants import CallFailed, ParticipantClient
-from aml_runtime.progress import record_final
+from aml_runtime.progress import count_final, now_us
 from aml_runtime.settings import CommonSettings
 from aml_runtime.stage_worker import WorkItem
 from aml_runtime.telemetry import stage_span
@@ -47,7 +47,7 @@ class AddHandler:
         if chunk is None:
             raise Exhausted("platform_error", f"chunk {work.request_id} is not planned")
         if chunk["state"] != "pending":
-            await record_final(self.db, work.job_id, "add", work.request_id, chunk["state"])
+            # Its writer counted it (or died first: the repair counts it); announce it again.
             await self.announce(work, chunk["state"])
             return
         # Checked after admission, right before the call: a failed job's work is dropped here.
@@ -68,17 +68,15 @@ class AddHandler:
         await self.finish(work, "done", {})
 
     async def finish(self, work: AddWork, outcome: Outcome, fields: Document) -> None:
+        at_us = now_us()
         updated = await self.db.add_chunks.update_one(
             {"_id": work.request_id, "state": "pending"},
-            {"$set": {"state": outcome, "finished_at": now(), **fields}},
+            {"$set": {"state": outcome, "finished_at": now(), "at_us": at_us, **fields}},
         )
         # The guarded update did nothing when an earlier delivery finished the chunk first; its
-        # outcome stands and is the one recorded (that delivery may have died before recording).
-        state: object = outcome
-        if not updated.modified_count:
-            chunk = await self.db.add_chunks.find_one({"_id": work.request_id}, {"state": 1})
-            state = (chunk or {}).get("state")
-        await record_final(self.db, work.job_id, "add", work.request_id, state)
+        # outcome stands and was counted by that delivery (or, if it died, by the repair).
+        if updated.modified_count:
+            await count_final(self.db, work.job_id, "add", outcome, at_us)
         await self.announce(work, outcome)
 
     async def announce(self, work: AddWork, outcome: Outcome) -> None:

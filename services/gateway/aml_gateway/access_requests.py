@@ -3,26 +3,40 @@
 A request holds the complete `VersionSpec` of the version it asks for, with the Memory System
 Key already sealed (only its `secret_ref` is kept), so approving it needs no further data entry
 and no secret ever sits unencrypted in the database.
+
+**Request token and key delivery.** A `new_key` requester has no key yet, so its request is
+answered with a random request token, shown once and stored only as its hash (like keys). The
+token reads that one request (`GET /v1/access-requests/{id}`). Approval issues the new
+Leaderboard API Key and shows it to the approving admin, as it always did (an operator may hand
+it over by hand, and scripted stacks rely on it); beside that it is kept sealed with the
+SecretBox on the request, and the requester's first read with the token after approval
+returns it and removes the sealed copy in the same atomic write, so it is delivered exactly
+once and every later read says `key_delivery: delivered`. A read that took the key but whose
+answer was lost cannot be repeated: the admin's copy, or a new request, is the way back.
 """
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from dataclasses import asdict
 from typing import Any
 
 import structlog
 from fastapi import HTTPException
-from pydantic import BaseModel
+from pydantic import BaseModel, SecretStr
+from pymongo import ReturnDocument
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract.api import (
     AccessApproved,
     AccessRequest,
+    AccessRequestCreated,
+    AccessRequestStatus,
     AccessRequestView,
     AccessState,
 )
-from aml_gateway.deps import Services
+from aml_gateway.deps import Services, key_hash
 from aml_gateway.registry import (
     SAMPLE_TASK_ID,
     VersionSpec,
@@ -46,9 +60,14 @@ _SHOWN_SPEC_FIELDS = (
 )  # fmt: skip
 
 
-async def submit(svc: Services, body: AccessRequest, team_id: str | None) -> AccessRequestView:
+def new_request_token() -> str:
+    return "amlreq_" + secrets.token_urlsafe(32)
+
+
+async def submit(svc: Services, body: AccessRequest, team_id: str | None) -> AccessRequestCreated:
     """Check, record and return a new pending request; `team_id` is the sender's team for
-    `add_version` (already authenticated by the caller) and None for `new_key`."""
+    `add_version` (already authenticated by the caller) and None for `new_key`, which gets a
+    request token (returned here once, stored hashed)."""
     urls = {
         "add_url": str(body.add_url),
         "search_url": str(body.search_url),
@@ -85,6 +104,7 @@ async def submit(svc: Services, body: AccessRequest, team_id: str | None) -> Acc
     # moment, and the Health URL is checked again before every job (R-4.3).
     healthy = await check_health(svc.settings, spec)
     request_id = f"acc-{uuid.uuid4().hex[:12]}"
+    token = new_request_token() if body.kind == "new_key" else None
     document: Document = {
         "_id": request_id,
         "kind": body.kind,
@@ -98,10 +118,11 @@ async def submit(svc: Services, body: AccessRequest, team_id: str | None) -> Acc
         "decided_at": None,
         "reason": None,
         "version_id": None,
+        "request_token_hash": None if token is None else key_hash(token),
     }
     await svc.db.access_requests.insert_one(document)
     log.info("access_request_submitted", request_id=request_id, kind=body.kind, healthy=healthy)
-    return view(document)
+    return AccessRequestCreated(**dict(view(document)), request_token=token)
 
 
 async def list_requests(
@@ -126,16 +147,17 @@ async def approve(svc: Services, request_id: str) -> AccessApproved:
         if await svc.db.teams.find_one({"_id": team_id}) is None:
             raise HTTPException(409, {"reason": "the requesting team no longer exists"})
     version_id = await insert_version(svc.db, team_id, spec)
+    decision: Document = {
+        "state": "approved",
+        "team_id": team_id,
+        "version_id": version_id,
+        "decided_at": now(),
+    }
+    if new_key is not None and document.get("request_token_hash"):
+        # Held sealed for the requester, written with the decision itself (see the module doc).
+        decision["key_delivery"] = {"state": "held", "sealed": svc.box.seal(SecretStr(new_key))}
     decided = await svc.db.access_requests.update_one(
-        {"_id": request_id, "state": "pending"},
-        {
-            "$set": {
-                "state": "approved",
-                "team_id": team_id,
-                "version_id": version_id,
-                "decided_at": now(),
-            }
-        },
+        {"_id": request_id, "state": "pending"}, {"$set": decision}
     )
     if decided.modified_count == 0:
         # Another admin decided the request meanwhile: undo, so it has exactly one outcome and
@@ -166,12 +188,41 @@ async def reject(svc: Services, request_id: str, reason: str) -> AccessRequestVi
     return view(await _find(svc.db, request_id))
 
 
-async def for_team(db: AsyncDatabase[Document], request_id: str, team_id: str) -> AccessRequestView:
+async def for_team(
+    db: AsyncDatabase[Document], request_id: str, team_id: str
+) -> AccessRequestStatus:
     document = await db.access_requests.find_one({"_id": request_id, "team_id": team_id})
     if document is None:
         # Another team's request answers exactly like a missing one: existence is not revealed.
         raise HTTPException(404, {"reason": f"access request {request_id} not found"})
-    return view(document)
+    return AccessRequestStatus(**dict(view(document)))
+
+
+async def for_requester(svc: Services, request_id: str, token: str) -> AccessRequestStatus | None:
+    """The request read with its request token, or None when `token` is not this request's.
+    The first read after approval takes the held key: one atomic write marks it delivered and
+    drops the sealed copy, so of two concurrent reads exactly one returns it."""
+    mine = {"_id": request_id, "request_token_hash": key_hash(token)}
+    document = await svc.db.access_requests.find_one(mine)
+    if document is None:
+        return None
+    key = None
+    held = document.get("key_delivery") or {}
+    if held.get("state") == "held":
+        # Opened before it is taken: a copy the configured keys cannot open stays held (the
+        # read fails) rather than being dropped unread.
+        opened = svc.box.open(held["sealed"]).get_secret_value()
+        taken = await svc.db.access_requests.find_one_and_update(
+            {**mine, "key_delivery.state": "held"},
+            {"$set": {"key_delivery": {"state": "delivered", "delivered_at": now()}}},
+            return_document=ReturnDocument.BEFORE,
+        )
+        if taken is not None:
+            # Sealed once, at approval: what was taken is what was opened.
+            key = opened
+            log.info("leaderboard_key_delivered", request_id=request_id)
+        document = await _find(svc.db, request_id)
+    return AccessRequestStatus(**dict(view(document)), leaderboard_api_key=key)
 
 
 async def _find(db: AsyncDatabase[Document], request_id: str) -> Document:
@@ -212,6 +263,7 @@ def view(document: Document) -> AccessRequestView:
         "decided_at": read_time(document.get("decided_at")),
         "reason": document.get("reason"),
         "version_id": document.get("version_id"),
+        "key_delivery": (document.get("key_delivery") or {}).get("state"),
     }
     return AccessRequestView.model_validate(fields)
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import Depends, Header, HTTPException, Request
@@ -27,6 +28,9 @@ class Services:
     box: SecretBox
     # Quotas are rules over time; tests move this clock across their boundaries.
     clock: Callable[[], datetime] = now
+    # Questions per category of each dataset this process could read, keyed by (dataset id,
+    # datasets root, bundle hash): `GET /v1/datasets` reads and hash-checks a file once.
+    dataset_counts: dict[tuple[str, Path, str], dict[int, int]] = field(default_factory=dict)
 
 
 def key_hash(key: str) -> str:
@@ -41,7 +45,7 @@ def services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(services)]
 
 
-def _bearer(authorization: str | None) -> str:
+def bearer(authorization: str | None) -> str:
     if not authorization or not authorization.lower().startswith("bearer "):
         raise HTTPException(401, {"reason": "send the Leaderboard API Key as a Bearer token"})
     return authorization[7:].strip()
@@ -50,7 +54,7 @@ def _bearer(authorization: str | None) -> str:
 async def current_team(
     svc: ServicesDep, authorization: Annotated[str | None, Header()] = None
 ) -> Document:
-    team = await svc.db.teams.find_one({"key_hash": key_hash(_bearer(authorization))})
+    team = await svc.db.teams.find_one({"key_hash": key_hash(bearer(authorization))})
     if team is None:
         raise HTTPException(401, {"reason": "unknown Leaderboard API Key"})
     return team

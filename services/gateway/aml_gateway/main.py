@@ -16,7 +16,7 @@ from pymongo import ASCENDING
 from aml_gateway import publication
 from aml_gateway.deps import Services
 from aml_gateway.errors import install_error_handlers
-from aml_gateway.routes import access, admin, jobs, leaderboard, pages, reviews, versions
+from aml_gateway.routes import access, admin, datasets, jobs, leaderboard, pages, reviews, versions
 from aml_gateway.settings import GatewaySettings
 from aml_runtime.broker import declare_streams, make_broker
 from aml_runtime.db import connect, ensure_indexes
@@ -95,6 +95,7 @@ def create_app(
     app.include_router(admin.router)
     app.include_router(versions.router)
     app.include_router(jobs.router)
+    app.include_router(datasets.router)
     app.include_router(reviews.router)
     app.include_router(leaderboard.router)
     # The web pages (not in the OpenAPI document) and their stylesheet, scripts and the

@@ -3,7 +3,7 @@ I/O). The templates in `templates/` lay it out; `static/` sorts tables and draws
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, get_args
@@ -22,6 +22,8 @@ BOARD_NAMES: dict[Board, str] = {"academic": "Academic", "industrial": "Industri
 # How many entries a category chart compares (the table has them all).
 CHART_ENTRIES = 8
 DASH = "—"
+# How a category kept out of Overall is named where a mark cannot be (chart labels).
+NOT_IN_OVERALL = "not in Overall"
 
 # Served with every page: no script, style or connection from anywhere but the gateway itself,
 # no framing, no referrer (a job page's URL names the job).
@@ -70,6 +72,10 @@ class Column:
     kind: Literal["number", "text"] = "number"
     # Rank and the like are shown, not sorted.
     sortable: bool = True
+    # Short labels that may wrap at phone width rather than push Overall out of view.
+    narrow: bool = False
+    # A category reported apart, counted in no overall (LoCoMo's adversarial one).
+    excluded: bool = False
 
 
 @dataclass
@@ -87,6 +93,8 @@ class Tab:
     label: str
     href: str
     current: bool
+    # Public entries behind the tab (a track tab: on every board of the track).
+    count: int = 0
 
 
 @dataclass(frozen=True)
@@ -123,43 +131,62 @@ def _models(entry: LeaderboardEntry) -> str:
     return ", ".join(part for part in parts if part) or DASH
 
 
-def dataset_columns(entries: Iterable[LeaderboardEntry]) -> list[tuple[str, list[str]]]:
-    """Each dataset with its categories, in the order the entries first name them."""
+def dataset_columns(entries: Sequence[LeaderboardEntry]) -> list[tuple[str, list[str]]]:
+    """Each dataset with its categories, in the order the entries first name them, those kept
+    out of Overall last."""
     found: dict[str, list[str]] = {}
+    excluded = excluded_categories(entries)
     for entry in entries:
         for dataset_id, results in entry.datasets.items():
             categories = found.setdefault(dataset_id, [])
             categories.extend(c for c in results.categories if c not in categories)
-    return list(found.items())
+    return [
+        (dataset_id, sorted(categories, key=lambda c: c in excluded.get(dataset_id, set())))
+        for dataset_id, categories in found.items()
+    ]
+
+
+def excluded_categories(entries: Iterable[LeaderboardEntry]) -> dict[str, set[str]]:
+    """Per dataset, the categories an entry's results keep out of Overall."""
+    excluded: dict[str, set[str]] = {}
+    for entry in entries:
+        for dataset_id, results in entry.datasets.items():
+            excluded.setdefault(dataset_id, set()).update(results.excluded_from_overall)
+    return excluded
 
 
 def board_table(entries: Sequence[LeaderboardEntry], caption: str) -> Table:
     datasets = dataset_columns(entries)
+    excluded = excluded_categories(entries)
+    # The headline right after the name, so that it is in view at phone width too.
     columns = [
         Column("Rank", sortable=False),
         Column("System", "text"),
-        Column("Version", "text"),
+        Column("Version", "text", narrow=True),
+        Column("Overall"),
+        Column("Overall F1"),
         Column("Team", "text"),
         Column("Board", "text"),
         Column("Declared models", "text"),
-        Column("Overall"),
-        Column("Overall F1"),
     ]
     for dataset_id, categories in datasets:
         columns.append(Column(dataset_id))
-        columns.extend(Column(f"{dataset_id}: {category}") for category in categories)
+        columns.extend(
+            Column(f"{dataset_id}: {category}", excluded=category in excluded[dataset_id])
+            for category in categories
+        )
     columns += [Column("Questions"), Column("Published")]
-    table = Table(caption, columns, sorted_by=6, sorted_direction="descending")
+    table = Table(caption, columns, sorted_by=3, sorted_direction="descending")
     for rank, entry in enumerate(entries, start=1):
         row = [
             Cell(str(rank), str(rank)),
             Cell(entry.system_name, entry.system_name, system_href(entry.system_name), True),
             Cell(entry.version_label, entry.version_label),
+            _metric(entry.overall),
+            _f1(entry.overall),
             Cell(entry.team_name, entry.team_name),
             Cell(BOARD_NAMES[entry.board], entry.board),
             Cell(_models(entry), _models(entry)),
-            _metric(entry.overall),
-            _f1(entry.overall),
         ]
         for dataset_id, categories in datasets:
             results = entry.datasets.get(dataset_id)
@@ -182,6 +209,7 @@ def _chart_value(metrics: Metrics | None) -> float | None:
 def category_charts(entries: Sequence[LeaderboardEntry]) -> list[Chart]:
     """Per dataset, each category's accuracy for the best entries of the board."""
     shown = entries[:CHART_ENTRIES]
+    excluded = excluded_categories(shown)
     charts = []
     for index, (dataset_id, categories) in enumerate(dataset_columns(shown)):
         series = []
@@ -200,7 +228,10 @@ def category_charts(entries: Sequence[LeaderboardEntry]) -> list[Chart]:
                     f"Bar chart of the accuracy per category on {dataset_id} for the "
                     f"{len(shown)} best entries; the table above has every number."
                 ),
-                labels=categories,
+                labels=[
+                    f"{c} ({NOT_IN_OVERALL})" if c in excluded[dataset_id] else c
+                    for c in categories
+                ],
                 series=series,
             )
         )
@@ -298,9 +329,35 @@ def chart_data(charts: Iterable[Chart]) -> list[dict[str, Any]]:
     ]
 
 
-def track_tabs(track: Track, board: Board) -> list[Tab]:
-    return [Tab(TRACK_NAMES[t], board_href(t, board), t == track) for t in TRACKS]
+Counts = Mapping[tuple[Track, Board], int]
 
 
-def board_tabs(track: Track, board: Board) -> list[Tab]:
-    return [Tab(BOARD_NAMES[b], board_href(track, b), b == board) for b in BOARDS]
+def choose_board(counts: Counts, track: Track | None, board: Board | None) -> tuple[Track, Board]:
+    """The board a page opens on: what the URL names; for what it leaves out, the first track
+    and board (in tab order) that has entries, else the first one."""
+    tracks = [track] if track is not None else list(TRACKS)
+    boards = [board] if board is not None else list(BOARDS)
+    for t in tracks:
+        for b in boards:
+            if counts.get((t, b), 0):
+                return t, b
+    return tracks[0], boards[0]
+
+
+def track_tabs(track: Track, board: Board, counts: Counts) -> list[Tab]:
+    """A track tab keeps the board chosen, unless that board is empty on the track and another
+    one is not."""
+    tabs = []
+    for t in TRACKS:
+        total = sum(counts.get((t, b), 0) for b in BOARDS)
+        keep = counts.get((t, board), 0) or not total
+        target = board if keep else choose_board(counts, t, None)[1]
+        tabs.append(Tab(TRACK_NAMES[t], board_href(t, target), t == track, total))
+    return tabs
+
+
+def board_tabs(track: Track, board: Board, counts: Counts) -> list[Tab]:
+    return [
+        Tab(BOARD_NAMES[b], board_href(track, b), b == board, counts.get((track, b), 0))
+        for b in BOARDS
+    ]

@@ -1,7 +1,8 @@
 """A job's progress and status as the API shows it (R-3.6), read from the job document alone:
-the per-stage counters `aml_runtime.progress` keeps exact (one unique final record per item,
-counted by its first writer), plus the job's first errors through the (job_id, at) index, so a
-poll reads a bounded number of documents whatever the database holds."""
+the per-stage counters `aml_runtime.progress` keeps exact (each item's terminal stage document
+counted by its one writer), plus the job's first errors through the (job_id, at) index and
+its version by id (system, label, board), so a poll reads a bounded number of documents
+whatever the database holds."""
 
 from __future__ import annotations
 
@@ -46,14 +47,28 @@ def stage_progress(job: Document) -> dict[Stage, StageProgress]:
     return stages
 
 
+# What the status shows of the job's version: one read by primary key.
+_VERSION_FIELDS = {"system_name": 1, "version_label": 1, "board": 1}
+
+
 async def job_status(db: AsyncDatabase[Document], job: Document) -> JobStatus:
+    """Bounded: the job document, its version by id and at most 100 errors."""
     job_id = job["_id"]
-    stages = stage_progress(job)
     # Bounded: the (job_id, at) index (aml_runtime.db) serves the filter, the order and the limit.
     errors = [
         JobError(stage=e["stage"], kind=e["kind"], item=e.get("item"), reason=e["reason"])
         async for e in db.job_errors.find({"job_id": job_id}).sort("at", 1).limit(100)
     ]
+    version = await db.versions.find_one({"_id": job.get("version_id")}, _VERSION_FIELDS)
+    return status_of(job, version, errors, datetime.now(UTC))
+
+
+def status_of(
+    job: Document, version: Document | None, errors: list[JobError], now: datetime
+) -> JobStatus:
+    """The status from what `job_status` read (pure)."""
+    stages = stage_progress(job)
+    errors = list(errors)
     if job["state"] == "failed" and not errors:
         errors.append(
             JobError(
@@ -65,9 +80,11 @@ async def job_status(db: AsyncDatabase[Document], job: Document) -> JobStatus:
         )
     started = read_time(job.get("started_at"))
     finished = read_time(job.get("finished_at"))
-    end = finished or datetime.now(UTC)
+    end = finished or now
+    spec = job.get("spec") or {}
+    version = version or {}
     return JobStatus(
-        job_id=job_id,
+        job_id=job["_id"],
         state=job["state"],
         stage=current_stage(job["state"], stages),
         mode=job["mode"],
@@ -79,13 +96,20 @@ async def job_status(db: AsyncDatabase[Document], job: Document) -> JobStatus:
         started_at=started,
         finished_at=finished,
         elapsed_seconds=round((end - started).total_seconds(), 3) if started else 0.0,
+        duration_seconds=(
+            round((finished - started).total_seconds(), 3) if started and finished else None
+        ),
         stages=stages,
         errors=errors,
-        spec=job.get("spec", {}),
+        spec=spec,
         spec_hash=job.get("spec_hash"),
         dataset_bundle_hash=job.get("dataset_bundle_hash"),
         dataset_bundles=job.get("dataset_bundles", {}),
         code_hash=job.get("code_hash"),
+        answer_model=spec.get("answer_model"),
+        system_name=version.get("system_name"),
+        version_label=version.get("version_label"),
+        board=version.get("board"),
         review_state=job.get("review_state"),
         gate=stored_gate(job),
         review_reason=job.get("review_reason"),

@@ -308,6 +308,27 @@ async def board_entries(
     return sorted(await _public(db, query), key=rank_key)
 
 
+async def board_counts(db: AsyncDatabase[Document]) -> dict[tuple[Track, Board], int]:
+    """How many public entries each (track, board) has: what the page's tabs show. The same
+    rule as `_public`, on the few fields it needs."""
+    documents = await db.leaderboard.find(
+        {"disqualified": False}, {"track": 1, "board": 1, "job_id": 1}
+    ).to_list(None)
+    approved = {
+        job["_id"]
+        async for job in db.jobs.find(
+            {"_id": {"$in": [d["job_id"] for d in documents]}, "review_state": "approved"},
+            {"_id": 1},
+        )
+    }
+    counts: dict[tuple[Track, Board], int] = {}
+    for document in documents:
+        if document["job_id"] in approved:
+            key = (document["track"], document["board"])
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
 async def system_entries(db: AsyncDatabase[Document], system_name: str) -> list[LeaderboardEntry]:
     entries = await _public(db, {"system_name": system_name})
     return sorted(entries, key=lambda entry: (entry.published_at, entry.entry_id))

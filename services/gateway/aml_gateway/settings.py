@@ -1,3 +1,4 @@
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr
@@ -27,6 +28,9 @@ class GatewaySettings(ParticipantCallSettings):
     smoke_suite: list[str] = Field(default=["synthetic"], min_length=1)
     # What a smoke run may name instead of the sample.
     smoke_datasets: list[str] = Field(default=["synthetic", "locomo", "locomo_refined"])
+    # Where the gateway reads the benchmark files to count the questions `GET /v1/datasets`
+    # lists (the scheduler's AML_DATASETS_ROOT); without them the counts are null.
+    datasets_root: Path = Path("../shared/datasets")
 
     def startup_problem(self) -> str | None:
         """Why this configuration must not serve, or None when it may."""

@@ -1,15 +1,16 @@
 """Participants request evaluation access: a new Leaderboard API Key, or one more version for
-the key they hold (R-3.1). Admins decide in `routes/admin.py`."""
+the key they hold (R-3.1). Admins decide in `routes/admin.py`; how a new key reaches its
+requester (the request token) is described in `aml_gateway.access_requests`."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Header, HTTPException
 
-from aml_contract.api import AccessRequest, AccessRequestView
+from aml_contract.api import AccessRequest, AccessRequestCreated, AccessRequestStatus
 from aml_gateway import access_requests
-from aml_gateway.deps import ServicesDep, TeamDep, current_team
+from aml_gateway.deps import ServicesDep, bearer, current_team, key_hash
 from aml_gateway.errors import error_responses
 
 router = APIRouter(prefix="/v1/access-requests", tags=["access"])
@@ -20,9 +21,10 @@ async def submit_access_request(
     body: AccessRequest,
     svc: ServicesDep,
     authorization: Annotated[str | None, Header()] = None,
-) -> AccessRequestView:
-    """`new_key` needs no authentication; `add_version` must carry the team's Leaderboard API
-    Key as a Bearer token, and the version is bound to that team on approval."""
+) -> AccessRequestCreated:
+    """`new_key` needs no authentication and is answered with a request token (shown once);
+    `add_version` must carry the team's Leaderboard API Key as a Bearer token, and the version
+    is bound to that team on approval."""
     team_id = None
     if body.kind == "add_version":
         # Authenticated before anything is checked or stored, so an unknown caller learns
@@ -32,7 +34,19 @@ async def submit_access_request(
 
 
 @router.get("/{request_id}", responses=error_responses(401, 404))
-async def get_access_request(request_id: str, svc: ServicesDep, team: TeamDep) -> AccessRequestView:
-    """A request bound to the calling key's team: its add_version requests, and the new_key
-    request that created the team."""
+async def get_access_request(
+    request_id: str,
+    svc: ServicesDep,
+    authorization: Annotated[str | None, Header()] = None,
+) -> AccessRequestStatus:
+    """Bearer: the request token the request was answered with (new_key; the first read after
+    approval returns the new Leaderboard API Key, once), or a team's key for the requests bound
+    to that team (its add_version requests and the new_key request that created it)."""
+    token = bearer(authorization)
+    as_requester = await access_requests.for_requester(svc, request_id, token)
+    if as_requester is not None:
+        return as_requester
+    team = await svc.db.teams.find_one({"key_hash": key_hash(token)})
+    if team is None:
+        raise HTTPException(401, {"reason": "unknown Leaderboard API Key or request token"})
     return await access_requests.for_team(svc.db, request_id, team["_id"])

@@ -29,6 +29,7 @@ from aml_contract.messages import JobSubmitted, message_id
 from aml_gateway.deps import Services, ServicesDep, TeamDep
 from aml_gateway.errors import error_responses
 from aml_gateway.progress import job_status
+from aml_gateway.routes.datasets import smoke_ids
 from aml_gateway.submissions import PriorRun, Refusal, Submission, check_submission
 from aml_runtime.broker import publish
 from aml_runtime.db import Document, read_time
@@ -62,17 +63,33 @@ def _refused(refusal: Refusal, now: datetime) -> HTTPException:
 
 
 def _datasets(body: JobSubmission, svc: Services) -> list[str]:
+    """The job's datasets; a refusal names the ids that would be accepted (`valid_datasets`,
+    and in the reason), as `GET /v1/datasets` lists them."""
     settings = svc.settings
     if body.mode == "full":
         if body.datasets is not None and body.datasets != settings.full_suite:
+            suite = list(settings.full_suite)
             raise HTTPException(
-                422, {"reason": "full runs use the fixed suite; leave `datasets` out"}
+                422,
+                {
+                    "reason": "full runs use the fixed suite "
+                    f"({', '.join(suite)}); leave `datasets` out",
+                    "valid_datasets": suite,
+                },
             )
         return list(settings.full_suite)
     datasets = body.datasets or list(settings.smoke_suite)
-    unknown = sorted(set(datasets) - set(settings.smoke_datasets) - set(settings.smoke_suite))
+    valid = smoke_ids(settings)
+    unknown = sorted(set(datasets) - set(valid))
     if unknown:
-        raise HTTPException(422, {"reason": f"unknown dataset(s): {', '.join(unknown)}"})
+        raise HTTPException(
+            422,
+            {
+                "reason": f"unknown dataset(s): {', '.join(unknown)}; a smoke run may name "
+                f"{', '.join(valid)} (GET /v1/datasets)",
+                "valid_datasets": valid,
+            },
+        )
     return datasets
 
 

@@ -11,7 +11,7 @@ from fastapi.responses import HTMLResponse
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from starlette.templating import Jinja2Templates
 
-from aml_contract.api import STAGES, Board, Track
+from aml_contract.api import STAGES
 from aml_gateway import pages, publication
 from aml_gateway.deps import ServicesDep
 
@@ -46,13 +46,16 @@ def _not_found(request: Request, message: str) -> HTMLResponse:
 async def leaderboard_page(
     request: Request,
     svc: ServicesDep,
-    track: Annotated[str, Query(max_length=20)] = "textual",
-    board: Annotated[str, Query(max_length=20)] = "academic",
+    track: Annotated[str | None, Query(max_length=20)] = None,
+    board: Annotated[str | None, Query(max_length=20)] = None,
 ) -> HTMLResponse:
-    if track not in pages.TRACKS or board not in pages.BOARDS:
+    # What the URL names is shown, even empty; what it leaves out opens on entries.
+    if (track is not None and track not in pages.TRACKS) or (
+        board is not None and board not in pages.BOARDS
+    ):
         return _not_found(request, "There is no such track or board.")
-    chosen_track: Track = track
-    chosen_board: Board = board
+    counts = await publication.board_counts(svc.db)
+    chosen_track, chosen_board = pages.choose_board(counts, track, board)
     entries = await publication.board_entries(svc.db, chosen_track, chosen_board)
     title = f"{pages.TRACK_NAMES[chosen_track]} track, {pages.BOARD_NAMES[chosen_board]} board"
     charts = pages.category_charts(entries)
@@ -61,8 +64,8 @@ async def leaderboard_page(
         "leaderboard.html",
         {
             "title": title,
-            "track_tabs": pages.track_tabs(chosen_track, chosen_board),
-            "board_tabs": pages.board_tabs(chosen_track, chosen_board),
+            "track_tabs": pages.track_tabs(chosen_track, chosen_board, counts),
+            "board_tabs": pages.board_tabs(chosen_track, chosen_board, counts),
             "table": pages.board_table(entries, f"{title}: entries by Overall"),
             "charts": charts,
             "chart_data": pages.chart_data(charts),

@@ -55,13 +55,59 @@
     return element;
   }
 
+  // A category kept out of Overall: a visible mark, and words for screen readers.
+  function markExcluded(element) {
+    var mark = document.createElement("span");
+    mark.className = "excluded-mark";
+    mark.setAttribute("aria-hidden", "true");
+    mark.textContent = "†";
+    var words = document.createElement("span");
+    words.className = "visually-hidden";
+    words.textContent = " (not in Overall)";
+    element.appendChild(mark);
+    element.appendChild(words);
+  }
+
   function fillRows(tableId, rows) {
     var body = $(tableId).tBodies[0];
     body.textContent = "";
     rows.forEach(function (cells) {
       var row = document.createElement("tr");
-      cells.forEach(function (spec, index) { cell(row, spec.text, index === 0, spec.className); });
+      cells.forEach(function (spec, index) {
+        var element = cell(row, spec.text, index === 0, spec.className);
+        if (spec.excluded) markExcluded(element);
+      });
+      if (cells.excluded) row.className = "excluded";
       body.appendChild(row);
+    });
+  }
+
+  function when(iso) {
+    // One zone for everyone: UTC, to the second.
+    return iso ? new Date(iso).toISOString().slice(0, 19).replace("T", " ") + " UTC" : "";
+  }
+
+  function setTime(id, iso, missing) {
+    var element = $(id);
+    element.textContent = iso ? when(iso) : missing;
+    if (iso) element.setAttribute("datetime", iso);
+    else element.removeAttribute("datetime");
+  }
+
+  function fillFacts(listId, pairs) {
+    var list = $(listId);
+    list.textContent = "";
+    pairs.forEach(function (pair) {
+      var group = document.createElement("div");
+      var term = document.createElement("dt");
+      term.textContent = pair[0];
+      var value = document.createElement("dd");
+      var code = document.createElement("code");
+      code.textContent = pair[1];
+      value.appendChild(code);
+      group.appendChild(term);
+      group.appendChild(value);
+      list.appendChild(group);
     });
   }
 
@@ -73,20 +119,47 @@
     return (hours ? hours + " h " : "") + (hours || minutes ? minutes + " min " : "") + rest + " s";
   }
 
+  var BOARDS = { academic: "Academic", industrial: "Industrial" };
+
   var REVIEW = {
     gate_failed: "not publishable: the automatic gate failed",
     pending_review: "gate passed, waiting for admin review",
     approved: "approved and published",
     rejected: "rejected by the admins",
+    disqualified: "disqualified by the admins",
   };
 
   function renderStatus(job) {
+    $("job-system").textContent = job.system_name || "—";
+    $("job-version").textContent = job.version_label || "—";
+    $("job-board").textContent = job.board ? BOARDS[job.board] || job.board : "—";
     $("job-state").textContent = job.state;
     $("job-stage").textContent = job.stage || "—";
     $("job-mode").textContent = job.mode;
     $("job-track").textContent = job.track;
     $("job-label").textContent = job.run_label;
-    $("job-elapsed").textContent = elapsed(job.elapsed_seconds);
+
+    setTime("job-created", job.created_at, "—");
+    setTime("job-started", job.started_at, "not yet");
+    setTime("job-finished", job.finished_at, "not yet");
+    var finished = job.duration_seconds !== null && job.duration_seconds !== undefined;
+    $("job-duration-label").textContent = finished ? "Duration" : "Running for";
+    $("job-duration").textContent = finished
+      ? elapsed(job.duration_seconds)
+      : job.started_at ? elapsed(job.elapsed_seconds) : "not started";
+
+    $("job-answer-model").textContent = job.answer_model || "not recorded yet";
+    $("job-spec-hash").textContent = job.spec_hash || "not recorded yet";
+    $("job-code-hash").textContent = job.code_hash || "not recorded yet";
+    $("job-bundle-hash").textContent = job.dataset_bundle_hash || "not recorded yet";
+    var bundles = job.dataset_bundles || {};
+    fillFacts("job-bundles", Object.keys(bundles).sort().map(function (id) {
+      return ["Bundle of " + id, bundles[id]];
+    }));
+    var spec = job.spec || {};
+    var specKeys = Object.keys(spec).sort();
+    $("spec-details").hidden = specKeys.length === 0;
+    fillFacts("job-spec", specKeys.map(function (name) { return [name, spec[name]]; }));
     var review = job.review_state ? REVIEW[job.review_state] || job.review_state : "not reviewed";
     if (job.review_reason) review += " (" + job.review_reason + ")";
     $("job-review").textContent = review;
@@ -128,30 +201,43 @@
     $("poll-note").hidden = job.state === "completed" || job.state === "failed";
   }
 
+  function metricCells(metrics) {
+    return [
+      { text: String(metrics.questions), className: "number" },
+      { text: String(metrics.scored), className: "number" },
+      { text: String(metrics.failed), className: "number" },
+      { text: percent(metrics.accuracy), className: "number" },
+      { text: percent(metrics.judge_accuracy), className: "number" },
+      { text: number(metrics.f1_mean, 3), className: "number" },
+      { text: number(metrics.bleu1_mean, 3), className: "number" },
+    ];
+  }
+
   function renderResults(results) {
-    var rows = [];
-    var overall = results.overall;
-    rows.push([
-      { text: "Overall" }, { text: "all" }, { text: String(overall.questions), className: "number" },
-      { text: String(overall.scored), className: "number" }, { text: String(overall.failed), className: "number" },
-      { text: percent(overall.accuracy), className: "number" }, { text: percent(overall.judge_accuracy), className: "number" },
-      { text: number(overall.f1_mean, 3), className: "number" },
-    ]);
+    var rows = [[{ text: "Overall" }, { text: "all" }].concat(metricCells(results.overall))];
+    var anyExcluded = false;
     Object.keys(results.datasets).forEach(function (datasetId) {
       var dataset = results.datasets[datasetId];
-      var entries = [["overall", dataset.overall]];
-      Object.keys(dataset.categories).forEach(function (name) { entries.push([name, dataset.categories[name]]); });
-      entries.forEach(function (entry) {
-        var metrics = entry[1];
-        rows.push([
-          { text: datasetId }, { text: entry[0] }, { text: String(metrics.questions), className: "number" },
-          { text: String(metrics.scored), className: "number" }, { text: String(metrics.failed), className: "number" },
-          { text: percent(metrics.accuracy), className: "number" }, { text: percent(metrics.judge_accuracy), className: "number" },
-          { text: number(metrics.f1_mean, 3), className: "number" },
-        ]);
+      var excluded = dataset.excluded_from_overall || [];
+      rows.push([{ text: datasetId }, { text: "overall" }].concat(metricCells(dataset.overall)));
+      var names = Object.keys(dataset.categories);
+      // The categories kept out of Overall last, as on the board.
+      names = names.filter(function (name) { return excluded.indexOf(name) < 0; })
+        .concat(names.filter(function (name) { return excluded.indexOf(name) >= 0; }));
+      names.forEach(function (name) {
+        var out = excluded.indexOf(name) >= 0;
+        var row = [{ text: datasetId }, { text: name, excluded: out }].concat(
+          metricCells(dataset.categories[name])
+        );
+        row.excluded = out;
+        anyExcluded = anyExcluded || out;
+        rows.push(row);
       });
     });
     fillRows("results-table", rows);
+    $("results-legend").hidden = !anyExcluded;
+    if (anyExcluded) $("results-table").setAttribute("aria-describedby", "results-legend");
+    else $("results-table").removeAttribute("aria-describedby");
     $("results-block").hidden = false;
   }
 

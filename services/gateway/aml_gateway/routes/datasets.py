@@ -1,0 +1,112 @@
+"""The datasets a job may run (`GET /v1/datasets`): public, like the leaderboard, since a team
+needs the ids before it has a key, and nothing in it is private (ids, tracks, categories and
+question counts; never a question or an answer).
+
+What is listed is the gateway's own configuration (AML_SMOKE_SUITE, AML_SMOKE_DATASETS,
+AML_FULL_SUITE) described by the shipped bundle manifests; the question counts come from the
+dataset files under AML_DATASETS_ROOT, loaded (hash-checked) once per process, and are null
+where this gateway cannot read them (licensed data is often mounted on the scheduler only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+import structlog
+from fastapi import APIRouter
+
+from aml_contract.api import DatasetCategory, DatasetInfo, Track
+from aml_evaluation.datasets import (
+    Dataset,
+    DatasetFileError,
+    DatasetManifest,
+    bundle_hash,
+    load_dataset,
+    manifest_path,
+    read_manifest,
+)
+from aml_gateway.deps import Services, ServicesDep
+from aml_gateway.settings import GatewaySettings
+
+log = structlog.get_logger()
+
+router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
+
+# The track each bundle format belongs to: LoCoMo-shaped files are text conversations.
+TRACK_OF_FORMAT: dict[str, Track] = {"locomo": "textual"}
+
+
+def valid_ids(settings: GatewaySettings) -> list[str]:
+    """Every dataset id a job may run, in a stable order: the smoke sample, the other
+    datasets a smoke run may name, then the full suite."""
+    ordered = [*settings.smoke_suite, *settings.smoke_datasets, *settings.full_suite]
+    return list(dict.fromkeys(ordered))
+
+
+def smoke_ids(settings: GatewaySettings) -> list[str]:
+    return list(dict.fromkeys([*settings.smoke_suite, *settings.smoke_datasets]))
+
+
+def _count(dataset: Dataset) -> dict[int, int]:
+    return dict(Counter(question.category for question in dataset.questions))
+
+
+async def _questions(
+    dataset_id: str,
+    manifest: DatasetManifest,
+    root: Path,
+    known: dict[tuple[str, Path, str], dict[int, int]],
+) -> dict[int, int]:
+    """Only successful counts are kept in `known`, so files mounted later are counted on the
+    next request."""
+    key = (dataset_id, root, bundle_hash(manifest))
+    if key not in known:
+        # Reading and hash-checking a bundle takes a while: off the event loop.
+        dataset = await asyncio.to_thread(load_dataset, dataset_id, root)
+        known[key] = _count(dataset)
+    return known[key]
+
+
+async def describe(dataset_id: str, svc: Services) -> DatasetInfo | None:
+    settings = svc.settings
+    try:
+        manifest = read_manifest(manifest_path(dataset_id))
+    except (KeyError, OSError, ValueError):
+        # A configured id without a shipped manifest: no job could run it either.
+        log.warning("dataset_without_manifest", dataset_id=dataset_id)
+        return None
+    counts: dict[int, int] | None
+    try:
+        counts = await _questions(dataset_id, manifest, settings.datasets_root, svc.dataset_counts)
+    except (DatasetFileError, OSError, ValueError) as error:
+        log.info("dataset_not_counted", dataset_id=dataset_id, reason=str(error))
+        counts = None
+    categories = [
+        DatasetCategory(
+            number=number,
+            name=name,
+            questions=None if counts is None else counts.get(number, 0),
+            in_overall=number not in manifest.excluded_from_overall,
+        )
+        for number, name in sorted(manifest.categories.items())
+    ]
+    return DatasetInfo(
+        dataset_id=dataset_id,
+        version=manifest.version,
+        track=TRACK_OF_FORMAT[manifest.format],
+        questions=None if counts is None else sum(counts.values()),
+        categories=categories,
+        smoke_default=dataset_id in settings.smoke_suite,
+        smoke=dataset_id in smoke_ids(settings),
+        full_suite=dataset_id in settings.full_suite,
+    )
+
+
+@router.get("")
+async def list_datasets(svc: ServicesDep) -> list[DatasetInfo]:
+    """The datasets jobs may run, with track, categories and question counts (no key
+    needed)."""
+    found = [await describe(dataset_id, svc) for dataset_id in valid_ids(svc.settings)]
+    return [info for info in found if info is not None]

@@ -1,0 +1,110 @@
+"""What the public pages show (`aml_gateway.pages`, pure): the board a page opens on, the tabs'
+entry counts and links, the board's column order and the categories kept out of Overall."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from aml_contract.api import Board, DatasetResults, LeaderboardEntry, Metrics, Track
+from aml_gateway import pages
+
+NONE: dict[tuple[Track, Board], int] = {}
+SOME: dict[tuple[Track, Board], int] = {("coding", "industrial"): 2, ("multimodal", "academic"): 1}
+
+
+def test_an_unnamed_board_opens_where_there_are_entries() -> None:
+    assert pages.choose_board(NONE, None, None) == ("textual", "academic")
+    assert pages.choose_board(SOME, None, None) == ("multimodal", "academic")
+    assert pages.choose_board({**SOME, ("textual", "industrial"): 1}, None, None) == (
+        "textual",
+        "industrial",
+    )
+    # Half named: that half is kept, the other one chosen.
+    assert pages.choose_board(SOME, "coding", None) == ("coding", "industrial")
+    assert pages.choose_board(SOME, None, "industrial") == ("coding", "industrial")
+    assert pages.choose_board(SOME, "textual", None) == ("textual", "academic")
+    # Fully named: respected, even empty.
+    assert pages.choose_board(SOME, "textual", "industrial") == ("textual", "industrial")
+
+
+def test_tabs_count_their_entries() -> None:
+    counts = {**SOME, ("coding", "academic"): 3}
+    tracks = pages.track_tabs("coding", "industrial", counts)
+    assert [(t.label, t.count, t.current) for t in tracks] == [
+        ("Textual", 0, False),
+        ("Multimodal", 1, False),
+        ("Coding", 5, True),
+    ]
+    # A track tab keeps the board unless it is empty there and another is not.
+    assert [t.href for t in tracks] == [
+        "/leaderboard?track=textual&board=industrial",
+        "/leaderboard?track=multimodal&board=academic",
+        "/leaderboard?track=coding&board=industrial",
+    ]
+    boards = pages.board_tabs("coding", "industrial", counts)
+    assert [(t.label, t.count, t.current, t.href) for t in boards] == [
+        ("Academic", 3, False, "/leaderboard?track=coding&board=academic"),
+        ("Industrial", 2, True, "/leaderboard?track=coding&board=industrial"),
+    ]
+
+
+def _metrics(correct: int, questions: int = 10) -> Metrics:
+    return Metrics(
+        questions=questions,
+        scored=questions,
+        failed=0,
+        accuracy=correct / questions,
+        judge_correct=correct,
+        judge_accuracy=correct / questions,
+        f1_mean=0.5,
+        bleu1_mean=0.4,
+    )
+
+
+def _entry(name: str, excluded: list[str]) -> LeaderboardEntry:
+    categories = {c: _metrics(5) for c in ("adversarial", "multi-hop", "single-hop")}
+    dataset = DatasetResults(
+        dataset_id="locomo",
+        overall=_metrics(10, 20),
+        categories=categories,
+        excluded_from_overall=excluded,
+    )
+    return LeaderboardEntry(
+        entry_id=f"lb-{name}",
+        system_name=name,
+        version_label="1.0",
+        team_name="team",
+        board="academic",
+        track="textual",
+        overall=_metrics(10, 20),
+        datasets={"locomo": dataset},
+        spec_hash="s",
+        code_hash="c",
+        dataset_bundle_hash="d",
+        answer_model="m",
+        published_at=datetime(2027, 1, 1, tzinfo=UTC),
+    )
+
+
+def test_board_columns_overall_first_and_excluded_categories_marked_last() -> None:
+    entries = [_entry("a", ["adversarial"]), _entry("b", [])]
+    table = pages.board_table(entries, "caption")
+    labels = [c.label for c in table.columns]
+    # The headline right after the entry's names, where a phone screen still shows it.
+    assert labels[:5] == ["Rank", "System", "Version", "Overall", "Overall F1"]
+    assert table.sorted_by == labels.index("Overall")
+    assert table.rows[0][labels.index("Overall")].text == "50.0%"
+    categories = [c for c in table.columns if c.label.startswith("locomo: ")]
+    assert [(c.label, c.excluded) for c in categories] == [
+        ("locomo: multi-hop", False),
+        ("locomo: single-hop", False),
+        ("locomo: adversarial", True),
+    ]
+    (chart,) = pages.category_charts(entries)
+    assert chart.labels == ["multi-hop", "single-hop", "adversarial (not in Overall)"]
+    # Nothing excluded: nothing marked, the results' own order.
+    plain = pages.board_table([_entry("b", [])], "caption")
+    assert [c.label for c in plain.columns if c.excluded] == []
+    assert pages.dataset_columns([_entry("b", [])]) == [
+        ("locomo", ["adversarial", "multi-hop", "single-hop"])
+    ]
