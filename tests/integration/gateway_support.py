@@ -27,6 +27,8 @@ from aml_runtime.secrets import SecretBox
 
 ADMIN_TOKEN = "x" * 32
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+# Per-address limits no test run of one address reaches.
+UNLIMITED: dict[str, Any] = {"access_request_burst": 100_000, "auth_failure_burst": 100_000}
 
 
 class _Participant(BaseHTTPRequestHandler):
@@ -87,7 +89,9 @@ async def open_gateway(
         secret_keys=SecretStr(SecretBox.new_key()),
         allow_loopback_targets=True,
         environment="development",
-        **settings,
+        # Every request of these tests comes from one address: the per-address limits are
+        # tested on their own (test_gateway_limits.py), with the values set there.
+        **(UNLIMITED | settings),
     )
     app = create_app(config, clock)
     bodies: list[str] = []

@@ -485,7 +485,10 @@ async def test_rejected_and_add_version_requests(gateway: Gateway, participant: 
     )
     team_key = shortcut.json()["leaderboard_api_key"]
     second = await submit(
-        gw, request_body(participant, kind="add_version", version_label="2.0"), key=team_key
+        gw,
+        # The team's own system: a name another team holds is never approved.
+        request_body(participant, kind="add_version", system_name="t", version_label="2.0"),
+        key=team_key,
     )
     assert second["request_token"] is None
     await gw.client.post(f"/v1/admin/access-requests/{second['id']}/approve", headers=ADMIN)

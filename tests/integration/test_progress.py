@@ -113,14 +113,17 @@ async def test_an_outcome_counts_once_however_often_it_is_stored(
     await planned_job(db, "jonce", questions=2)
     search, score = stage_worker(db, broker, "search"), stage_worker(db, broker, "score")
     # A redelivery stores the same outcome again: the stored one stands, counted once.
-    assert await search.store(work("jonce", 0), {"state": "done"}) == ("done", False)
-    assert await search.store(work("jonce", 0), {"state": "failed"}) == ("done", False)
-    # Ten concurrent deliveries (or replicas) of one message.
-    stores = [search.store(work("jonce", 1), {"state": "failed"}) for _ in range(10)]
-    assert {state for state, _ in await asyncio.gather(*stores)} == {"failed"}
+    assert await search.store(work("jonce", 0), {"state": "done"}) == ("done", True, False)
+    assert await search.store(work("jonce", 0), {"state": "failed"}) == ("done", False, False)
+    # Ten concurrent deliveries (or replicas) of one message: one writes, all see its state.
+    stores = await asyncio.gather(
+        *[search.store(work("jonce", 1), {"state": "failed"}) for _ in range(10)]
+    )
+    assert {stored.state for stored in stores} == {"failed"}
+    assert sorted(stored.written for stored in stores) == [False] * 9 + [True]
     # The score that makes every question final says so, once, whoever wins the race.
     scores = [score.store(work("jonce", 0), {"state": "done"}) for _ in range(10)]
-    assert sorted(last for _, last in await asyncio.gather(*scores)) == [False] * 9 + [True]
+    assert sorted(stored.last for stored in await asyncio.gather(*scores)) == [False] * 9 + [True]
     # The adder's guarded update: ten concurrent finishes of one chunk count one.
     await db.add_chunks.insert_one({"_id": "jonce/u/0", "job_id": "jonce", "state": "pending"})
     adder = AddHandler(CommonSettings(), db, broker, cast(Any, None), cast(Any, None))

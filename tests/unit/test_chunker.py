@@ -22,7 +22,7 @@ from aml_evaluation.datasets import (
     Session,
     Turn,
     load_dataset,
-    load_locomo,
+    parse_locomo,
 )
 
 # Golden Add counts under chunk-v1 + wc-v1, cross-checked by an independent count from the raw
@@ -265,7 +265,8 @@ def test_add_chunk_is_immutable() -> None:
 
 @pytest.mark.parametrize("relative", ["locomo/locomo10.json", "locomo-dial481-fix/locomo10.json"])
 def test_golden_locomo_add_counts(datasets_root: Path, relative: str) -> None:
-    adds = plan_adds(load_locomo(datasets_root / relative, "locomo", "v"), "golden")
+    samples = json.loads((datasets_root / relative).read_bytes())
+    adds = plan_adds(parse_locomo(samples, "locomo", "v"), "golden")
     per_conversation: dict[str, int] = {}
     for add in adds:
         per_conversation[add.conversation_id] = per_conversation.get(add.conversation_id, 0) + 1

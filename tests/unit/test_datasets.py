@@ -17,7 +17,6 @@ from aml_evaluation.datasets import (
     bundle_hash,
     load_bundle,
     load_dataset,
-    load_locomo,
     manifest_path,
     parse_locomo,
     parse_locomo_datetime,
@@ -174,7 +173,7 @@ def test_only_an_adversarial_item_may_lack_an_answer() -> None:
 def test_real_locomo_counts(
     datasets_root: Path, relative: str, total: int, per_category: dict[int, int]
 ) -> None:
-    dataset = load_locomo(datasets_root / relative, "x", "v")
+    dataset = parse_locomo(json.loads((datasets_root / relative).read_bytes()), "x", "v")
     assert len(dataset.conversations) == 10
     assert sum(len(c.sessions) for c in dataset.conversations) == 272
     assert sum(len(s.turns) for c in dataset.conversations for s in c.sessions) == 5882
@@ -192,7 +191,8 @@ def test_real_locomo_counts(
 
 
 def test_real_locomo_answers(datasets_root: Path) -> None:
-    dataset = load_locomo(datasets_root / "locomo/locomo10.json", "locomo", "v")
+    samples = json.loads((datasets_root / "locomo/locomo10.json").read_bytes())
+    dataset = parse_locomo(samples, "locomo", "v")
     by_id = {q.question_id: q for q in dataset.questions}
     # qa[1] of conv-26 has the integer answer 2022 in the source.
     assert by_id["conv-26:q0001"].answer == "2022"

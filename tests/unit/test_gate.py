@@ -17,7 +17,6 @@ from aml_publisher.gate import (
     StageCounts,
     gate_passed,
     job_facts,
-    question_counts,
     run_gate,
 )
 from aml_publisher.settings import PublisherSettings
@@ -321,8 +320,9 @@ def test_job_facts_from_the_stored_document() -> None:
 
 
 def test_question_counts_include_excluded_categories() -> None:
-    assert question_counts(results()) == {"locomo_refined": 10, "synthetic": 3}
-    assert question_counts({"datasets": {}}) == {}
+    facts = job_facts(job_document(), {}, 0)
+    assert facts.question_counts == {"locomo_refined": 10, "synthetic": 3}
+    assert job_facts(job_document(results={"datasets": {}}), {}, 0).question_counts == {}
 
 
 def test_a_failed_job_without_results_is_missing_them() -> None:

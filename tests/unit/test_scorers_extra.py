@@ -17,11 +17,11 @@ from aml_evaluation.scoring import (
     MC_VERSION,
     bleu1,
     bleu_tokens,
-    choice_correct,
     f1_locomo,
     f1_locomo_category,
     f1_set,
     parse_choice,
+    score_choice,
     token_f1_set,
 )
 
@@ -288,14 +288,15 @@ def test_parse_choice_no_options() -> None:
 
 
 @pytest.mark.parametrize(
-    ("answer", "expected"),
-    [("B", True), ("Paris", True), ("A", False), ("London", False), ("maybe", None)],
-)
-def test_choice_correct(answer: str, expected: bool | None) -> None:
-    assert choice_correct(answer, CITIES, 1) is expected
+    ("answer", "chosen", "correct"),
+    [("B", 1, True), ("Paris", 1, True), ("A", 0, False), ("London", 0, False),
+     ("maybe", None, None)],
+)  # fmt: skip
+def test_score_choice(answer: str, chosen: int | None, correct: bool | None) -> None:
+    assert score_choice(answer, CITIES, "Paris") == (chosen, correct)
 
 
-@pytest.mark.parametrize("correct_index", [-1, 4])
-def test_choice_correct_rejects_bad_index(correct_index: int) -> None:
-    with pytest.raises(ValueError):
-        choice_correct("B", CITIES, correct_index)
+@pytest.mark.parametrize("gold", ["Rome", "paris", None])
+def test_score_choice_rejects_a_gold_that_is_no_option(gold: str | None) -> None:
+    with pytest.raises(ValueError, match="none of the options"):
+        score_choice("B", CITIES, gold)

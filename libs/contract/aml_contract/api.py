@@ -30,6 +30,10 @@ STAGES: tuple[Stage, ...] = ("add", "search", "answer", "score", "aggregate")
 Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
 Label = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100)]
 LongText = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=4000)]
+# A Memory System Key as the participant issued it: any real key is far shorter.
+MemorySystemKey = Annotated[SecretStr, Field(max_length=4096)]
+# More requests than this in one run is no limit at all (and stays far inside int64).
+MAX_REQUESTS_PER_RUN = 1_000_000_000
 
 
 class Capacity(BaseModel):
@@ -73,7 +77,7 @@ class VersionRegistration(BaseModel):
     search_url: HttpUrl
     health_url: HttpUrl
     auth_method: AuthMethod = "bearer"
-    memory_system_key: SecretStr | None = None
+    memory_system_key: MemorySystemKey | None = None
     capacity: Capacity = Capacity()
 
     @model_validator(mode="after")
@@ -299,13 +303,23 @@ class AuditRecord(BaseModel):
     operation: Literal["add", "add_status", "search", "health"]
     attempt: int
     started_at: datetime
-    latency_ms: float
+    latency_ms: float = Field(
+        description="Request sent to response received: the participant's time."
+    )
+    queued_ms: float = Field(
+        default=0.0,
+        description="The platform's wait for the version's declared capacity before sending.",
+    )
     status: int | None = Field(description="HTTP status; null when no response arrived.")
     error_class: str | None
     outcome: Literal["ok", "retry", "final"]
     validation: str | None = Field(
         default=None,
         description="`valid`, or the contract violation, on the attempt whose answer was judged.",
+    )
+    response_bytes: int | None = Field(
+        default=None,
+        description="Bytes of the answer read (reading stops just past the operation's limit).",
     )
 
 
@@ -341,10 +355,18 @@ _EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s.]+")
 
 
 class Contact(BaseModel):
+    """Who to reach about a request. The name and email are never public; the organisation
+    becomes the new team's name (`new_key`), which the public leaderboard shows beside every
+    entry as its team."""
+
     model_config = ConfigDict(extra="forbid")
-    name: Text
-    email: Annotated[str, StringConstraints(strip_whitespace=True, max_length=254)]
-    organisation: Text
+    name: Text = Field(description="Never public.")
+    email: Annotated[str, StringConstraints(strip_whitespace=True, max_length=254)] = Field(
+        description="Never public."
+    )
+    organisation: Text = Field(
+        description="Public: a new_key request's team is named after it on the leaderboard."
+    )
 
     @field_validator("email")
     @classmethod
@@ -383,7 +405,7 @@ class RunLimits(BaseModel):
     max_run_hours: Annotated[float, Field(gt=0, le=24 * 30)] | None = Field(
         default=None, description="Longest a run may keep calling the system; None: no limit."
     )
-    max_requests_per_run: Annotated[int, Field(ge=1)] | None = None
+    max_requests_per_run: Annotated[int, Field(ge=1, le=MAX_REQUESTS_PER_RUN)] | None = None
 
 
 class AccessRequest(BaseModel):
@@ -460,7 +482,7 @@ class AccessRequest(BaseModel):
         default=None, description="Polled after an Add answered 202; must contain `{task_id}`."
     )
     auth_method: AuthMethod
-    memory_system_key: SecretStr | None = Field(
+    memory_system_key: MemorySystemKey | None = Field(
         default=None, description="Required unless auth_method is `none`; never shown again."
     )
     capacity: Capacity = Capacity()

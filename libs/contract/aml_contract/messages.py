@@ -59,6 +59,9 @@ class QuestionWork(_Message):
     item_id: str
     # Set from the answer stage on; the search stage reads the question document.
     facts: QuestionFacts | None = None
+    # Set for the score stage: the answer as stored (a short text; the scorer reads the stored
+    # document only without it).
+    answer: str | None = None
 
 
 class QuestionDone(_Message):

@@ -8,6 +8,7 @@ import json
 from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -18,6 +19,26 @@ from pydantic import (
 )
 
 NonEmptyStr = Annotated[str, StringConstraints(min_length=1)]
+
+# What AML reads back from a participant (R-4.9; docs/participants.md, "Size limits"). An answer
+# is read as a stream and reading stops past its operation's limit (after decompression): a
+# larger answer is a contract violation, never truncated. Health's body is not used at all.
+MAX_RESPONSE_BYTES: dict[str, int] = {
+    "health": 64 * 1024,
+    "add": 256 * 1024,
+    "add_status": 256 * 1024,
+    "search": 4 * 1024 * 1024,
+}
+# Arrays and objects nested deeper than this are a contract violation (every answer).
+MAX_JSON_DEPTH = 64
+# A 202's task_id is put into the Add-status URL: bounded, and printable characters only.
+MAX_TASK_ID_LENGTH = 256
+
+
+def _printable_task_id(value: str) -> str:
+    if not value.isprintable():
+        raise ValueError("task_id must hold printable characters only (no control characters)")
+    return value
 
 
 class TextPart(BaseModel):
@@ -74,7 +95,11 @@ class AddAccepted(BaseModel):
     """R-4.6, the asynchronous form: HTTP 202, allowed only with a bound Add-status URL."""
 
     model_config = ConfigDict(extra="allow")
-    task_id: NonEmptyStr
+    task_id: Annotated[
+        str,
+        StringConstraints(min_length=1, max_length=MAX_TASK_ID_LENGTH),
+        AfterValidator(_printable_task_id),
+    ]
 
 
 class SearchRequest(BaseModel):

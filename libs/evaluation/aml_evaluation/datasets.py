@@ -318,20 +318,6 @@ def parse_locomo(
     )
 
 
-def load_locomo(
-    path: Path,
-    dataset_id: str,
-    version: str,
-    *,
-    categories: Mapping[int, str] = LOCOMO_CATEGORIES,
-    scorer: str = DEFAULT_SCORER,
-) -> Dataset:
-    samples = json.loads(path.read_bytes())
-    if not isinstance(samples, list):
-        raise ValueError(f"{path}: a LoCoMo file is a JSON list of samples")
-    return parse_locomo(samples, dataset_id, version, categories=categories, scorer=scorer)
-
-
 # --- bundles --------------------------------------------------------------------------------
 
 

@@ -342,15 +342,21 @@ def parse_choice(answer_text: str, options: list[str]) -> int | None:
     return readings.pop() if len(readings) == 1 else None
 
 
-def choice_correct(answer_text: str, options: list[str], correct_index: int) -> bool | None:
-    """Whether the answer picks the correct option (see parse_choice); None when the answer
-    cannot be read as an option. Raises ValueError if `correct_index` names no option."""
-    if not 0 <= correct_index < len(options):
-        raise ValueError(f"correct_index {correct_index} out of range for {len(options)} options")
-    choice = parse_choice(answer_text, options)
-    if choice is None:
-        return None
-    return choice == correct_index
+class ChoiceScore(NamedTuple):
+    # The option the answer picks (0-based, see parse_choice); None when it cannot be read.
+    chosen: int | None
+    # Whether that option is the gold answer; None when the answer cannot be read.
+    correct: bool | None
+
+
+def score_choice(answer_text: str, options: list[str], gold_answer: str | None) -> ChoiceScore:
+    """A multiple-choice answer scored against the gold answer, which is one of the options
+    verbatim (the dataset loader checks it): the scorer and `aml rescore` both score with this.
+    Raises ValueError if `gold_answer` is none of the options."""
+    if gold_answer not in options:
+        raise ValueError(f"the gold answer {gold_answer!r} is none of the options {options!r}")
+    chosen = parse_choice(answer_text, options)
+    return ChoiceScore(chosen, None if chosen is None else options[chosen] == gold_answer)
 
 
 def _label_of(value: object) -> JudgeLabel | None:

@@ -4,6 +4,7 @@ manual acknowledgement, de-duplicated publishes, and the delivery policy for one
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -56,17 +57,31 @@ _STREAM_OF: dict[str, str] = {
 } | {prefix: subjects.WORK_STREAM for prefix in subjects.WORK_PREFIX.values()}
 
 
+# Between two reconnection attempts to a lost NATS server.
+RECONNECT_WAIT_SECONDS = 2
+
+
+def reconnect_options(settings: CommonSettings) -> dict[str, Any]:
+    """A lost connection is retried every `RECONNECT_WAIT_SECONDS` for longer than
+    `dependency_loss_exit_seconds`, after which the service's guard ends the process: the
+    connection is never closed for good while the service runs, because FastStream's pull loop
+    would then re-fetch on a closed connection without ever yielding (`aml_runtime.service`)."""
+    attempts = math.ceil(settings.dependency_loss_exit_seconds / RECONNECT_WAIT_SECONDS) + 10
+    return {"reconnect_time_wait": RECONNECT_WAIT_SECONDS, "max_reconnect_attempts": attempts}
+
+
 def make_broker(
     settings: CommonSettings, tracer_provider: TracerProvider | None = None
 ) -> NatsBroker:
     """With a tracer provider, every publish carries the current trace in its headers and every
     consumed message continues it (FastStream's NATS telemetry middleware)."""
+    options = reconnect_options(settings)
     if tracer_provider is None:
-        return NatsBroker(settings.nats_url, logger=None)
+        return NatsBroker(settings.nats_url, logger=None, **options)
     telemetry = NatsTelemetryMiddleware(
         tracer_provider=tracer_provider, include_messages_counters=False
     )
-    return NatsBroker(settings.nats_url, logger=None, middlewares=(telemetry,))
+    return NatsBroker(settings.nats_url, logger=None, middlewares=(telemetry,), **options)
 
 
 async def declare_streams(broker: NatsBroker) -> None:

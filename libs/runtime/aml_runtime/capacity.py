@@ -195,6 +195,12 @@ class CapacityLimiter:
         slot's time is known exactly (a version declaring one request per 1,000 s is looked at
         again in 1,000 s); a concurrency slot frees when a call returns (replicas announce it),
         so that wait is a short poll."""
+        if pool == "concurrency":
+            # A held slot frees when its call returns (every replica announces it on
+            # `aml.capacity.freed`, which wakes the waiting lanes at once) or when its lease
+            # lapses after a crash: a database read here would only say "not yet". The poll
+            # bound covers a lost announcement; the jitter keeps replicas from polling in step.
+            return random.uniform(_MAX_WAIT_SECONDS / 2, _MAX_WAIT_SECONDS)
         now = time.time()
         name, size = (
             (f"{capacity.key}/r", capacity.rate_slots)

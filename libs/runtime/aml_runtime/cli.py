@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import signal
 import sys
 import time
@@ -31,6 +30,7 @@ from typing import Any
 import httpx
 
 from aml_evaluation.datasets import (
+    MANIFESTS_DIR,
     DatasetFileError,
     bundle_hash,
     load_dataset,
@@ -50,7 +50,7 @@ from aml_runtime.platform import (
     start_platform,
 )
 from aml_runtime.settings import LLMSettings, SpecSettings
-from aml_runtime.stack import EmbeddedStack, StackConfig
+from aml_runtime.stack import DataDirBusyError, EmbeddedStack, StackConfig
 
 DEFAULT_DATASETS_ROOT = Path(__file__).resolve().parents[4] / "shared" / "datasets"
 
@@ -137,12 +137,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _baseline(args)
     if args.command == "team":
         return team_cli.main_from_args(args)
-    if args.command == "demo" and not args.keep_data and args.data_dir.exists():
-        shutil.rmtree(args.data_dir)
+    if args.command == "demo":
+        refused = demo_dataset_problem(args.dataset, args.datasets_root)
+        if refused is not None:
+            print(f"aml demo: {refused}", file=sys.stderr)
+            return 2
     stack = EmbeddedStack(StackConfig(data_dir=args.data_dir))
+    try:
+        # Before anything is deleted or started: a data dir in use by a running stack is
+        # refused (a second nats-server on its JetStream store would corrupt it).
+        stack.lock()
+    except DataDirBusyError as exc:
+        print(f"aml {args.command}: {exc}", file=sys.stderr)
+        return 1
     # SIGTERM takes the same clean path as Ctrl-C: every child process is stopped.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
+        if args.command == "demo" and not args.keep_data:
+            stack.clear_data()
         print(f"starting the embedded stack in {stack.data_dir} ...", flush=True)
         stack.start_infra()
         # The stack's own release baseline, so its full runs can pass the publication gate.
@@ -160,6 +172,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     finally:
         stack.stop()
+
+
+def demo_dataset_problem(dataset_id: str, datasets_root: Path) -> str | None:
+    """Why `aml demo --dataset` cannot run on `dataset_id` (unknown id, files missing or not
+    as the manifest lists them), or None; checked before the stack starts."""
+    try:
+        manifest_path(dataset_id)
+    except KeyError:
+        known = ", ".join(sorted(path.stem for path in MANIFESTS_DIR.glob("*.json")))
+        return f"unknown dataset {dataset_id!r}; valid ids: {known}"
+    try:
+        load_dataset(dataset_id, datasets_root)
+    except (DatasetFileError, OSError) as exc:
+        return f"dataset {dataset_id!r} is not available: {exc} (--datasets-root {datasets_root})"
+    return None
 
 
 def _demo(platform: Any, stack: EmbeddedStack, dataset: str, timeout: float) -> int:

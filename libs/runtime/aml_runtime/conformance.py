@@ -25,6 +25,7 @@ from pydantic import BaseModel, SecretStr
 
 from aml_contract.api import AuthMethod
 from aml_contract.participant import (
+    MAX_RESPONSE_BYTES,
     AddRequest,
     Message,
     SearchItem,
@@ -37,10 +38,12 @@ from aml_contract.participant import (
 from aml_runtime.isolation import content_text, find_leaks, owners_of_texts
 from aml_runtime.participants import (
     Attempt,
+    BodyRejected,
     CallFailed,
     Endpoint,
     ParticipantClient,
     RetryPolicy,
+    read_capped,
 )
 from aml_runtime.urlsafety import SafeTransport, UnsafeUrl, check_url
 
@@ -360,7 +363,8 @@ class _Exchange(BaseModel):
 
 class _Recorder:
     """Keeps every response the server sent: for the received value of a failure and for
-    response sizes. Reading the body in a response hook is what httpx documents for it."""
+    response sizes. The bodies are the ones the client read, within its size limits: a check
+    is bounded the way an evaluation is."""
 
     def __init__(self, target: CheckTarget) -> None:
         self._target = target
@@ -368,28 +372,16 @@ class _Recorder:
         # The participant's own time per exchange, by operation (the client's audit figure).
         self.latency_ms: dict[Operation, list[float]] = {}
 
-    def operation_of(self, url: str) -> Operation:
-        if url == self._target.add_url:
-            return "add"
-        if url == self._target.search_url:
-            return "search"
-        if url == self._target.health_url:
-            return "health"
-        return "add_status"
-
-    async def on_response(self, response: httpx.Response) -> None:
-        await response.aread()
-        operation = self.operation_of(str(response.request.url))
-        self.exchanges.append(
-            _Exchange(operation=operation, status=response.status_code, body=response.content)
-        )
+    def on_answer(self, operation: Operation, status: int, body: bytes) -> None:
+        self.exchanges.append(_Exchange(operation=operation, status=status, body=body))
 
     async def observe(self, attempt: Attempt) -> None:
         self.latency_ms.setdefault(attempt.operation, []).append(attempt.latency_ms)
 
     def last_body(self, since: int) -> bytes | None:
         recent = self.exchanges[since:]
-        return recent[-1].body if recent else None
+        # An answer whose body the client did not read (or refused) shows nothing.
+        return (recent[-1].body or None) if recent else None
 
 
 class _Prober:
@@ -399,7 +391,9 @@ class _Prober:
         self.recorder = recorder
         # Few, quick retries: a check should report a flaky server fast, not ride it out.
         policy = RetryPolicy(max_attempts=2, backoff_base_seconds=0.2, backoff_max_seconds=1.0)
-        self.client = ParticipantClient(http, policy, target.timeout_seconds)
+        self.client = ParticipantClient(
+            http, policy, target.timeout_seconds, on_answer=recorder.on_answer
+        )
         self.endpoint = Endpoint(
             add_url=target.add_url,
             search_url=target.search_url,
@@ -451,16 +445,27 @@ class _Prober:
     async def without_key(self, user_id: str) -> RuleResult:
         since = len(self.recorder.exchanges)
         body = encode(SearchRequest(query="anything", user_id=user_id, top_k=1))
+        timeout = self.target.timeout_seconds
         try:
-            response = await self.http.post(
-                self.target.search_url,
-                content=body,
-                headers={"Content-Type": "application/json"},
-                timeout=self.target.timeout_seconds,
-            )
-        except (httpx.HTTPError, UnsafeUrl):
+            async with asyncio.timeout(timeout):
+                async with self.http.stream(
+                    "POST",
+                    self.target.search_url,
+                    content=body,
+                    headers={"Content-Type": "application/json", "Accept-Encoding": "identity"},
+                    timeout=timeout,
+                ) as response:
+                    status = response.status_code
+                    try:
+                        received = await read_capped(
+                            response, MAX_RESPONSE_BYTES["search"], "search", decode=False
+                        )
+                    except BodyRejected:
+                        received = b""
+        except (httpx.HTTPError, UnsafeUrl, TimeoutError):
             return unauthenticated_rule(None, None)
-        return unauthenticated_rule(response.status_code, self.received(since))
+        self.recorder.on_answer("search", status, received)
+        return unauthenticated_rule(status, self.received(since))
 
 
 def _conversation(run: str, name: str, texts: Sequence[str], chunk: int = 0) -> AddRequest:
@@ -485,11 +490,7 @@ def _count(items: list[SearchItem] | None, marker: str) -> int | None:
 async def run_check(target: CheckTarget) -> Report:
     """Probe the server under fresh random user_ids, then judge what was observed."""
     recorder = _Recorder(target)
-    http = httpx.AsyncClient(
-        transport=SafeTransport(allow_loopback=True),
-        follow_redirects=False,
-        event_hooks={"response": [recorder.on_response]},
-    )
+    http = httpx.AsyncClient(transport=SafeTransport(allow_loopback=True), follow_redirects=False)
     prober = _Prober(target, http, recorder)
     try:
         return await _probe(target, prober, recorder)

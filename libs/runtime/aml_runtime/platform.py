@@ -210,7 +210,8 @@ def register_participant(
 def register_memory_server(
     platform: Platform, memory: MemoryServer, team: str, auth_method: str = "bearer"
 ) -> tuple[str, str]:
-    """Bind the reference memory server as a system version of `team`."""
+    """Bind the reference memory server as a system version of `team` (a system name belongs
+    to one team, so the team's name is part of it)."""
     return register_participant(
-        platform, memory.url, team, "aml-reference-bm25", auth_method, memory.key
+        platform, memory.url, team, f"reference-bm25-{team}", auth_method, memory.key
     )

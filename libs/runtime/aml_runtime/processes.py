@@ -108,16 +108,6 @@ def mongo_ready(url: str, timeout: float = 1.0) -> ReadyCheck:
     return check
 
 
-def tcp_ready(host: str, port: int, timeout: float = 1.0) -> ReadyCheck:
-    """Probe: something accepts TCP connections on host:port."""
-
-    def check() -> bool:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-
-    return check
-
-
 def _set_parent_death_signal(parent_pid: int) -> None:
     """Runs in the child between fork and exec (Linux only)."""
     libc = ctypes.CDLL(None, use_errno=True)

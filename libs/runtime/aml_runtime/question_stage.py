@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from faststream.nats import NatsBroker
 from pymongo.asynchronous.database import AsyncDatabase
@@ -53,6 +54,16 @@ _JOB_READS_KEPT = 256
 Compute = Callable[[QuestionWork, Document, StageCall], Awaitable[Document]]
 
 
+class Stored(NamedTuple):
+    """The outcome that stands for an item at a stage after a store."""
+
+    state: str
+    # Whether this store wrote it (else an earlier or concurrent delivery did).
+    written: bool
+    # Whether its count made every question of the job final (announce it).
+    last: bool
+
+
 @dataclass
 class QuestionStageWorker:
     stage: QuestionStage
@@ -72,11 +83,11 @@ class QuestionStageWorker:
 
         async def give_up(kind: str, reason: str) -> None:
             failure = {"state": "failed", "failure_kind": kind, "failure": reason}
-            state, last = await self.store(work, failure)
+            stored = await self.store(work, failure)
             await record_error(self.db, work.job_id, self.stage, kind, work.item_id, reason)
             if kind in _FATAL_KINDS:
                 await fail_job(self.db, self.broker, work.job_id, self.stage, kind, reason)
-            await self._hand_on(work, state, announce=last)
+            await self._hand_on(work, stored.state, announce=stored.last)
 
         ids = {"job_id": work.job_id, "request_id": work.item_id, "stage": self.stage}
         with stage_span(f"aml.{self.stage}", delivery=item.delivered, **ids):
@@ -103,9 +114,12 @@ class QuestionStageWorker:
             return
         question = await self._question(work)
         fields = await self.compute(work, question, item.call(job))
-        work = work.model_copy(update={"facts": facts_of(question)})
-        state, last = await self.store(work, {"state": "done", **fields})
-        await self._hand_on(work, state, announce=last)
+        stored = await self.store(work, {"state": "done", **fields})
+        carried: Document = {"facts": facts_of(question)}
+        if self.stage == "answer" and stored.written:
+            # Only the answer this delivery stored: the scorer scores what the audit shows.
+            carried["answer"] = fields.get("answer")
+        await self._hand_on(work.model_copy(update=carried), stored.state, announce=stored.last)
 
     async def _job(self, job_id: str) -> Document | None:
         """The job's state (and `top_k`). The search stage reads it before every call, since
@@ -133,9 +147,8 @@ class QuestionStageWorker:
             raise Exhausted("platform_error", f"question {work.item_id} is not planned")
         return question
 
-    async def store(self, work: QuestionWork, fields: Document) -> tuple[str, bool]:
-        """Store the stage's outcome unless one is stored; returns the state that stands and
-        whether its count made every question of the job final."""
+    async def store(self, work: QuestionWork, fields: Document) -> Stored:
+        """Store the stage's outcome unless one is stored; returns the state that stands."""
         at_us = now_us()
         try:
             await self.db[self.collection].insert_one(
@@ -150,12 +163,13 @@ class QuestionStageWorker:
         except DuplicateKeyError:
             # A concurrent or earlier delivery stored (and counted) it first; its result stands.
             stored = await self.db[self.collection].find_one({"_id": work.item_id}, {"state": 1})
-            return str((stored or {}).get("state")), False
+            return Stored(str((stored or {}).get("state")), written=False, last=False)
         state = str(fields["state"])
         outcome = outcome_of(state)
         if outcome is None:
-            return state, False
-        return state, await count_final(self.db, work.job_id, self.stage, outcome, at_us)
+            return Stored(state, written=True, last=False)
+        last = await count_final(self.db, work.job_id, self.stage, outcome, at_us)
+        return Stored(state, written=True, last=last)
 
     async def _hand_on(self, work: QuestionWork, state: str, announce: bool) -> None:
         following = _NEXT[self.stage]

@@ -57,7 +57,7 @@ from aml_evaluation.scoring import (
     MC_VERSION,
     JudgeLabel,
     open_answer_scores,
-    parse_choice,
+    score_choice,
 )
 
 NO_PREDICTION = "no_prediction"
@@ -203,9 +203,8 @@ async def score_questions(
             rows.append(row.model_copy(update={"failure": NO_PREDICTION}))
             continue
         if question.options:
-            chosen = parse_choice(answer, question.options)
-            correct = None if chosen is None else question.options[chosen] == question.answer
-            rows.append(row.model_copy(update={"choice_correct": correct}))
+            choice = score_choice(answer, question.options, question.answer)
+            rows.append(row.model_copy(update={"choice_correct": choice.correct}))
             continue
         runs: list[JudgeLabel | None] | None = None
         if labels is not None:

@@ -1,6 +1,6 @@
 """Memory System Keys at rest (SPEC R-7.2): encrypted with the operator's keys, decrypted only
 where a participant is called. Several keys may be configured: the first encrypts, all decrypt,
-so keys rotate by prepending a new one and re-encrypting (`SecretBox.rotate`)."""
+so a new key is put first while the older ones still open what they sealed."""
 
 from __future__ import annotations
 
@@ -29,6 +29,3 @@ class SecretBox:
             raise ValueError(
                 "a stored secret cannot be decrypted with the configured keys"
             ) from None
-
-    def rotate(self, sealed: bytes) -> bytes:
-        return self._fernet.rotate(sealed)

@@ -20,13 +20,12 @@ class CommonSettings(BaseSettings):
     mongo_url: str = "mongodb://127.0.0.1:27017/?directConnection=true"
     # The database holding every job, item, audit and leaderboard document.
     mongo_db: str = "aml"
-    # Local working files of the embedded stack and the CLI (not used by deployed services).
-    data_dir: Path = Path(".aml")
     # Spans are also written here as OTLP-JSON files (read by `aml trace`); unset: not written.
     trace_dir: Path | None = None
     # Structured (JSON) log level: DEBUG, INFO, WARNING, ERROR.
     log_level: str = "INFO"
-    # A message is redelivered at most this many times before its item is marked failed.
+    # A message is delivered at most this many times, the first delivery included, before its
+    # item is marked failed.
     max_deliver: int = Field(default=5, ge=1)
     # Unacknowledged work is redelivered after this long; long calls send progress heartbeats.
     ack_wait_seconds: float = Field(default=15.0, gt=0)
@@ -44,6 +43,12 @@ class CommonSettings(BaseSettings):
     metrics_host: str = "0.0.0.0"
     # /ready gives each dependency (NATS, MongoDB, the LLM) this long to answer.
     ready_timeout_seconds: float = Field(default=2.0, gt=0, le=30)
+    # A worker whose NATS connection or MongoDB stays unreachable this long exits (status 3) for
+    # its supervisor to restart it, instead of retrying for ever (aml_runtime.service).
+    dependency_loss_exit_seconds: float = Field(default=300.0, gt=0)
+    # Set by the embedded stack to its launcher's pid: a worker exits once the launcher is no
+    # longer its parent (unset: no such check).
+    stack_pid: int | None = None
 
 
 class SpecSettings(CommonSettings):
@@ -96,7 +101,7 @@ class LLMSettings(SpecSettings):
 class ParticipantCallSettings(CommonSettings):
     # Memory System Keys are encrypted at rest with these (first one encrypts; all decrypt).
     secret_keys: SecretStr = SecretStr("")
-    # One participant HTTP call (Add, Search, health) gives up after this long.
+    # One participant HTTP call (Add, Search) gives up after this long; Health after 10 s.
     participant_timeout_seconds: float = 1800.0
     # HTTP attempts of one participant call, retries of transient failures included.
     participant_max_attempts: int = Field(default=5, ge=1)

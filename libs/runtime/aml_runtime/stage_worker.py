@@ -156,8 +156,8 @@ class StageWorker(Generic[Work]):
     async def stop(self, grace: float = 10.0) -> None:
         if self._loop is not None:
             self._loop.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop
+            # Bounded: a database call that ignores cancellation must not hold a shutdown.
+            await asyncio.wait({self._loop}, timeout=grace)
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()

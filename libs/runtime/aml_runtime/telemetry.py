@@ -8,7 +8,9 @@ calls to the participant and the LLM are child spans (httpx instrumentation).
 Spans go to an OTLP collector when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, and, with
 `AML_TRACE_DIR`, also to OTLP-JSON files (one `ExportTraceServiceRequest` per line) that
 `aml trace` reads. Span attributes are ids, stages and attempts only: never a secret, a gold
-answer or a memory body.
+answer or a memory body. URLs lose their query string and userinfo before any span is exported
+(`SanitizingExporter`): the httpx and FastAPI instrumentations record `http.url` / `url.full` /
+`http.target` / `url.query` as requested, and a key sent as `?key=` must not land in a trace.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -27,9 +30,10 @@ from google.protobuf.json_format import MessageToDict  # type: ignore[import-unt
 from opentelemetry import context, propagate, trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, TraceFlags, Tracer
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, Status, TraceFlags, Tracer
+from opentelemetry.util.types import Attributes
 
 TRACER_NAME = "aml"
 
@@ -76,16 +80,115 @@ def otlp_json(request: Any) -> dict[str, Any]:
     return document
 
 
-def configure_tracing(service: str, trace_dir: Path | None) -> TracerProvider:
-    """The service's tracer provider, made global so instrumentations use it too."""
+# A URL anywhere in a string: scheme, optional userinfo, host and path, query, fragment.
+_URL = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?:[^/?#@\s]*@)?(?P<rest>[^?#\s]*)[^\s]*")
+# Attributes that hold only a query string: dropped.
+_QUERY_ONLY = frozenset({"url.query"})
+# Attributes that hold a path with its query (the old semantic conventions' server target).
+_TARGETS = frozenset({"http.target"})
+
+
+def strip_url(text: str) -> str:
+    """`text` with every URL in it cut to scheme, host and path: no userinfo, query or fragment."""
+    if "://" not in text:
+        return text
+    return _URL.sub(lambda m: m.group("scheme") + m.group("rest"), text)
+
+
+def _needs_scrubbing(key: str, value: object) -> bool:
+    if key in _QUERY_ONLY:
+        return True
+    if not isinstance(value, str):
+        return False
+    if key in _TARGETS:
+        return "?" in value or "#" in value
+    return "://" in value and ("?" in value or "@" in value or "#" in value)
+
+
+def scrub_attributes(attributes: Attributes) -> Attributes:
+    """The attributes without query strings or userinfo in any URL (the same object when there
+    is nothing to change)."""
+    if not attributes or not any(_needs_scrubbing(k, v) for k, v in attributes.items()):
+        return attributes
+    clean: dict[str, Any] = {}
+    for key, value in attributes.items():
+        if key in _QUERY_ONLY:
+            continue
+        if isinstance(value, str) and key in _TARGETS:
+            value = value.split("?", 1)[0].split("#", 1)[0]
+        elif isinstance(value, str):
+            value = strip_url(value)
+        clean[key] = value
+    return clean
+
+
+def scrub_span(span: ReadableSpan) -> ReadableSpan:
+    """The span as it may leave the process: URLs in its attributes, its events' attributes
+    (exception messages name the URL) and its status description without query or userinfo."""
+    attributes = scrub_attributes(span.attributes)
+    events = [
+        Event(event.name, scrub_attributes(event.attributes), event.timestamp)
+        if scrub_attributes(event.attributes) is not event.attributes
+        else event
+        for event in span.events
+    ]
+    description = span.status.description
+    status = span.status
+    if description and strip_url(description) != description:
+        status = Status(span.status.status_code, strip_url(description))
+    changed = any(new is not old for new, old in zip(events, span.events, strict=True))
+    if attributes is span.attributes and status is span.status and not changed:
+        return span
+    return ReadableSpan(
+        name=span.name,
+        context=span.context,
+        parent=span.parent,
+        resource=span.resource,
+        attributes=attributes,
+        events=events,
+        links=span.links,
+        kind=span.kind,
+        status=status,
+        start_time=span.start_time,
+        end_time=span.end_time,
+        instrumentation_scope=span.instrumentation_scope,
+    )
+
+
+class SanitizingExporter(SpanExporter):
+    """Hands spans on to `inner` with query strings and userinfo removed from every URL (the
+    instrumentations record the URL as requested; their hooks run too late for attributes set
+    at span start, and `OTEL_INSTRUMENTATION_HTTP_CAPTURE_*` concerns headers only)."""
+
+    def __init__(self, inner: SpanExporter) -> None:
+        self.inner = inner
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return self.inner.export([scrub_span(span) for span in spans])
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
+def configure_tracing(
+    service: str, trace_dir: Path | None, exporters: Sequence[SpanExporter] = ()
+) -> TracerProvider:
+    """The service's tracer provider, made global so instrumentations use it too. Every
+    exporter (OTLP, the span files, `exporters` given by tests) sees spans through
+    `SanitizingExporter`."""
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
     if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        provider.add_span_processor(BatchSpanProcessor(SanitizingExporter(OTLPSpanExporter())))
     if trace_dir is not None:
-        exporter = OtlpJsonFileExporter(trace_dir, service)
+        exporter = SanitizingExporter(OtlpJsonFileExporter(trace_dir, service))
         provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
+    for extra in exporters:
+        provider.add_span_processor(BatchSpanProcessor(SanitizingExporter(extra)))
     trace.set_tracer_provider(provider)
     instrument_http(provider)
     return provider

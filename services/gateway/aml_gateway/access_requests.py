@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import structlog
@@ -42,9 +42,13 @@ from aml_gateway.registry import (
     VersionSpec,
     check_health,
     check_participant_urls,
+    check_system_name,
     create_team,
+    drop_secret,
     insert_version,
+    name_taken_reason,
     store_secret,
+    system_name_taken,
 )
 from aml_runtime.db import Document, read_time
 from aml_runtime.jobs import now
@@ -84,6 +88,10 @@ async def submit(svc: Services, body: AccessRequest, team_id: str | None) -> Acc
         "source_disclosure": _dump(body.source_disclosure),
         "declared_models": _dump(body.declared_models),
     }
+    # A system name belongs to one team (its public page is `/systems/{name}`): decided at
+    # approval, told to the requester and the reviewer now.
+    if await system_name_taken(svc.db, body.system_name, team_id):
+        warnings.append(f"system_name: {name_taken_reason(body.system_name)}; not approvable")
     spec = VersionSpec(
         system_name=body.system_name,
         version_label=body.version_label,
@@ -94,8 +102,7 @@ async def submit(svc: Services, body: AccessRequest, team_id: str | None) -> Acc
         health_url=urls["health_url"],
         add_status_url_template=body.add_status_url_template,
         auth_method=body.auth_method,
-        # Sealed at once: from here on only the reference travels.
-        secret_ref=await store_secret(svc.db, svc.box, body.memory_system_key),
+        secret_ref=None,
         capacity=body.capacity.model_dump(),
         run_limits=body.run_limits.model_dump(),
         declaration=declaration,
@@ -105,13 +112,16 @@ async def submit(svc: Services, body: AccessRequest, team_id: str | None) -> Acc
     healthy = await check_health(svc.settings, spec)
     request_id = f"acc-{uuid.uuid4().hex[:12]}"
     token = new_request_token() if body.kind == "new_key" else None
+    # Sealed only now, when everything else has been checked, and removed again if the request
+    # cannot be stored: a refused request leaves no secret behind.
+    secret_ref = await store_secret(svc.db, svc.box, body.memory_system_key)
     document: Document = {
         "_id": request_id,
         "kind": body.kind,
         "state": "pending",
         "team_id": team_id,
         "contact": body.contact.model_dump(),
-        "spec": asdict(spec),
+        "spec": asdict(replace(spec, secret_ref=secret_ref)),
         "health_check": {"ok": healthy, "checked_at": now()},
         "warnings": warnings,
         "created_at": now(),
@@ -120,7 +130,11 @@ async def submit(svc: Services, body: AccessRequest, team_id: str | None) -> Acc
         "version_id": None,
         "request_token_hash": None if token is None else key_hash(token),
     }
-    await svc.db.access_requests.insert_one(document)
+    try:
+        await svc.db.access_requests.insert_one(document)
+    except BaseException:
+        await drop_secret(svc.db, secret_ref)
+        raise
     log.info("access_request_submitted", request_id=request_id, kind=body.kind, healthy=healthy)
     return AccessRequestCreated(**dict(view(document)), request_token=token)
 
@@ -138,6 +152,8 @@ async def approve(svc: Services, request_id: str) -> AccessApproved:
     spec = VersionSpec(**document["spec"])
     new_key = None
     if document["kind"] == "new_key":
+        # Refused before a team is created when another team took the name meanwhile.
+        await check_system_name(svc.db, spec.system_name, None)
         contact = document["contact"]
         team_id, new_key = await create_team(
             svc.db, contact["organisation"], {"contact": contact, "access_request_id": request_id}
@@ -146,7 +162,12 @@ async def approve(svc: Services, request_id: str) -> AccessApproved:
         team_id = document["team_id"]
         if await svc.db.teams.find_one({"_id": team_id}) is None:
             raise HTTPException(409, {"reason": "the requesting team no longer exists"})
-    version_id = await insert_version(svc.db, team_id, spec)
+    try:
+        version_id = await insert_version(svc.db, team_id, spec)
+    except BaseException:
+        if new_key is not None:
+            await svc.db.teams.delete_one({"_id": team_id})
+        raise
     decision: Document = {
         "state": "approved",
         "team_id": team_id,
@@ -165,6 +186,7 @@ async def approve(svc: Services, request_id: str) -> AccessApproved:
         await svc.db.versions.delete_one({"_id": version_id})
         if new_key is not None:
             await svc.db.teams.delete_one({"_id": team_id})
+            await svc.db.system_names.delete_one({"_id": spec.system_name, "team_id": team_id})
         raise HTTPException(409, {"reason": f"access request {request_id} was already decided"})
     log.info("access_request_approved", request_id=request_id, version_id=version_id)
     return AccessApproved(

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import Depends, Header, HTTPException, Request
+from fastapi import Depends, Header, HTTPException, Request, Response
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
 from faststream.nats import NatsBroker
 from pymongo.asynchronous.database import AsyncDatabase
 
+from aml_gateway.limits import Limits, client_address, too_many
 from aml_gateway.settings import GatewaySettings
 from aml_runtime.db import Document
 from aml_runtime.jobs import now
@@ -31,6 +34,11 @@ class Services:
     # Questions per category of each dataset this process could read, keyed by (dataset id,
     # datasets root, bundle hash): `GET /v1/datasets` reads and hash-checks a file once.
     dataset_counts: dict[tuple[str, Path, str], dict[int, int]] = field(default_factory=dict)
+    # Per-address brakes on access requests and failed authentications (`aml_gateway.limits`).
+    limits: Limits = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.limits = Limits.from_settings(self.settings)
 
 
 def key_hash(key: str) -> str:
@@ -45,32 +53,126 @@ def services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(services)]
 
 
-def bearer(authorization: str | None) -> str:
+def bearer(authorization: str | None) -> str | None:
     if not authorization or not authorization.lower().startswith("bearer "):
-        raise HTTPException(401, {"reason": "send the Leaderboard API Key as a Bearer token"})
-    return authorization[7:].strip()
+        return None
+    return authorization[7:].strip() or None
+
+
+def check_not_blocked(request: Request) -> None:
+    """429 for an address that has used up its failed authentications (checked before a
+    credential is looked at, so a blocked address costs no database read)."""
+    svc = services(request)
+    waiting = svc.limits.auth_failures.wait(client_address(request.scope))
+    if waiting is not None:
+        raise too_many(waiting, "failed authentications")
+
+
+def auth_failed(request: Request, status: int, reason: str) -> HTTPException:
+    """The refusal of a credential, counted against the caller's address."""
+    services(request).limits.auth_failures.take(client_address(request.scope))
+    return HTTPException(status, {"reason": reason})
+
+
+def _cached(request: Request) -> dict[str, Any]:
+    guards: dict[str, Any] = request.scope.setdefault("aml.guards", {})
+    return guards
 
 
 async def current_team(
-    svc: ServicesDep, authorization: Annotated[str | None, Header()] = None
+    request: Request, authorization: Annotated[str | None, Header()] = None
 ) -> Document:
-    team = await svc.db.teams.find_one({"key_hash": key_hash(bearer(authorization))})
-    if team is None:
-        raise HTTPException(401, {"reason": "unknown Leaderboard API Key"})
-    return team
+    """The team whose Leaderboard API Key is the Bearer token (401 otherwise). Run before the
+    body is read (`GuardedRoute`); FastAPI's own call returns the same team."""
+    done = _cached(request)
+    if "team" not in done:
+        check_not_blocked(request)
+        token = bearer(authorization)
+        if token is None:
+            raise auth_failed(request, 401, "send the Leaderboard API Key as a Bearer token")
+        team = await services(request).db.teams.find_one({"key_hash": key_hash(token)})
+        if team is None:
+            raise auth_failed(request, 401, "unknown Leaderboard API Key")
+        done["team"] = team
+    found: Document = done["team"]
+    return found
+
+
+async def optional_team(
+    request: Request, authorization: Annotated[str | None, Header()] = None
+) -> Document | None:
+    """No Authorization header: None. A header: it must hold a team's key (401 otherwise)."""
+    if authorization is None:
+        return None
+    return await current_team(request, authorization)
 
 
 async def require_admin(
-    svc: ServicesDep, authorization: Annotated[str | None, Header()] = None
+    request: Request, authorization: Annotated[str | None, Header()] = None
 ) -> None:
-    expected = svc.settings.admin_token.get_secret_value()
+    done = _cached(request)
+    if "admin" in done:
+        return
+    check_not_blocked(request)
+    expected = services(request).settings.admin_token.get_secret_value()
     # A missing token is refused like a wrong one (403): admin routes answer no one else.
-    given = ""
-    if authorization and authorization.lower().startswith("bearer "):
-        given = authorization[7:].strip()
+    given = bearer(authorization) or ""
     if not expected or not hmac.compare_digest(given.encode(), expected.encode()):
-        raise HTTPException(403, {"reason": "admin access required"})
+        raise auth_failed(request, 403, "admin access required")
+    done["admin"] = True
+
+
+async def access_request_allowance(request: Request) -> None:
+    """One access request from the caller's address (429 with Retry-After beyond the limit),
+    taken before the body is read."""
+    done = _cached(request)
+    if "access_request" in done:
+        return
+    waiting = services(request).limits.access_requests.take(client_address(request.scope))
+    if waiting is not None:
+        raise too_many(waiting, "access requests")
+    done["access_request"] = True
+
+
+# The dependencies `GuardedRoute` runs before the body is read, and whether they take the
+# Authorization header.
+PRE_BODY: dict[Callable[..., Awaitable[Any]], bool] = {
+    access_request_allowance: False,
+    current_team: True,
+    optional_team: True,
+    require_admin: True,
+}
+
+
+def _calls(dependant: Dependant) -> Iterator[Callable[..., Any]]:
+    for sub in dependant.dependencies:
+        yield from _calls(sub)
+        if sub.call is not None:
+            yield sub.call
+
+
+class GuardedRoute(APIRoute):
+    """A route whose guards (authentication, the access-request limit) run before FastAPI
+    reads and parses the body, which it otherwise does before any dependency: an unknown
+    caller gets its 401/403/429 without the gateway reading what it sent."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        guards = [call for call in dict.fromkeys(_calls(self.dependant)) if call in PRE_BODY]
+        if not guards:
+            return handler
+
+        async def guarded(request: Request) -> Response:
+            for guard in guards:
+                if PRE_BODY[guard]:
+                    await guard(request, request.headers.get("authorization"))
+                else:
+                    await guard(request)
+            return await handler(request)
+
+        return guarded
 
 
 TeamDep = Annotated[Document, Depends(current_team)]
+OptionalTeamDep = Annotated[Document | None, Depends(optional_team)]
 AdminDep = Annotated[None, Depends(require_admin)]

@@ -103,6 +103,15 @@ def _document_validation_errors(app: FastAPI) -> None:
                 _COMPONENTS + _FASTAPI_422[0],
                 _COMPONENTS + ValidationErrorBody.__name__,
             )
+        # Every body is capped (`aml_gateway.limits.BodyLimit`), before any route runs.
+        too_large = {
+            "description": "The body is larger than AML_MAX_REQUEST_BYTES (not read)",
+            "content": {"application/json": {"schema": {"$ref": _COMPONENTS + ErrorBody.__name__}}},
+        }
+        for operations in document.get("paths", {}).values():
+            for operation in operations.values():
+                if isinstance(operation, dict) and "requestBody" in operation:
+                    operation.setdefault("responses", {}).setdefault("413", too_large)
         return document
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
+import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
 
+import nats
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
-from pymongo import ASCENDING
+from pymongo import ASCENDING, AsyncMongoClient
 
 from aml_gateway import publication
 from aml_gateway.deps import Services
 from aml_gateway.errors import install_error_handlers
+from aml_gateway.limits import BodyLimit
 from aml_gateway.routes import access, admin, datasets, jobs, leaderboard, pages, reviews, versions
 from aml_gateway.settings import GatewaySettings
 from aml_runtime.broker import declare_streams, make_broker
-from aml_runtime.db import connect, ensure_indexes
+from aml_runtime.db import Document, connect, ensure_indexes
 from aml_runtime.jobs import now
 from aml_runtime.logging import configure_logging
 from aml_runtime.metrics import process_checks, readiness
@@ -55,6 +59,56 @@ class UnsafeConfiguration(RuntimeError):
     """The gateway must not start with these settings."""
 
 
+class DependencyUnavailable(RuntimeError):
+    """NATS or MongoDB does not answer at start; the message names the URL tried."""
+
+
+def redacted(url: str) -> str:
+    """A server URL as it may be logged: credentials in it (`//user:password@`) replaced.
+    (Not `urlsplit`: a MongoDB URL may list several hosts.)"""
+    return re.sub(r"//[^/@]*@", "//***@", url)
+
+
+async def unreachable(settings: GatewaySettings) -> str | None:
+    """Whether NATS and MongoDB answer within `AML_START_TIMEOUT_SECONDS`: None, or one line
+    naming the first that does not and the URL tried. (The broker's own connect keeps
+    retrying for minutes, which is right for a running service and wrong for a start.)"""
+    timeout = settings.start_timeout_seconds
+    errors: list[Exception] = []
+
+    async def remember(error: Exception) -> None:
+        # Instead of the client's own logging: a traceback per attempt.
+        errors.append(error)
+
+    try:
+        connection = await asyncio.wait_for(
+            nats.connect(
+                settings.nats_url,
+                allow_reconnect=False,
+                connect_timeout=timeout,
+                max_reconnect_attempts=0,
+                error_cb=remember,
+            ),
+            timeout + 1,
+        )
+        await connection.close()
+    except Exception as exc:  # any failure to connect is reported the same way
+        cause = errors[-1] if errors else exc
+        reason = str(cause) or type(cause).__name__
+        return f"cannot reach NATS at {redacted(settings.nats_url)}: {reason}"
+    mongo: AsyncMongoClient[Document] = AsyncMongoClient(
+        settings.mongo_url, serverSelectionTimeoutMS=int(timeout * 1000)
+    )
+    try:
+        await mongo.admin.command("ping")
+    except Exception as exc:
+        reason = (str(exc) or type(exc).__name__).splitlines()[0][:200]
+        return f"cannot reach MongoDB at {redacted(settings.mongo_url)}: {reason}"
+    finally:
+        await mongo.close()
+    return None
+
+
 def create_app(
     settings: GatewaySettings | None = None, clock: Callable[[], datetime] = now
 ) -> FastAPI:
@@ -68,6 +122,10 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        problem = await unreachable(settings)
+        if problem is not None:
+            # One line naming what was tried, not a traceback through the connect retries.
+            raise DependencyUnavailable(problem) from None
         client, db = connect(settings)
         broker = make_broker(settings, tracing)
         await broker.connect()
@@ -85,7 +143,11 @@ def create_app(
         await broker.stop()
         await client.close()
 
-    app = FastAPI(title="AML gateway", version="0.1.0", lifespan=lifespan)
+    # No /docs or /redoc: FastAPI's pages load their scripts from a CDN at floating versions.
+    # The OpenAPI document itself is served (`/openapi.json`), for any viewer to open.
+    app = FastAPI(
+        title="AML gateway", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None
+    )
     install_error_handlers(app)
     # Request spans without headers or bodies: an Authorization value never reaches a span.
     FastAPIInstrumentor.instrument_app(
@@ -102,6 +164,8 @@ def create_app(
     # vendored Chart.js: served by the gateway itself, no CDN.
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(packages=[("aml_gateway", "static")]), name="static")
+    # Outermost: an oversized body is refused before any other layer (or FastAPI) reads it.
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
 
     @app.get("/health", tags=["ops"])
     async def health() -> dict[str, str]:

@@ -16,6 +16,7 @@ import structlog
 from fastapi import HTTPException
 from pydantic import SecretStr
 from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import DuplicateKeyError
 
 from aml_contract.api import AuthMethod, Board, Track
 from aml_gateway.deps import key_hash
@@ -60,9 +61,61 @@ def version_document(version_id: str, team_id: str, spec: VersionSpec) -> Docume
     return {"_id": version_id, "team_id": team_id, **asdict(spec), "created_at": now()}
 
 
+def _name_taken(name: str) -> HTTPException:
+    return HTTPException(409, {"reason": name_taken_reason(name)})
+
+
+def name_taken_reason(name: str) -> str:
+    return (
+        f"system name {name!r} belongs to another team; system names are unique across "
+        "teams (the public page is /systems/{name})"
+    )
+
+
+async def system_name_taken(db: AsyncDatabase[Document], name: str, team_id: str | None) -> bool:
+    """Whether `name` belongs to a team other than `team_id` (None: a team that does not
+    exist yet, for which only a free name will do)."""
+    claim = await db.system_names.find_one({"_id": name})
+    if claim is not None:
+        return bool(claim["team_id"] != team_id)
+    # Versions stored before names were claimed.
+    other: Document = {"system_name": name}
+    if team_id is not None:
+        other["team_id"] = {"$ne": team_id}
+    return await db.versions.find_one(other, {"_id": 1}) is not None
+
+
+async def check_system_name(db: AsyncDatabase[Document], name: str, team_id: str | None) -> None:
+    """409 unless `name` is free or already the team's. Checked before anything is stored;
+    `claim_system_name` decides for good."""
+    if await system_name_taken(db, name, team_id):
+        raise _name_taken(name)
+
+
+async def claim_system_name(db: AsyncDatabase[Document], name: str, team_id: str) -> bool:
+    """Bind `name` to the team (the unique `_id` decides a race). Returns whether this call
+    made the claim; 409 when another team holds the name."""
+    await check_system_name(db, name, team_id)
+    try:
+        await db.system_names.insert_one({"_id": name, "team_id": team_id, "claimed_at": now()})
+    except DuplicateKeyError:
+        claim = await db.system_names.find_one({"_id": name})
+        if claim is None or claim["team_id"] != team_id:
+            raise _name_taken(name) from None
+        return False
+    return True
+
+
 async def insert_version(db: AsyncDatabase[Document], team_id: str, spec: VersionSpec) -> str:
+    """Claims the system name for the team first (409 when another team holds it)."""
+    claimed = await claim_system_name(db, spec.system_name, team_id)
     version_id = f"ver-{uuid.uuid4().hex[:12]}"
-    await db.versions.insert_one(version_document(version_id, team_id, spec))
+    try:
+        await db.versions.insert_one(version_document(version_id, team_id, spec))
+    except BaseException:
+        if claimed:
+            await db.system_names.delete_one({"_id": spec.system_name, "team_id": team_id})
+        raise
     return version_id
 
 
@@ -93,6 +146,12 @@ async def store_secret(
     secret_ref = f"sec-{uuid.uuid4().hex}"
     await db.secrets.insert_one({"_id": secret_ref, "sealed": box.seal(key)})
     return secret_ref
+
+
+async def drop_secret(db: AsyncDatabase[Document], secret_ref: str | None) -> None:
+    """Remove a sealed key no version or request will refer to."""
+    if secret_ref is not None:
+        await db.secrets.delete_one({"_id": secret_ref})
 
 
 async def check_participant_urls(urls: Mapping[str, str], *, allow_loopback: bool) -> list[str]:

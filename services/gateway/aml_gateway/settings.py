@@ -31,6 +31,25 @@ class GatewaySettings(ParticipantCallSettings):
     # Where the gateway reads the benchmark files to count the questions `GET /v1/datasets`
     # lists (the scheduler's AML_DATASETS_ROOT); without them the counts are null.
     datasets_root: Path = Path("../shared/datasets")
+    # At start, NATS and MongoDB must answer within this long, else the gateway exits naming
+    # the URL it tried.
+    start_timeout_seconds: float = Field(default=10.0, gt=0, le=300)
+    # Larger request bodies are refused with 413 before they are read (by Content-Length, and
+    # by counting a streamed body as it arrives).
+    max_request_bytes: int = Field(default=1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+    # Access requests one client address may send at once (each stores documents and calls
+    # the participant's Health URL); beyond it 429 with Retry-After.
+    access_request_burst: int = Field(default=10, ge=1, le=100_000)
+    # How fast a client address earns access requests back after its burst, per hour.
+    access_requests_per_hour: float = Field(default=20.0, gt=0, le=1_000_000)
+    # Failed authentications (401, 403) one client address may cause at once; beyond it every
+    # authenticated call from the address answers 429 with Retry-After until one is earned back.
+    auth_failure_burst: int = Field(default=30, ge=1, le=100_000)
+    # How fast a client address earns failed authentications back, per minute.
+    auth_failures_per_minute: float = Field(default=30.0, gt=0, le=1_000_000)
+    # Client addresses the two limits above remember (IPv6 by /64); beyond it the address seen
+    # least recently is forgotten, so memory stays bounded under a flood of addresses.
+    rate_limit_addresses: int = Field(default=10_000, ge=1, le=10_000_000)
 
     def startup_problem(self) -> str | None:
         """Why this configuration must not serve, or None when it may."""
@@ -41,4 +60,8 @@ class GatewaySettings(ParticipantCallSettings):
                 f"{MIN_ADMIN_TOKEN_LENGTH} characters when AML_ENVIRONMENT=production "
                 "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(24))')"
             )
+        if self.environment == "production" and self.allow_loopback_targets:
+            # Participant URLs on loopback or private addresses would reach the platform's own
+            # network (R-4.1): for local stacks and tests only.
+            return "AML_ALLOW_LOOPBACK_TARGETS must not be true when AML_ENVIRONMENT=production"
         return None

@@ -85,13 +85,9 @@ class PublishedFacts(_Facts):
     disqualified: bool = False
 
 
-def question_counts(results: Mapping[str, Any]) -> dict[str, int]:
-    """Questions per dataset of a stored `JobResults` dump: the sum over all its categories,
-    the ones excluded from the dataset's overall included."""
-    return _question_counts_of(results.get("datasets") or {})
-
-
 def _question_counts_of(datasets: Mapping[str, Any]) -> dict[str, int]:
+    """Questions per dataset of a stored `JobResults` dump's datasets: the sum over all its
+    categories, the ones excluded from the dataset's overall included."""
     counts: dict[str, int] = {}
     for dataset_id, dataset in datasets.items():
         categories = dataset.get("categories") or {}

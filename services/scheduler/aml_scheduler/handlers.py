@@ -4,8 +4,9 @@ guarded updates, so a redelivered event or the periodic reconciliation changes n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import timedelta
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 import structlog
 from faststream.nats import NatsBroker
@@ -21,7 +22,13 @@ from aml_contract.messages import (
     QuestionWork,
 )
 from aml_evaluation.aggregate import QuestionOutcome, aggregate
-from aml_evaluation.datasets import DatasetManifest, bundle_hash, load_dataset, manifest_path
+from aml_evaluation.datasets import (
+    DatasetFileError,
+    DatasetManifest,
+    bundle_hash,
+    load_dataset,
+    manifest_path,
+)
 from aml_evaluation.spec import EvaluationSpec
 from aml_runtime.broker import publish_work
 from aml_runtime.db import Document, read_time
@@ -47,9 +54,12 @@ from aml_scheduler.planning import (
     plan_written_texts,
 )
 from aml_scheduler.settings import SchedulerSettings
+from aml_scheduler.watchdog import JOB_STALLED, diagnose, stall_limit_seconds
 
 log = structlog.get_logger()
 _DUPLICATE_KEY = 11000
+# The error-summary kind of a job whose dataset files cannot be read or fail their hashes.
+DATASET_MISSING = "dataset_missing"
 
 
 @dataclass
@@ -62,6 +72,8 @@ class Scheduler:
     # What this deployment evaluates with, recorded on every job it plans (R-6.4).
     spec: EvaluationSpec
     code_hash: str
+    # The stall watchdog's clock (replaced in tests).
+    clock: Callable[[], datetime] = field(default=now)
 
     # -- events -----------------------------------------------------------------------------
 
@@ -76,7 +88,16 @@ class Scheduler:
                 await record_error(self.db, job["_id"], "add", kind, None, reason)
                 await fail_job(self.db, self.broker, job["_id"], "add", kind, reason)
                 return
-            await self._plan(job)
+            try:
+                await self._plan(job)
+            except DatasetFileError as exc:
+                # Not transient: retrying (every event, every reconciliation) would leave the job
+                # queued for good. The platform's failure, so the team's quota is not charged.
+                reason = f"dataset files missing or altered: {exc}"
+                await record_error(self.db, job["_id"], "add", DATASET_MISSING, None, reason)
+                await fail_job(self.db, self.broker, job["_id"], "add", PLATFORM_ERROR, reason)
+                log.error("job.dataset_missing", job_id=job["_id"], reason=str(exc))
+                return
         await self.release(event.job_id)
 
     async def on_add_done(self, event: AddDone) -> None:
@@ -108,11 +129,17 @@ class Scheduler:
         have been still for a few intervals: a lost increment shows as a job that stops moving,
         and a moving job is not re-read every interval."""
         active = {"state": {"$in": ["queued", "running"]}}
-        fields = {"_id": 1, "version_id": 1, "started_at": 1, "planned": 1, "progress": 1}
+        fields = {"_id": 1, "version_id": 1, "started_at": 1, "planned": 1, "progress": 1,
+                  "state": 1, "totals": 1, "created_at": 1}  # fmt: skip
         stale_after = timedelta(seconds=3 * self.settings.reconcile_interval_seconds)
         async for job in self.db.jobs.find(active, fields):
             try:
-                if await self._stop_if_overdue(job):
+                version = await self.db.versions.find_one(
+                    {"_id": job["version_id"]}, {"run_limits": 1, "capacity": 1}
+                )
+                if await self._stop_if_overdue(job, version or {}):
+                    continue
+                if await self._fail_if_stalled(job, version or {"_id": job["version_id"]}):
                     continue
                 await self.on_job_submitted(JobSubmitted(job_id=job["_id"]))
                 if job.get("planned") and repair_due(job, now(), stale_after):
@@ -123,14 +150,30 @@ class Scheduler:
 
     # -- steps ------------------------------------------------------------------------------
 
-    async def _stop_if_overdue(self, job: Document) -> bool:
+    async def _stop_if_overdue(self, job: Document, version: Document) -> bool:
         """The participant declared how long a run may keep calling it (R-3.1)."""
-        version = await self.db.versions.find_one({"_id": job["version_id"]}, {"run_limits": 1})
-        reason = run_overdue(version or {}, read_time(job.get("started_at")), now())
+        reason = run_overdue(version, read_time(job.get("started_at")), now())
         if reason is None:
             return False
         await record_error(self.db, job["_id"], "add", RUN_LIMIT_REACHED, None, reason)
         await fail_job(self.db, self.broker, job["_id"], "add", RUN_LIMIT_REACHED, reason)
+        return True
+
+    async def _fail_if_stalled(self, job: Document, version: Document) -> bool:
+        """A job that nothing has moved for its stall limit (a running one) or that could not be
+        planned for as long (a queued one) is failed, naming the stage and whose failure it is
+        (`aml_scheduler.watchdog`). A lost increment is not mistaken for a stall: the repair
+        below recounts a job still for three intervals, long before."""
+        limit = stall_limit_seconds(
+            self.settings.job_stall_seconds, self.settings.participant_timeout_seconds, version
+        )
+        stall = await diagnose(self.db, job, self.clock(), limit)
+        if stall is None:
+            return False
+        log.warning("job.stalled", job_id=job["_id"], stage=stall.stage, cause=stall.cause,
+                    reason=stall.reason)  # fmt: skip
+        await record_error(self.db, job["_id"], stall.stage, JOB_STALLED, None, stall.reason)
+        await fail_job(self.db, self.broker, job["_id"], stall.stage, stall.kind, stall.reason)
         return True
 
     async def _participant_healthy(self, job: Document) -> bool:

@@ -15,3 +15,8 @@ class SchedulerSettings(ParticipantCallSettings, SpecSettings):
     # A run's derived data (bodies, candidates, answers) is deleted this long after it ended,
     # unless an admin keeps it longer.
     retention_days: float = Field(default=30.0, gt=0)
+    # A running job that no item's outcome has moved for this long is failed, naming the stage
+    # it is stuck in and whether the participant or the platform stalled it (never sooner than
+    # ten of the version's declared request periods nor twice the participant call timeout;
+    # aml_scheduler.watchdog).
+    job_stall_seconds: float = Field(default=1800.0, gt=0)

@@ -23,7 +23,7 @@ from aml_evaluation.scoring import (
     F1_VERSION,
     MC_VERSION,
     open_answer_scores,
-    parse_choice,
+    score_choice,
 )
 from aml_runtime.broker import Exhausted
 from aml_runtime.db import Document
@@ -41,7 +41,11 @@ class ScoreAnswer:
     abstention_prompt: Prompt
 
     async def __call__(self, work: QuestionWork, question: Document, item: StageCall) -> Document:
-        answer = await self.db.answers.find_one({"_id": work.item_id})
+        answer = (
+            {"state": "done", "answer": work.answer}
+            if work.answer is not None
+            else await self.db.answers.find_one({"_id": work.item_id})
+        )
         if answer is None or answer["state"] != "done":
             raise Exhausted("platform_error", f"no answer for {work.item_id}")
         found = {
@@ -55,11 +59,11 @@ class ScoreAnswer:
         return found | await self.open_question(question, answer["answer"], item)
 
     def choice(self, answer: str, options: list[str], gold: str) -> Document:
-        chosen = parse_choice(answer, options)
+        choice = score_choice(answer, options, gold)
         return {
             "multiple_choice": True,
-            "chosen_option": chosen,
-            "choice_correct": None if chosen is None else options[chosen] == gold,
+            "chosen_option": choice.chosen,
+            "choice_correct": choice.correct,
             "mc_version": MC_VERSION,
         }
 

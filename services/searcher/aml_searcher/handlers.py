@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import bson
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract.messages import QuestionWork
@@ -15,6 +16,11 @@ from aml_runtime.isolation import content_text, find_leaks, text_digest
 from aml_runtime.jobs import Endpoints, record_error
 from aml_runtime.participants import CallFailed, ParticipantClient
 from aml_runtime.stage_worker import StageCall
+
+# The candidates are kept on the question's document (16 MiB at most in MongoDB, with the
+# question's other fields): a Search answer within its 4 MiB reading limit fits unless its
+# extra fields swell when stored.
+MAX_STORED_CANDIDATES_BYTES = 8 * 1024 * 1024
 
 
 @dataclass
@@ -39,8 +45,18 @@ class SearchQuestion:
             if exc.kind == "contract_error":
                 await observe.validated(exc.reason)
             raise Exhausted(exc.kind, exc.reason) from None
-        await observe.validated(VALID)
         candidates = [item.model_dump(mode="json", exclude_none=True) for item in items]
+        stored = len(bson.encode({"candidates": candidates}))
+        if stored > MAX_STORED_CANDIDATES_BYTES:
+            # Within the answer limit, but extra fields that grow in BSON (long arrays of small
+            # numbers) would not fit a document: the participant's answer, not a platform error.
+            reason = (
+                f"search response: the items take {stored} bytes to store, more than "
+                f"{MAX_STORED_CANDIDATES_BYTES}"
+            )
+            await observe.validated(reason)
+            raise Exhausted("contract_error", reason)
+        await observe.validated(VALID)
         leaks = await self.leaks(work, question["user_id"], candidates)
         return {"candidates": candidates, "n_candidates": len(items), "leaks": leaks}
 

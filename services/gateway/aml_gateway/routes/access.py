@@ -6,47 +6,68 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, HTTPException
+from fastapi import APIRouter, Depends, Header, Path, Request
 
 from aml_contract.api import AccessRequest, AccessRequestCreated, AccessRequestStatus
 from aml_gateway import access_requests
-from aml_gateway.deps import ServicesDep, bearer, current_team, key_hash
+from aml_gateway.deps import (
+    GuardedRoute,
+    OptionalTeamDep,
+    ServicesDep,
+    access_request_allowance,
+    auth_failed,
+    bearer,
+    check_not_blocked,
+    key_hash,
+)
 from aml_gateway.errors import error_responses
 
-router = APIRouter(prefix="/v1/access-requests", tags=["access"])
+router = APIRouter(route_class=GuardedRoute, prefix="/v1/access-requests", tags=["access"])
 
 
-@router.post("", status_code=201, responses=error_responses(401))
+@router.post(
+    "",
+    status_code=201,
+    responses=error_responses(401, 409, 413, 429),
+    dependencies=[Depends(access_request_allowance)],
+)
 async def submit_access_request(
-    body: AccessRequest,
-    svc: ServicesDep,
-    authorization: Annotated[str | None, Header()] = None,
+    body: AccessRequest, svc: ServicesDep, request: Request, team: OptionalTeamDep
 ) -> AccessRequestCreated:
     """`new_key` needs no authentication and is answered with a request token (shown once);
     `add_version` must carry the team's Leaderboard API Key as a Bearer token, and the version
-    is bound to that team on approval."""
+    is bound to that team on approval. An Authorization header, when sent, is checked before
+    the body is read (a wrong one answers 401 whatever the kind). Each client address may send
+    `AML_ACCESS_REQUEST_BURST` requests at once, earned back at `AML_ACCESS_REQUESTS_PER_HOUR`
+    (429 with Retry-After beyond it)."""
     team_id = None
     if body.kind == "add_version":
         # Authenticated before anything is checked or stored, so an unknown caller learns
         # nothing and leaves nothing behind.
-        team_id = (await current_team(svc, authorization))["_id"]
+        if team is None:
+            raise auth_failed(request, 401, "send the Leaderboard API Key as a Bearer token")
+        team_id = team["_id"]
     return await access_requests.submit(svc, body, team_id)
 
 
-@router.get("/{request_id}", responses=error_responses(401, 404))
+@router.get("/{request_id}", responses=error_responses(401, 404, 429))
 async def get_access_request(
-    request_id: str,
+    request_id: Annotated[str, Path(max_length=100)],
     svc: ServicesDep,
+    request: Request,
     authorization: Annotated[str | None, Header()] = None,
 ) -> AccessRequestStatus:
     """Bearer: the request token the request was answered with (new_key; the first read after
     approval returns the new Leaderboard API Key, once), or a team's key for the requests bound
     to that team (its add_version requests and the new_key request that created it)."""
+    check_not_blocked(request)
     token = bearer(authorization)
+    if token is None:
+        raise auth_failed(request, 401, "send the Leaderboard API Key as a Bearer token")
     as_requester = await access_requests.for_requester(svc, request_id, token)
     if as_requester is not None:
         return as_requester
     team = await svc.db.teams.find_one({"key_hash": key_hash(token)})
     if team is None:
-        raise HTTPException(401, {"reason": "unknown Leaderboard API Key or request token"})
+        raise auth_failed(request, 401, "unknown Leaderboard API Key or request token")
     return await access_requests.for_team(svc.db, request_id, team["_id"])

@@ -18,21 +18,28 @@ from aml_contract.api import (
     VersionRegistration,
 )
 from aml_gateway import access_requests
-from aml_gateway.deps import AdminDep, ServicesDep
+from aml_gateway.deps import AdminDep, GuardedRoute, ServicesDep
 from aml_gateway.errors import error_responses
 from aml_gateway.registry import (
     VersionSpec,
     check_participant_urls,
+    check_system_name,
     create_team,
+    drop_secret,
     insert_version,
     store_secret,
 )
 
 # Every admin route answers 403 to anyone without the admin token.
-router = APIRouter(prefix="/v1/admin", tags=["admin"], responses=error_responses(403))
+router = APIRouter(
+    route_class=GuardedRoute,
+    prefix="/v1/admin",
+    tags=["admin"],
+    responses=error_responses(403, 429),
+)
 
 
-@router.post("/versions", status_code=201)
+@router.post("/versions", status_code=201, responses=error_responses(409))
 async def register_version(
     body: VersionRegistration, svc: ServicesDep, _: AdminDep
 ) -> VersionRegistered:
@@ -42,11 +49,14 @@ async def register_version(
         allow_loopback=svc.settings.allow_loopback_targets,
     )
     team = await svc.db.teams.find_one({"name": body.team})
+    # Everything that can refuse runs before anything is stored.
+    await check_system_name(svc.db, body.system_name, None if team is None else team["_id"])
     new_key = None
     if team is None:
         team_id, new_key = await create_team(svc.db, body.team)
     else:
         team_id = team["_id"]
+    secret_ref = await store_secret(svc.db, svc.box, body.memory_system_key)
     spec = VersionSpec(
         system_name=body.system_name,
         version_label=body.version_label,
@@ -56,10 +66,17 @@ async def register_version(
         search_url=str(body.search_url),
         health_url=str(body.health_url),
         auth_method=body.auth_method,
-        secret_ref=await store_secret(svc.db, svc.box, body.memory_system_key),
+        secret_ref=secret_ref,
         capacity=body.capacity.model_dump(),
     )
-    version_id = await insert_version(svc.db, team_id, spec)
+    try:
+        version_id = await insert_version(svc.db, team_id, spec)
+    except BaseException:
+        # A name taken meanwhile: nothing of this registration stays.
+        await drop_secret(svc.db, secret_ref)
+        if new_key is not None:
+            await svc.db.teams.delete_one({"_id": team_id})
+        raise
     return VersionRegistered(version_id=version_id, team_id=team_id, leaderboard_api_key=new_key)
 
 

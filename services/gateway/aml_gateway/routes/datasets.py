@@ -27,12 +27,12 @@ from aml_evaluation.datasets import (
     manifest_path,
     read_manifest,
 )
-from aml_gateway.deps import Services, ServicesDep
+from aml_gateway.deps import GuardedRoute, Services, ServicesDep
 from aml_gateway.settings import GatewaySettings
 
 log = structlog.get_logger()
 
-router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
+router = APIRouter(route_class=GuardedRoute, prefix="/v1/datasets", tags=["datasets"])
 
 # The track each bundle format belongs to: LoCoMo-shaped files are text conversations.
 TRACK_OF_FORMAT: dict[str, Track] = {"locomo": "textual"}

@@ -10,7 +10,7 @@ from typing import Annotated
 
 from bson import ObjectId
 from bson.errors import InvalidId
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Path, Query
 from pymongo import ASCENDING
 from pymongo.errors import DuplicateKeyError
 
@@ -26,7 +26,7 @@ from aml_contract.api import (
     SearchAudit,
 )
 from aml_contract.messages import JobSubmitted, message_id
-from aml_gateway.deps import Services, ServicesDep, TeamDep
+from aml_gateway.deps import GuardedRoute, Services, ServicesDep, TeamDep
 from aml_gateway.errors import error_responses
 from aml_gateway.progress import job_status
 from aml_gateway.routes.datasets import smoke_ids
@@ -35,7 +35,9 @@ from aml_runtime.broker import publish
 from aml_runtime.db import Document, read_time
 from aml_runtime.jobs import PLATFORM_ERROR
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(
+    route_class=GuardedRoute, prefix="/v1/jobs", tags=["jobs"], responses=error_responses(429)
+)
 
 _ERRORS = error_responses(401, 404, 409)
 # Two submissions of one team racing for the same sequence number: the loser re-reads the
@@ -251,18 +253,25 @@ def _audit_record(call: Document) -> AuditRecord:
         attempt=call["attempt"],
         started_at=read_time(call["started_at"]),
         latency_ms=call["latency_ms"],
+        queued_ms=call.get("queued_ms") or 0.0,
         status=call.get("status"),
         error_class=call.get("error_class"),
         outcome=call["outcome"],
         validation=call.get("validation"),
+        response_bytes=call.get("response_bytes"),
     )
 
 
-@router.get("/{job_id}/audit/searches/{request_id}", responses=_ERRORS)
+@router.get("/{job_id}/audit/searches/{request_id:path}", responses=_ERRORS)
 async def get_search_audit(
-    job_id: str, request_id: str, svc: ServicesDep, team: TeamDep
+    job_id: str,
+    request_id: Annotated[str, Path(min_length=1, max_length=400)],
+    svc: ServicesDep,
+    team: TeamDep,
 ) -> SearchAudit:
-    """The candidates one Search returned, in the participant's order (R-7.3)."""
+    """The candidates one Search returned, in the participant's order (R-7.3). `request_id`
+    is the question's item id, `<job_id>/<dataset_id>/<question_id>` as the audit records
+    name it: its slashes go into the path as they are (or %2F-encoded)."""
     await _own_job(svc, team, job_id)
     search = await svc.db.searches.find_one({"_id": request_id, "job_id": job_id})
     if search is None:

@@ -9,10 +9,10 @@ from fastapi import APIRouter, HTTPException, Path
 
 from aml_contract.api import Board, Leaderboard, SystemHistory, Track
 from aml_gateway import publication
-from aml_gateway.deps import ServicesDep
+from aml_gateway.deps import GuardedRoute, ServicesDep
 from aml_gateway.errors import error_responses
 
-router = APIRouter(prefix="/v1/leaderboard", tags=["leaderboard"])
+router = APIRouter(route_class=GuardedRoute, prefix="/v1/leaderboard", tags=["leaderboard"])
 
 
 @router.get("")

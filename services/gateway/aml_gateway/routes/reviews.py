@@ -14,11 +14,16 @@ from aml_contract.api import (
     ReviewView,
 )
 from aml_gateway import publication
-from aml_gateway.deps import AdminDep, ServicesDep
+from aml_gateway.deps import AdminDep, GuardedRoute, ServicesDep
 from aml_gateway.errors import error_responses
 
 # Every admin route answers 403 to anyone without the admin token.
-router = APIRouter(prefix="/v1/admin", tags=["admin"], responses=error_responses(403))
+router = APIRouter(
+    route_class=GuardedRoute,
+    prefix="/v1/admin",
+    tags=["admin"],
+    responses=error_responses(403, 429),
+)
 
 
 @router.get("/reviews")

@@ -5,11 +5,16 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException
 
 from aml_contract.api import Capacity, VersionView
-from aml_gateway.deps import ServicesDep, TeamDep
+from aml_gateway.deps import GuardedRoute, ServicesDep, TeamDep
 from aml_gateway.errors import error_responses
 from aml_runtime.db import Document, read_time
 
-router = APIRouter(prefix="/v1/versions", tags=["versions"])
+router = APIRouter(
+    route_class=GuardedRoute,
+    prefix="/v1/versions",
+    tags=["versions"],
+    responses=error_responses(429),
+)
 
 
 def _view(version: Document) -> VersionView:

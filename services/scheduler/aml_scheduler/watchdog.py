@@ -1,0 +1,170 @@
+"""Nothing hangs, by construction: a running job whose progress counters have not moved for too
+long is failed, with a reason naming the stage it is stuck in and whose failure it is.
+
+**The rule.** A job has *moved* when its plan was written (`started_at`) and whenever an item's
+terminal outcome was counted (`progress.last_us`, `aml_runtime.progress`). It is *stalled* when
+it has not moved for
+
+    limit = max(AML_JOB_STALL_SECONDS,
+                STALL_PERIODS * the version's declared period (1 / max_rps),
+                2 * AML_PARTICIPANT_TIMEOUT_SECONDS)
+
+so neither a participant that declared a slow rate (`max_rps` 0.001 is one call per 1000 s; an Add
+may need a few calls with its status polls: ten periods is 10,000 s) nor one slow call that is
+still inside its timeout (and its retry) can trip it. Whatever the participant declared, a job
+that nothing moves is failed within that bound after its last movement, so a test can check
+that a job never hangs.
+
+A job still *queued* (not planned) that long after it was created is failed too, as the
+platform's: planning is immediate, so it keeps failing to plan.
+
+**The stage** is read from the counters against the totals: the first of add (chunks not all
+final), search (questions not all searched), answer (searched questions not all answered),
+score (answered questions not all scored); all final yet still running is the platform's own
+completion (`aggregate`).
+
+**The cause.** Answering, scoring and completion are the platform's (the LLM is the platform's
+budget). For add and search: the newest error-summary entry since the job last moved (its kind:
+`platform_error` is the platform's, any other the participant's), else the newest participant
+call since then (a failed or unfinished call: the participant's; a successful one that finished
+nothing: the platform's), else, with no call sent at all, the platform's (its work was not
+dispatched). A participant-caused stall fails the job as `job_stalled`; a platform-caused one as
+`platform_error`, which does not charge the team's quota.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from pymongo import DESCENDING
+from pymongo.asynchronous.database import AsyncDatabase
+
+from aml_contract.api import Stage
+from aml_runtime.db import Document, read_time
+from aml_runtime.jobs import PLATFORM_ERROR, version_capacity
+from aml_runtime.progress import LAST_US, micros, stage_counts
+
+# A stall is never shorter than this many of the version's declared request periods.
+STALL_PERIODS = 10
+# ... nor than this many participant call timeouts (one slow call and its retry).
+STALL_TIMEOUTS = 2
+# The failure kind of a job the participant left without progress.
+JOB_STALLED = "job_stalled"
+
+Cause = Literal["participant", "platform"]
+
+
+@dataclass(frozen=True)
+class Stall:
+    stage: Stage
+    cause: Cause
+    idle_seconds: float
+    limit_seconds: float
+    detail: str
+
+    @property
+    def kind(self) -> str:
+        return JOB_STALLED if self.cause == "participant" else PLATFORM_ERROR
+
+    @property
+    def reason(self) -> str:
+        return (
+            f"no progress for {self.idle_seconds:.0f}s (limit {self.limit_seconds:.0f}s) in stage "
+            f"{self.stage}; cause: {self.cause} ({self.detail})"
+        )
+
+
+def stall_limit_seconds(
+    stall_seconds: float, participant_timeout_seconds: float, version: Document
+) -> float:
+    # How long one request holds a rate slot: a second, or 1 / max_rps below one per second.
+    period = version_capacity(version).rate_period
+    return max(stall_seconds, STALL_PERIODS * period, STALL_TIMEOUTS * participant_timeout_seconds)
+
+
+def last_moved_us(job: Document) -> int | None:
+    """When the job last moved (µs): its plan or its latest counted outcome."""
+    started = read_time(job.get("started_at"))
+    marks = [micros(started)] if started is not None else []
+    progress = job.get("progress")
+    last = progress.get(LAST_US.split(".", 1)[1]) if isinstance(progress, dict) else None
+    if isinstance(last, int) and not isinstance(last, bool):
+        marks.append(last)
+    return max(marks) if marks else None
+
+
+def stuck_stage(job: Document) -> tuple[Stage, str]:
+    """The stage a running job waits on, and its figures, from the counters and totals."""
+    totals = job.get("totals") or {}
+    chunks, questions = int(totals.get("add", 0)), int(totals.get("questions", 0))
+    add_done, add_failed = stage_counts(job, "add")
+    if add_done + add_failed < chunks:
+        return "add", f"{add_done + add_failed} of {chunks} Add requests final"
+    search_done, search_failed = stage_counts(job, "search")
+    if search_done + search_failed < questions:
+        return "search", f"{search_done + search_failed} of {questions} questions searched"
+    answer_done, answer_failed = stage_counts(job, "answer")
+    if answer_done + answer_failed < search_done:
+        return "answer", f"{answer_done + answer_failed} of {search_done} answered"
+    score_done, score_failed = stage_counts(job, "score")
+    if score_done + score_failed < answer_done:
+        return "score", f"{score_done + score_failed} of {answer_done} scored"
+    return "aggregate", f"all {questions} questions final, job not completed"
+
+
+async def diagnose(
+    db: AsyncDatabase[Document], job: Document, moment: datetime, limit_seconds: float
+) -> Stall | None:
+    """The job's stall, or None while it moves."""
+    if job.get("state") == "queued" and not job.get("planned"):
+        # Planning is immediate (an unhealthy participant or missing dataset files fail the job
+        # at once): a job still queued this long keeps failing to plan for the platform's reasons.
+        created = read_time(job.get("created_at"))
+        if created is None:
+            return None
+        idle = (micros(moment) - micros(created)) / 1e6
+        if idle < limit_seconds:
+            return None
+        why = "the job could not be planned (see the scheduler's reconcile.failed log entries)"
+        return Stall("add", "platform", idle, limit_seconds, why)
+    if job.get("state") != "running" or not job.get("planned"):
+        return None
+    moved = last_moved_us(job)
+    if moved is None:
+        return None
+    idle = (micros(moment) - moved) / 1e6
+    if idle < limit_seconds:
+        return None
+    stage, figures = stuck_stage(job)
+    if stage not in ("add", "search"):
+        llm = "the platform's LLM stage" if stage != "aggregate" else "the platform's completion"
+        return Stall(stage, "platform", idle, limit_seconds, f"{figures}; {llm}")
+    cause, why = await _participant_or_platform(db, str(job["_id"]), stage, moved)
+    return Stall(stage, cause, idle, limit_seconds, f"{figures}; {why}")
+
+
+async def _participant_or_platform(
+    db: AsyncDatabase[Document], job_id: str, stage: Stage, since_us: int
+) -> tuple[Cause, str]:
+    # Once per stalled job (it is failed right after): a sort over the job's entries is fine.
+    error = await db.job_errors.find_one(
+        {"job_id": job_id, "at_us": {"$gte": since_us}}, sort=[("at_us", DESCENDING)]
+    )
+    if error is not None:
+        cause: Cause = "platform" if error.get("kind") == PLATFORM_ERROR else "participant"
+        return cause, f"last error {error.get('kind')}: {error.get('reason')}"
+    call = await db.calls.find_one(
+        {"job_id": job_id, "stage": stage}, sort=[("started_at", DESCENDING)]
+    )
+    started = read_time(call.get("started_at")) if call is not None else None
+    if call is None or started is None or micros(started) < since_us:
+        return "platform", "no participant call was sent since the job last moved"
+    what = f"last call {call.get('operation')} attempt {call.get('attempt')}"
+    if call.get("outcome") != "ok":
+        status = call.get("status") or call.get("error_class")
+        return "participant", f"{what} failed: {status}"
+    if call.get("operation") == "add_status":
+        return "participant", f"{what}: the participant's Add task is not finished"
+    return "platform", f"{what} succeeded but nothing was recorded since"
