@@ -7,10 +7,10 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -18,11 +18,14 @@ import httpx
 import uvicorn
 from pydantic import SecretStr
 from pymongo import AsyncMongoClient
+from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_gateway.main import create_app
 from aml_gateway.settings import GatewaySettings
+from aml_runtime.audit import CallRecorder
 from aml_runtime.db import Document
 from aml_runtime.jobs import now
+from aml_runtime.participants import Attempt
 from aml_runtime.secrets import SecretBox
 
 ADMIN_TOKEN = "x" * 32
@@ -178,3 +181,25 @@ def serve_in_thread(app: Any) -> tuple[uvicorn.Server, threading.Thread, str]:
             raise RuntimeError("the gateway did not start (its lifespan failed?)")
         time.sleep(0.05)
     return server, thread, f"http://127.0.0.1:{port}"
+
+
+async def record_calls(
+    db: AsyncDatabase[Document], job_id: str, calls: Iterable[tuple[str, str, list[int]]]
+) -> None:
+    """Participant attempts (stage, request id, HTTP statuses in order) written by the same
+    recorder the adder and searcher use, each call's last answer validated."""
+    for stage, request_id, statuses in calls:
+        record = CallRecorder(db, job_id, stage, request_id, delivery=1)
+        for number, status in enumerate(statuses, start=1):
+            await record(
+                Attempt(
+                    operation=stage,
+                    attempt=number,
+                    started_at=datetime.now(UTC),
+                    latency_ms=12.5,
+                    status=status,
+                    error_class=None,
+                    outcome="ok" if status == 200 else "retry",
+                )
+            )
+        await record.validated("valid")

@@ -40,9 +40,11 @@ def version_body(team: str, system: str, label: str, **changes: Any) -> dict[str
     }
 
 
-def results(job_id: str, correct: Mapping[str, int]) -> dict[str, Any]:
+def results(job_id: str, correct: Mapping[str, int], excluded: str | None = None) -> dict[str, Any]:
     """What the scheduler stores as `results`: `correct[category]` of PER_CATEGORY questions
-    judged CORRECT in each category of DATASET."""
+    judged CORRECT (F1 1.0, BLEU-1 0.8; the others 0.25 and 0.2) in each category of DATASET,
+    and in `excluded`, a category Overall leaves out, when given."""
+    categories = (*CATEGORIES, excluded) if excluded else CATEGORIES
     outcomes = [
         QuestionOutcome(
             dataset_id=DATASET,
@@ -50,12 +52,14 @@ def results(job_id: str, correct: Mapping[str, int]) -> dict[str, Any]:
             scored=True,
             judge_label="CORRECT" if index < correct.get(category, 0) else "WRONG",
             f1=1.0 if index < correct.get(category, 0) else 0.25,
+            bleu1=0.8 if index < correct.get(category, 0) else 0.2,
             question_id=f"conv-{index}:q{position}",
         )
-        for position, category in enumerate(CATEGORIES)
+        for position, category in enumerate(categories)
         for index in range(PER_CATEGORY)
     ]
-    return aggregate(job_id, "completed", outcomes, {}).model_dump(mode="json")
+    exclusions = {DATASET: [excluded]} if excluded else {}
+    return aggregate(job_id, "completed", outcomes, exclusions).model_dump(mode="json")
 
 
 def gate(at: datetime, passed: bool = True) -> Document:

@@ -16,15 +16,21 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_support import ADMIN, Clock, Gateway, health_server, open_gateway, request_body
+from gateway_support import (
+    ADMIN,
+    Clock,
+    Gateway,
+    health_server,
+    open_gateway,
+    record_calls,
+    request_body,
+)
 from pymongo import AsyncMongoClient
 
 from aml_contract.api import JobState
 from aml_evaluation.aggregate import QuestionOutcome, aggregate
 from aml_gateway.submissions import QuotaPolicy, Season
-from aml_runtime.audit import CallRecorder
 from aml_runtime.db import Document
-from aml_runtime.participants import Attempt
 
 pytestmark = pytest.mark.integration
 
@@ -229,25 +235,8 @@ async def test_audit_records_are_paginated_and_filtered(
     team = await new_team(gateway, participant, "audited")
     job_id = await started(gateway, team, "audit-1")
     # Written by the same recorder the adder and searcher use.
-    for stage, request_id, statuses in (
-        ("add", "r1", [503, 200]),
-        ("add", "r2", [200]),
-        ("search", "q1", [500, 500, 200]),
-    ):
-        record = CallRecorder(db, job_id, stage, request_id, delivery=1)
-        for number, status in enumerate(statuses, start=1):
-            await record(
-                Attempt(
-                    operation=stage,
-                    attempt=number,
-                    started_at=datetime.now(UTC),
-                    latency_ms=12.5,
-                    status=status,
-                    error_class=None,
-                    outcome="ok" if status == 200 else "retry",
-                )
-            )
-        await record.validated("valid")
+    calls = [("add", "r1", [503, 200]), ("add", "r2", [200]), ("search", "q1", [500, 500, 200])]
+    await record_calls(db, job_id, calls)
     await db.searches.insert_one(
         {"_id": "q1", "job_id": job_id, "state": "done", "leaks": 0,
          "candidates": [{"id": "m2", "content": "b"}, {"id": "m1", "content": "a"}]}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,12 +29,12 @@ from leaderboard_support import (
     PER_CATEGORY,
     RELEASE,
     finished_job,
+    results,
     version_body,
 )
 from pydantic import SecretStr
 from pymongo import AsyncMongoClient, MongoClient
 
-from aml_evaluation.aggregate import QuestionOutcome, aggregate
 from aml_gateway.main import create_app
 from aml_gateway.settings import GatewaySettings
 from aml_runtime.db import Document
@@ -194,7 +194,7 @@ def _seed(client: httpx.Client, mongo: Any, clock: Clock) -> tuple[str, str, str
             keys[team] = version["leaderboard_api_key"]
         at = T0 + timedelta(days=20 * index)
         job = finished_job(version["team_id"], version["version_id"], correct, at, track=track)
-        job["results"] = results(job["_id"], correct)  # with the adversarial category
+        job["results"] = results(job["_id"], correct, EXCLUDED)
         mongo.jobs.insert_one(job)
         clock.at = at + timedelta(days=3)
         approved = client.post(f"/v1/admin/reviews/{job['_id']}/approve", headers=ADMIN)
@@ -214,26 +214,6 @@ def _seed(client: httpx.Client, mongo: Any, clock: Clock) -> tuple[str, str, str
 # LoCoMo's adversarial category: reported on its own, kept out of the dataset's overall and
 # of Overall (the scheduler plans it so from the dataset manifest).
 EXCLUDED = "adversarial"
-
-
-def results(job_id: str, correct: Mapping[str, int]) -> dict[str, Any]:
-    """What the scheduler stores as `results`: `correct[category]` of PER_CATEGORY questions
-    judged CORRECT (F1 1.0, BLEU-1 0.8; the others 0.25 and 0.2) in each category of DATASET
-    and in EXCLUDED, which Overall leaves out."""
-    outcomes = [
-        QuestionOutcome(
-            dataset_id=DATASET,
-            category_name=category,
-            scored=True,
-            judge_label="CORRECT" if index < correct.get(category, 0) else "WRONG",
-            f1=1.0 if index < correct.get(category, 0) else 0.25,
-            bleu1=0.8 if index < correct.get(category, 0) else 0.2,
-            question_id=f"conv-{index}:q{position}",
-        )
-        for position, category in enumerate((*CATEGORIES, EXCLUDED))
-        for index in range(PER_CATEGORY)
-    ]
-    return aggregate(job_id, "completed", outcomes, {DATASET: [EXCLUDED]}).model_dump(mode="json")
 
 
 @pytest.fixture(scope="module")
@@ -611,7 +591,7 @@ def test_private_job_page_shows_live_progress(watched: Watched, site: Site) -> N
             "state": "completed",
             "started_at": started,
             "finished_at": started + timedelta(hours=2, minutes=5, seconds=7),
-            "results": results(job, correct),
+            "results": results(job, correct, EXCLUDED),
         },
     )
     page.locator("#results-block").wait_for(state="visible", timeout=10_000)

@@ -19,18 +19,24 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_support import ADMIN, ADMIN_TOKEN, Clock, health_server, request_body, serve_in_thread
+from gateway_support import (
+    ADMIN,
+    ADMIN_TOKEN,
+    Clock,
+    health_server,
+    record_calls,
+    request_body,
+    serve_in_thread,
+)
 from pydantic import SecretStr
 from pymongo import AsyncMongoClient
 from test_gateway_jobs import end_job
 
 from aml_gateway.main import create_app
 from aml_gateway.settings import GatewaySettings
-from aml_runtime.audit import CallRecorder
 from aml_runtime.cli import main
 from aml_runtime.db import Document
 from aml_runtime.jobs import record_error
-from aml_runtime.participants import Attempt
 from aml_runtime.progress import counter_field
 from aml_runtime.secrets import SecretBox
 from aml_runtime.team_cli import progress_bar
@@ -243,21 +249,7 @@ async def test_submit_watch_results_errors_and_audit(
     assert code == 0 and f"job {job_id} completed" in out and "no errors recorded" in out
 
     # Audit pages: three records, two per page.
-    for stage, request_id, statuses in (("add", "r1", [503, 200]), ("search", "q1", [200])):
-        record = CallRecorder(live.db, job_id, stage, request_id, delivery=1)
-        for number, status in enumerate(statuses, start=1):
-            await record(
-                Attempt(
-                    operation=stage,
-                    attempt=number,
-                    started_at=datetime.now(UTC),
-                    latency_ms=12.5,
-                    status=status,
-                    error_class=None,
-                    outcome="ok" if status == 200 else "retry",
-                )
-            )
-        await record.validated("valid")
+    await record_calls(live.db, job_id, [("add", "r1", [503, 200]), ("search", "q1", [200])])
     code, out, _ = run(capsys, "audit", job_id, "--limit", "2")
     assert code == 0 and "audit, page 1 (2 records)" in out
     assert re.search(r"add\s+add\s+r1\s+1\.1\s+503\s+12\s+retry", out), out

