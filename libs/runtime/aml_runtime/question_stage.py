@@ -32,7 +32,7 @@ from aml_contract.subjects import WorkStage
 from aml_runtime.broker import Exhausted, publish, publish_work, run_delivery
 from aml_runtime.db import Document
 from aml_runtime.jobs import ACTIVE, fail_job, now, record_error
-from aml_runtime.progress import count_final, now_us, outcome_of
+from aml_runtime.progress import STAGE_COLLECTIONS, count_final, now_us, outcome_of
 from aml_runtime.settings import CommonSettings
 from aml_runtime.stage_worker import StageCall, WorkItem
 from aml_runtime.telemetry import stage_span
@@ -75,7 +75,7 @@ class QuestionStageWorker:
 
     @property
     def collection(self) -> str:
-        return {"search": "searches", "answer": "answers", "score": "scores"}[self.stage]
+        return STAGE_COLLECTIONS[self.stage]
 
     async def handle(self, work: QuestionWork, item: WorkItem) -> None:
         async def attempt() -> None:
@@ -115,7 +115,7 @@ class QuestionStageWorker:
         question = await self._question(work)
         fields = await self.compute(work, question, item.call(job))
         stored = await self.store(work, {"state": "done", **fields})
-        carried: Document = {"facts": facts_of(question)}
+        carried: Document = {"facts": work.facts or facts_of(question)}
         if self.stage == "answer" and stored.written:
             # Only the answer this delivery stored: the scorer scores what the audit shows.
             carried["answer"] = fields.get("answer")
@@ -188,7 +188,7 @@ class QuestionStageWorker:
 
 
 def facts_of(question: Document) -> QuestionFacts:
-    """The facts of a planned question document (or of facts already carried) to hand on."""
+    """The facts of a planned question document, to hand on."""
     return QuestionFacts.model_validate(
         {field: question.get(field) for field in QuestionFacts.model_fields}
     )
