@@ -27,7 +27,7 @@ from aml_runtime.db import Document, ensure_indexes
 from aml_runtime.jobs import now, record_error
 from aml_runtime.progress import ItemStage, count_final, micros, now_us, outcome_of, repair_counters
 from aml_runtime.stack import EmbeddedStack, StackConfig
-from aml_scheduler.handlers import Scheduler
+from aml_scheduler.handlers import ScheduleJobs
 from aml_scheduler.settings import SchedulerSettings
 
 JOB = "jtarget"
@@ -149,7 +149,7 @@ async def median_ms(call: Callable[[], Awaitable[Any]], runs: int) -> float:
     return statistics.median(times)
 
 
-async def measure(db: AsyncDatabase[Document], scheduler: Scheduler, label: str) -> None:
+async def measure(db: AsyncDatabase[Document], scheduler: ScheduleJobs, label: str) -> None:
     async def get_job() -> None:
         job = await db.jobs.find_one({"_id": JOB})
         assert job is not None
@@ -186,7 +186,7 @@ async def run(mongo_url: str, others: int) -> None:
     await target_job(db)
     # Only the database and the settings are used on the path measured (job not complete).
     unused = cast(Any, None)
-    scheduler = Scheduler(SchedulerSettings(), db, unused, unused, unused, unused, "")
+    scheduler = ScheduleJobs(SchedulerSettings(), db, unused, unused, unused, unused, "")
     await measure(db, scheduler, "alone")
     started = time.perf_counter()
     await other_jobs(db, others)

@@ -1,4 +1,5 @@
-"""Single real servers for the integration tests that need only one component."""
+"""Single real servers for the integration tests that need only one component, and the gateway
+fixtures the API tests share (a module may define its own under the same name instead)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,12 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from faststream.nats import NatsBroker
+from gateway_support import T0, Clock, Gateway, health_server, open_gateway
+from pymongo import AsyncMongoClient
+from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_runtime.broker import declare_streams
+from aml_runtime.db import Document
 from aml_runtime.processes import find_executable
 from aml_runtime.stack import EmbeddedStack, StackConfig
 
@@ -45,3 +50,31 @@ async def broker(nats_url: str) -> AsyncIterator[NatsBroker]:
         await broker.connect()
         await declare_streams(broker)
         yield broker
+
+
+@pytest.fixture(scope="module")
+def participant() -> Iterator[str]:
+    """A participant's Health URL base that answers `/health` with 200."""
+    with health_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def clock() -> Clock:
+    """The gateway's clock, at T0 until a test moves it."""
+    return Clock(T0)
+
+
+@pytest.fixture(scope="module")
+async def gateway(mongo_url: str, nats_url: str, clock: Clock) -> AsyncIterator[Gateway]:
+    """The real gateway app on its own database, on `clock`."""
+    async with open_gateway(mongo_url, nats_url, clock) as gw:
+        yield gw
+
+
+@pytest.fixture(scope="module")
+async def db(gateway: Gateway) -> AsyncIterator[AsyncDatabase[Document]]:
+    """The gateway's database, for seeding what other services would write."""
+    mongo: AsyncMongoClient[Document] = AsyncMongoClient(gateway.settings.mongo_url, tz_aware=True)
+    yield mongo[gateway.settings.mongo_db]
+    await mongo.close()

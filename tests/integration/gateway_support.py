@@ -77,6 +77,32 @@ class Gateway:
             await mongo.close()
 
 
+# Where a test's clock starts (`clock` in conftest.py): inside every season the tests configure.
+T0 = datetime(2027, 3, 1, 9, 0, tzinfo=UTC)
+
+
+def gateway_settings(
+    mongo_url: str, nats_url: str, db_prefix: str = "aml_api", **changes: Any
+) -> GatewaySettings:
+    """The settings of a test gateway: its own database, an admin token, a fresh secret key and
+    loopback participants allowed; `changes` replace any of them."""
+    return GatewaySettings(
+        **{
+            "mongo_url": mongo_url,
+            "nats_url": nats_url,
+            "mongo_db": f"{db_prefix}_{uuid.uuid4().hex[:8]}",
+            "admin_token": SecretStr(ADMIN_TOKEN),
+            "secret_keys": SecretStr(SecretBox.new_key()),
+            "allow_loopback_targets": True,
+            "environment": "development",
+            # Every request of these tests comes from one address: the per-address limits
+            # are tested on their own (test_gateway_limits.py), with the values set there.
+            **UNLIMITED,
+            **changes,
+        }
+    )
+
+
 @asynccontextmanager
 async def open_gateway(
     mongo_url: str,
@@ -84,18 +110,7 @@ async def open_gateway(
     clock: Callable[[], datetime] = now,
     **settings: Any,
 ) -> AsyncIterator[Gateway]:
-    config = GatewaySettings(
-        mongo_url=mongo_url,
-        nats_url=nats_url,
-        mongo_db=f"aml_api_{uuid.uuid4().hex[:8]}",
-        admin_token=SecretStr(ADMIN_TOKEN),
-        secret_keys=SecretStr(SecretBox.new_key()),
-        allow_loopback_targets=True,
-        environment="development",
-        # Every request of these tests comes from one address: the per-address limits are
-        # tested on their own (test_gateway_limits.py), with the values set there.
-        **(UNLIMITED | settings),
-    )
+    config = gateway_settings(mongo_url, nats_url, **settings)
     app = create_app(config, clock)
     bodies: list[str] = []
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, get_args
 
-from aml_contract.api import GateCheckName
+from aml_contract.api.publication import GateCheckName
 from aml_evaluation.aggregate import QuestionOutcome, aggregate
 from aml_runtime.db import Document
 

@@ -7,19 +7,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 import structlog
-from gateway_support import (
-    ADMIN,
-    ADMIN_TOKEN,
-    Gateway,
-    health_server,
-    open_gateway,
-    submit_access_request,
-)
+from gateway_support import ADMIN, ADMIN_TOKEN, Clock, Gateway, submit_access_request
 from gateway_support import request_body as any_request_body
 from pydantic import SecretStr
 from pymongo import AsyncMongoClient
@@ -36,18 +29,6 @@ pytestmark = pytest.mark.integration
 # Sent as the Memory System Key: it must never come back in a response or sit in the database
 # in clear text.
 CANARY = f"canary-msk-{uuid.uuid4().hex}"
-
-
-@pytest.fixture(scope="module")
-def participant() -> Iterator[str]:
-    with health_server() as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-async def gateway(mongo_url: str, nats_url: str) -> AsyncIterator[Gateway]:
-    async with open_gateway(mongo_url, nats_url) as gw:
-        yield gw
 
 
 submit = submit_access_request
@@ -183,6 +164,33 @@ async def test_reject_with_reason(gateway: Gateway, participant: str) -> None:
         )
         assert unknown.status_code == 404
         assert unknown.json() == {"detail": {"reason": "access request acc-unknown not found"}}
+
+
+async def test_every_recorded_time_is_the_gateway_clock(
+    gateway: Gateway, participant: str, clock: Clock
+) -> None:
+    gw = gateway
+    created = await submit(gw, request_body(participant, system_name="clocked"))
+    assert datetime.fromisoformat(created["created_at"]) == clock()
+    assert datetime.fromisoformat(created["health_check"]["checked_at"]) == clock()
+    clock.advance(timedelta(days=2))
+    approved = await gw.client.post(
+        f"/v1/admin/access-requests/{created['id']}/approve", headers=ADMIN
+    )
+    assert approved.status_code == 200, approved.text
+    grant = approved.json()
+    read = await gw.client.get(
+        f"/v1/access-requests/{created['id']}", headers=_bearer(created["request_token"])
+    )
+    assert datetime.fromisoformat(read.json()["decided_at"]) == clock()
+    stored = {d["_id"]: d for d in await gw.db_documents() if isinstance(d.get("_id"), str)}
+    assert stored[created["id"]]["key_delivery"]["delivered_at"].replace(tzinfo=UTC) == clock()
+    for document_id, field in (
+        (grant["team_id"], "created_at"),
+        (grant["version_id"], "created_at"),
+        ("clocked", "claimed_at"),
+    ):
+        assert stored[document_id][field].replace(tzinfo=UTC) == clock(), document_id
 
 
 async def test_concurrent_approvals_decide_once(gateway: Gateway, participant: str) -> None:

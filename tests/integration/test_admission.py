@@ -5,6 +5,7 @@ work, nothing waits un-acknowledged, and a failed job's queued work never reache
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
@@ -18,10 +19,16 @@ from pymongo import AsyncMongoClient
 from aml_contract import subjects
 from aml_contract.messages import QuestionWork
 from aml_runtime.broker import declare_streams, make_broker, publish_work
-from aml_runtime.capacity import CapacityLimiter
+from aml_runtime.capacity import Admission, Capacity, CapacityLimiter, Refused
 from aml_runtime.jobs import fail_job
 from aml_runtime.settings import CommonSettings, LLMSettings
-from aml_runtime.stage_worker import StageWorker, WorkItem, llm_lanes, participant_lanes
+from aml_runtime.stage_worker import (
+    REUSE_LIMIT,
+    StageWorker,
+    WorkItem,
+    llm_lanes,
+    participant_lanes,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -63,8 +70,12 @@ async def env(nats_url: str, mongo_url: str, request: pytest.FixtureRequest) -> 
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_url)
     db = client[f"aml_admission_{request.node.name[:40]}"]
     yield settings, broker, db
-    # Work a test left queued must not become another test's lane.
-    await broker.connection.jetstream().purge_stream(subjects.WORK_STREAM)
+    # Work a test left queued must not become another test's lane, nor its consumers stand in
+    # the way of another's (a work-queue stream takes one consumer per subject).
+    js = broker.connection.jetstream()
+    await js.purge_stream(subjects.WORK_STREAM)
+    for consumer in await js.consumers_info(subjects.WORK_STREAM):
+        await js.delete_consumer(subjects.WORK_STREAM, consumer.name)
     await broker.stop()
     await client.close()
 
@@ -221,3 +232,94 @@ async def test_answerer_and_scorer_share_one_llm_budget(env: Any) -> None:
             await worker.stop()
     assert sorted(seen) == sorted(f"{s}-{i}" for s in ("answer", "score") for i in range(12))
     assert together["peak"] == 3
+
+
+class _CountingLimiter(CapacityLimiter):
+    """Counts the admissions granted (each one a concurrency slot taken)."""
+
+    granted = 0
+
+    async def try_admit(self, capacity: Capacity) -> Admission | Refused:
+        admission = await super().try_admit(capacity)
+        if isinstance(admission, Admission):
+            self.granted += 1
+        return admission
+
+
+async def test_a_busy_lane_serves_items_in_a_row_under_one_admission(env: Any) -> None:
+    """A lane with work keeps its concurrency slot for up to REUSE_LIMIT items in a row (a rate
+    slot is still taken for each request), then gives it back: 20 items, one at a time, in
+    three admissions, not twenty; each item delivered once, the declared limits held."""
+    settings, broker, db = env
+    await _versions(db, **{"ver-busy": (1, 50.0)})
+    await _publish(broker, "ver-busy", "jbusy", 20)
+    seen = Seen()
+    limiter = _CountingLimiter(db)
+    worker = StageWorker(
+        participant_lanes("search", "t-busy", db),
+        QuestionWork,
+        _handler(seen, 0.01),
+        limiter,
+        settings,
+        max_in_flight=8,
+    )
+    await worker.start(broker)
+    try:
+        await _until(lambda: len(seen.deliveries["ver-busy"]) >= 20)
+    finally:
+        await worker.stop()
+    assert seen.deliveries["ver-busy"] == [1] * 20
+    assert seen.peak["ver-busy"] == 1
+    assert math.ceil(20 / REUSE_LIMIT) <= limiter.granted <= math.ceil(20 / REUSE_LIMIT) + 1
+    js = broker.connection.jetstream()
+    info = await js.consumer_info(subjects.WORK_STREAM, "t-busy-ver-busy")
+    assert info.num_ack_pending == 0 and info.num_pending == 0
+
+
+async def test_stages_sharing_the_llm_budget_take_turns(env: Any) -> None:
+    """An answer worker that holds the whole shared budget and always has work does not keep it
+    to itself: each slot goes back after REUSE_LIMIT items in a row, and the score worker,
+    waiting for one, gets it; scoring starts long before the last answer."""
+    settings, broker, db = env
+    llm = LLMSettings(nats_url=settings.nats_url, ack_wait_seconds=5.0, llm_concurrency=2)
+    order: list[str] = []
+
+    async def handle(work: QuestionWork, item: WorkItem) -> None:
+        await asyncio.sleep(0.02)
+        order.append(work.item_id.split("-")[0])
+        await item.delivery.ack()
+
+    async def freed(key: str) -> None:
+        # As the services announce a freed slot (aml_runtime.stage_worker.capacity_limiter).
+        await broker.connection.publish(subjects.CAPACITY_FREED, key.encode())
+
+    items = 60
+    for stage in ("answer", "score"):
+        for index in range(items):
+            # Ids of their own: the broker drops a message id it saw within two minutes.
+            work = QuestionWork(job_id="jturns", version_id="ver-t", item_id=f"{stage}-t{index}")
+            await publish_work(broker, stage, work, work.item_id)
+    answer, score = (
+        StageWorker(
+            llm_lanes(stage, f"t-turns-{stage}", llm),
+            QuestionWork,
+            handle,
+            CapacityLimiter(db, notify=freed),
+            llm,
+            max_in_flight=8,
+        )
+        for stage in ("answer", "score")
+    )
+    await answer.start(broker)
+    try:
+        await _until(lambda: len(order) >= 2)  # both slots are the answer worker's
+        await score.start(broker)
+        try:
+            await _until(lambda: len(order) >= 2 * items)
+        finally:
+            await score.stop()
+    finally:
+        await answer.stop()
+    assert sorted(order) == ["answer"] * items + ["score"] * items
+    # Without the limit, the first score would follow the sixtieth answer.
+    assert order.index("score") <= 2 * REUSE_LIMIT + 2

@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from pymongo import AsyncMongoClient
+from pymongo import AsyncMongoClient, monitoring
 
 from aml_runtime.capacity import Admission, Capacity, CapacityLimiter, Refused
 
@@ -101,3 +101,74 @@ async def test_an_admission_never_waits(mongo_url: str) -> None:
     assert await limiter.try_admit(slow) == Refused("rate")
     assert await limiter.wait_hint(slow, "rate") > 900
     await client.close()
+
+
+class _Commands(monitoring.CommandListener):
+    """The database commands a client sent, by name, while `recording`."""
+
+    def __init__(self) -> None:
+        self.recording = False
+        self.sent: list[str] = []
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if self.recording:
+            self.sent.append(event.command_name)
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+async def test_a_release_stamps_and_frees_in_one_round_trip(mongo_url: str) -> None:
+    """The used rate slot's stamp (its departure + the period + the margin) and the freed
+    concurrency slot are written together when the item is released: one command."""
+    commands = _Commands()
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+        mongo_url, event_listeners=[commands]
+    )
+    db = client["aml_capacity"]
+    limiter = CapacityLimiter(db, rate_margin_seconds=0.05)
+    capacity = Capacity(key="v-settle", max_concurrency=2, max_rps=4)
+    admission = await limiter.try_admit(capacity)
+    assert isinstance(admission, Admission)
+    async with admission.request() as departure:
+        await departure.trace("http11.send_request_headers.started", {})
+    assert departure.at is not None
+    commands.recording = True
+    await admission.release(notify=False)
+    commands.recording = False
+    assert commands.sent == ["update"]
+    rate = await db.capacity_slots.find_one({"pool": "v-settle/r", "holder": admission.holder})
+    assert rate is not None and rate["stamped"]
+    assert rate["free_at"] == pytest.approx(departure.at + 1.0 + 0.05)
+    held = await db.capacity_slots.find_one({"pool": "v-settle/c", "holder": admission.holder})
+    assert held is not None and held["free_at"] == 0.0
+    # Free again for the next admission, without waiting for any lease.
+    again = await limiter.try_admit(capacity)
+    assert isinstance(again, Admission) and again.concurrency_slot == admission.concurrency_slot
+    await again.release()
+    await client.close()
+
+
+async def test_a_second_request_of_an_item_never_waits_on_its_own_unwritten_stamp(
+    mongo_url: str,
+) -> None:
+    """With one rate slot, a retry under the same admission needs the slot its first request
+    used: the first stamp is written before the wait, so the retry leaves one period after
+    the first request, not after the 30 s lock of an unstamped slot."""
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_url)
+    limiter = CapacityLimiter(client["aml_capacity"], rate_margin_seconds=0.05)
+    capacity = Capacity(key="v-retry", max_concurrency=1, max_rps=1.0)
+    admission = await limiter.try_admit(capacity)
+    assert isinstance(admission, Admission)
+    departures = []
+    for _ in range(2):
+        async with admission.request() as departure:
+            await departure.trace("http11.send_request_headers.started", {})
+            assert departure.at is not None
+            departures.append(departure.at)
+    await admission.release()
+    await client.close()
+    assert 1.0 <= departures[1] - departures[0] < 5.0

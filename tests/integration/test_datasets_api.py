@@ -4,24 +4,17 @@ nx-27017 and nats-server, with the shared benchmark files (counted) and without 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from gateway_support import ADMIN, health_server, open_gateway, request_body
+from gateway_support import ADMIN, open_gateway, request_body
 
 from aml_evaluation.datasets import DatasetFileError, load_dataset, manifest_path, read_manifest
 
 pytestmark = pytest.mark.integration
 
 IDS = ["synthetic", "locomo", "locomo_refined"]
-
-
-@pytest.fixture(scope="module")
-def participant() -> Iterator[str]:
-    with health_server() as url:
-        yield url
 
 
 def _expected_counts(dataset_id: str, root: Path) -> dict[int, int] | None:

@@ -9,32 +9,21 @@ same journey with every service and the local model."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
 import pytest
-from gateway_support import (
-    ADMIN,
-    Clock,
-    Gateway,
-    health_server,
-    open_gateway,
-    record_calls,
-    request_body,
-)
-from pymongo import AsyncMongoClient
+from gateway_support import ADMIN, T0, Clock, Gateway, open_gateway, record_calls, request_body
 
-from aml_contract.api import JobState
+from aml_contract.api.vocabulary import JobState
 from aml_evaluation.aggregate import QuestionOutcome, aggregate
 from aml_gateway.submissions import QuotaPolicy, Season
 from aml_runtime.db import Document
 
 pytestmark = pytest.mark.integration
 
-T0 = datetime(2027, 3, 1, 9, 0, tzinfo=UTC)
 CHECKLIST = {
     "smoke_passed": True,
     "api_contract_correct": True,
@@ -53,30 +42,6 @@ class Team:
     @property
     def auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.key}"}
-
-
-@pytest.fixture(scope="module")
-def participant() -> Iterator[str]:
-    with health_server() as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def clock() -> Clock:
-    return Clock(T0)
-
-
-@pytest.fixture(scope="module")
-async def gateway(mongo_url: str, nats_url: str, clock: Clock) -> AsyncIterator[Gateway]:
-    async with open_gateway(mongo_url, nats_url, clock) as gw:
-        yield gw
-
-
-@pytest.fixture(scope="module")
-async def db(gateway: Gateway) -> AsyncIterator[Any]:
-    mongo: AsyncMongoClient[Document] = AsyncMongoClient(gateway.settings.mongo_url)
-    yield mongo[gateway.settings.mongo_db]
-    await mongo.close()
 
 
 async def new_team(gw: Gateway, participant: str, name: str, **changes: Any) -> Team:

@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -21,7 +20,7 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from gateway_support import ADMIN, ADMIN_TOKEN, UNLIMITED, health_server, request_body
+from gateway_support import ADMIN, gateway_settings, request_body
 from gateway_support import serve_in_thread as serve
 from pydantic import SecretStr
 from pymongo import MongoClient
@@ -30,7 +29,6 @@ from pymongo.database import Database
 from aml_gateway.main import UnsafeConfiguration, create_app
 from aml_gateway.settings import GatewaySettings
 from aml_runtime.db import Document
-from aml_runtime.secrets import SecretBox
 from aml_scheduler.planning import question_item_id
 
 pytestmark = pytest.mark.integration
@@ -40,16 +38,7 @@ CAP = 1024 * 1024
 
 @contextmanager
 def served(mongo_url: str, nats_url: str, **changes: Any) -> Iterator[tuple[str, GatewaySettings]]:
-    settings = GatewaySettings(
-        mongo_url=mongo_url,
-        nats_url=nats_url,
-        mongo_db=f"aml_limits_{uuid.uuid4().hex[:8]}",
-        admin_token=SecretStr(ADMIN_TOKEN),
-        secret_keys=SecretStr(SecretBox.new_key()),
-        allow_loopback_targets=True,
-        environment="development",
-        **(UNLIMITED | changes),
-    )
+    settings = gateway_settings(mongo_url, nats_url, "aml_limits", **changes)
     server, thread, base_url = serve(create_app(settings))
     try:
         yield base_url, settings
@@ -62,12 +51,6 @@ def served(mongo_url: str, nats_url: str, **changes: Any) -> Iterator[tuple[str,
 def gateway(mongo_url: str, nats_url: str) -> Iterator[tuple[str, GatewaySettings]]:
     with served(mongo_url, nats_url) as found:
         yield found
-
-
-@pytest.fixture(scope="module")
-def participant() -> Iterator[str]:
-    with health_server() as url:
-        yield url
 
 
 def _documents(settings: GatewaySettings) -> dict[str, int]:

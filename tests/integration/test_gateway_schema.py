@@ -10,7 +10,6 @@ team is registered first, so generated requests carry working credentials (the a
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
-from gateway_support import UNLIMITED, serve_in_thread
+from gateway_support import gateway_settings, serve_in_thread
 from hypothesis import strategies as st
 from pydantic import SecretStr
 from schemathesis.checks import not_a_server_error, response_schema_conformance
@@ -26,7 +25,6 @@ from schemathesis.schemas import BaseSchema
 
 from aml_gateway.main import create_app
 from aml_gateway.settings import GatewaySettings
-from aml_runtime.secrets import SecretBox
 
 pytestmark = pytest.mark.integration
 
@@ -140,16 +138,9 @@ def _created(response: httpx.Response) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def live_gateway(mongo_url: str, nats_url: str) -> Iterator[LiveGateway]:
-    settings = GatewaySettings(
-        mongo_url=mongo_url,
-        nats_url=nats_url,
-        mongo_db=f"aml_schema_{uuid.uuid4().hex[:8]}",
-        admin_token=SecretStr(ADMIN_TOKEN),
-        secret_keys=SecretStr(SecretBox.new_key()),
-        allow_loopback_targets=True,
-        environment="development",
-        # Generated requests all come from one address.
-        **UNLIMITED,
+    # Generated requests all come from one address: `gateway_settings` lifts the limits.
+    settings = gateway_settings(
+        mongo_url, nats_url, "aml_schema", admin_token=SecretStr(ADMIN_TOKEN)
     )
     server, thread, base_url = serve_in_thread(create_app(settings))
     try:

@@ -24,7 +24,7 @@ import pytest
 from pydantic import SecretStr
 from pymongo import AsyncMongoClient
 
-from aml_adder.handlers import AddHandler
+from aml_adder.handlers import SendChunk
 from aml_contract.messages import AddWork, QuestionWork
 from aml_contract.participant import (
     MAX_RESPONSE_BYTES,
@@ -39,7 +39,7 @@ from aml_runtime.participants import Attempt, CallFailed, Endpoint, ParticipantC
 from aml_runtime.secrets import SecretBox
 from aml_runtime.settings import CommonSettings, ParticipantCallSettings
 from aml_runtime.stage_worker import StageCall, WorkItem
-from aml_searcher.handlers import SearchQuestion
+from aml_searcher.handlers import SearchQuestion, WrittenTexts
 
 pytestmark = pytest.mark.integration
 
@@ -433,7 +433,7 @@ async def test_the_adder_fails_a_malformed_add_as_a_contract_error_after_one_req
         {"_id": request_id, "state": "pending", "user_id": IDS[1], "session_id": IDS[2],
          "body": _add_body()}
     )  # fmt: skip
-    handler = AddHandler(CommonSettings(), db, cast(Any, None), client, _endpoints(db))
+    handler = SendChunk(CommonSettings(), db, cast(Any, None), client, _endpoints(db))
     item = cast(WorkItem, SimpleNamespace(delivered=1, admission=None))
     work = AddWork(job_id=JOB, version_id="v", request_id=request_id)
     with pytest.raises(Exhausted) as exhausted:
@@ -465,7 +465,7 @@ async def test_the_searcher_fails_an_oversized_search_as_a_contract_error(
     before = server.hits[path]
     question = {"_id": f"{JOB}/{path}", "user_id": IDS[1], "search_body": _search_body()}
     work = QuestionWork(job_id=JOB, version_id="v", item_id=question["_id"])
-    search = SearchQuestion(db, client, _endpoints(db))
+    search = SearchQuestion(db, client, _endpoints(db), WrittenTexts(db))
     with PeakRss() as rss, pytest.raises(Exhausted) as exhausted:
         await search(work, question, StageCall(delivered=1))
     print(f"searcher {path}: peak RSS growth {rss.growth / MB:.1f} MB")

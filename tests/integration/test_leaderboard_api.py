@@ -9,32 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
 import pytest
-from gateway_support import (
-    ADMIN,
-    ADMIN_TOKEN,
-    Clock,
-    Gateway,
-    health_server,
-    open_gateway,
-    request_body,
-)
+from gateway_support import ADMIN, ADMIN_TOKEN, Clock, Gateway, request_body
 from leaderboard_support import ANSWER_MODEL, RELEASE, finished_job, version_body
-from pymongo import AsyncMongoClient
 
 from aml_evaluation.aggregate import results_fingerprint
 from aml_gateway.publication import repair_entries
-from aml_runtime.db import Document
 
 pytestmark = pytest.mark.integration
 
-T0 = datetime(2027, 5, 3, 12, 0, tzinfo=UTC)
 # 30, 34 and 24 of 40: Overall 75%, 85% and 60%.
 GOOD = {"single-hop": 9, "multi-hop": 7, "temporal": 8, "open-domain": 6}
 BETTER = {"single-hop": 10, "multi-hop": 8, "temporal": 9, "open-domain": 7}
@@ -53,30 +41,6 @@ class Version:
     @property
     def auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.key}"}
-
-
-@pytest.fixture(scope="module")
-def clock() -> Clock:
-    return Clock(T0)
-
-
-@pytest.fixture(scope="module")
-def participant() -> Iterator[str]:
-    with health_server() as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-async def gateway(mongo_url: str, nats_url: str, clock: Clock) -> AsyncIterator[Gateway]:
-    async with open_gateway(mongo_url, nats_url, clock) as gw:
-        yield gw
-
-
-@pytest.fixture(scope="module")
-async def db(gateway: Gateway) -> AsyncIterator[Any]:
-    mongo: AsyncMongoClient[Document] = AsyncMongoClient(gateway.settings.mongo_url, tz_aware=True)
-    yield mongo[gateway.settings.mongo_db]
-    await mongo.close()
 
 
 async def register(gw: Gateway, team: str, system: str, label: str, **changes: Any) -> Version:

@@ -17,7 +17,7 @@ from faststream.nats import NatsBroker
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
-from aml_adder.handlers import AddHandler
+from aml_adder.handlers import SendChunk
 from aml_contract.messages import AddWork, QuestionStage, QuestionWork
 from aml_gateway.progress import job_status
 from aml_runtime.db import Document, ensure_indexes
@@ -34,7 +34,7 @@ from aml_runtime.progress import (
 )
 from aml_runtime.question_stage import QuestionStageWorker
 from aml_runtime.settings import CommonSettings
-from aml_scheduler.handlers import Scheduler
+from aml_scheduler.handlers import ScheduleJobs
 from aml_scheduler.settings import SchedulerSettings
 
 pytestmark = pytest.mark.integration
@@ -126,7 +126,7 @@ async def test_an_outcome_counts_once_however_often_it_is_stored(
     assert sorted(stored.last for stored in await asyncio.gather(*scores)) == [False] * 9 + [True]
     # The adder's guarded update: ten concurrent finishes of one chunk count one.
     await db.add_chunks.insert_one({"_id": "jonce/u/0", "job_id": "jonce", "state": "pending"})
-    adder = AddHandler(CommonSettings(), db, broker, cast(Any, None), cast(Any, None))
+    adder = SendChunk(CommonSettings(), db, broker, cast(Any, None), cast(Any, None))
     add = AddWork(job_id="jonce", version_id="ver-1", request_id="jonce/u/0")
     await asyncio.gather(*[adder.finish(add, "done", {}) for _ in range(10)])
     errors = [record_error(db, "jonce", "search", "outage", "jonce/x", "down") for _ in range(10)]
@@ -220,11 +220,11 @@ async def test_job_status_reads_the_counters(db: AsyncDatabase[Document]) -> Non
     assert [(e.kind, e.item) for e in status.errors] == [("participant_outage", f"jstatus/{ITEM}3")]
 
 
-def scheduler(db: AsyncDatabase[Document], broker: NatsBroker) -> Scheduler:
+def scheduler(db: AsyncDatabase[Document], broker: NatsBroker) -> ScheduleJobs:
     settings = SchedulerSettings(reconcile_interval_seconds=20)
     # The participant client and the secrets are used only to plan and release, not here.
     unused = cast(Any, None)
-    return Scheduler(settings, db, broker, unused, unused, build_spec(settings), "code")
+    return ScheduleJobs(settings, db, broker, unused, unused, build_spec(settings), "code")
 
 
 async def question(db: AsyncDatabase[Document], job_id: str, i: int) -> str:

@@ -18,10 +18,10 @@ from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract import subjects
-from aml_contract.api import ReleaseBaseline
+from aml_contract.api.publication import ReleaseBaseline
 from aml_contract.messages import JobFinished
 from aml_evaluation.aggregate import QuestionOutcome, aggregate
-from aml_publisher.handlers import Publisher
+from aml_publisher.handlers import GateFinishedJobs
 from aml_publisher.main import DURABLE
 from aml_publisher.settings import PublisherSettings
 from aml_runtime.broker import publish
@@ -295,7 +295,9 @@ async def test_finished_jobs_are_gated_once(
 
 async def test_concurrent_gates_store_one_outcome(db: AsyncDatabase[Document]) -> None:
     await insert_job(db, "jrace", version_id="ver-race", f1=0.31)
-    replicas = [Publisher(PublisherSettings(release_baseline=BASELINE), db) for _ in range(4)]
+    replicas = [
+        GateFinishedJobs(PublisherSettings(release_baseline=BASELINE), db) for _ in range(4)
+    ]
     stored = await asyncio.gather(*(p.gate_job("jrace") for p in replicas))
     assert sorted(stored) == [False, False, False, True]
     job = await gate_of(db, "jrace")
@@ -306,7 +308,7 @@ async def test_concurrent_gates_store_one_outcome(db: AsyncDatabase[Document]) -
 async def test_reconciliation_gates_what_no_event_announced(db: AsyncDatabase[Document]) -> None:
     await insert_job(db, "jsilent", version_id="ver-silent", f1=0.41)
     await db.jobs.insert_one({"_id": "jrunning", "state": "running", "mode": "full"})
-    publisher = Publisher(PublisherSettings(release_baseline=None), db)
+    publisher = GateFinishedJobs(PublisherSettings(release_baseline=None), db)
     await publisher.reconcile()
     job = await gate_of(db, "jsilent")
     assert job["review_state"] == "gate_failed"

@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 from pymongo import AsyncMongoClient
 
-from aml_contract.api import ReleaseBaseline
+from aml_contract.api.publication import ReleaseBaseline
 from aml_runtime.cli import main as aml
 from aml_runtime.codehash import code_hash
 from aml_runtime.db import Document
 from aml_runtime.evaluation_spec import build_spec
 from aml_runtime.platform import own_release_baseline
 from aml_scheduler.baseline import release_baseline
-from aml_scheduler.handlers import Scheduler
+from aml_scheduler.handlers import ScheduleJobs
 from aml_scheduler.settings import SchedulerSettings
 
 pytestmark = pytest.mark.integration
@@ -31,7 +31,9 @@ async def _planned_job(settings: SchedulerSettings, datasets: list[str]) -> Docu
     client: AsyncMongoClient[Document] = AsyncMongoClient(settings.mongo_url)
     db = client[settings.mongo_db]
     unused: Any = None
-    scheduler = Scheduler(settings, db, unused, unused, unused, build_spec(settings), code_hash())
+    scheduler = ScheduleJobs(
+        settings, db, unused, unused, unused, build_spec(settings), code_hash()
+    )
     job_id = f"j{uuid.uuid4().hex[:12]}"
     job = {"_id": job_id, "planned": False, "state": "queued", "datasets": datasets}
     await db.jobs.insert_one(job)

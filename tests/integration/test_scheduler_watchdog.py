@@ -1,5 +1,5 @@
 """The scheduler's stall watchdog and its handling of missing dataset files, with a real
-scheduler (`aml_scheduler.handlers.Scheduler`) on nx-27017 and nats-server: a running job that
+scheduler (`aml_scheduler.handlers.ScheduleJobs`) on nx-27017 and nats-server: a running job that
 nothing moves is failed within its stall limit, naming the stage it is stuck in and whether the
 participant or the platform stalled it; a slow declared rate is never mistaken for a stall; a
 job whose dataset files are missing is failed once, with the path, instead of staying queued."""
@@ -29,7 +29,7 @@ from aml_runtime.evaluation_spec import build_spec
 from aml_runtime.jobs import PLATFORM_ERROR
 from aml_runtime.progress import STAGE_COLLECTIONS, micros
 from aml_runtime.secrets import SecretBox
-from aml_scheduler.handlers import DATASET_MISSING, Scheduler
+from aml_scheduler.handlers import DATASET_MISSING, ScheduleJobs
 from aml_scheduler.settings import SchedulerSettings
 from aml_scheduler.watchdog import JOB_STALLED, STALL_PERIODS
 
@@ -61,7 +61,7 @@ class Clock:
 
 def scheduler(
     db: AsyncDatabase[Document], broker: NatsBroker, clock: Clock, root: Path = Path(".")
-) -> Scheduler:
+) -> ScheduleJobs:
     settings = SchedulerSettings(
         job_stall_seconds=STALL,
         participant_timeout_seconds=5,
@@ -69,7 +69,7 @@ def scheduler(
         datasets_root=root,
     )
     unused = cast(Any, None)
-    run = Scheduler(settings, db, broker, unused, unused, build_spec(settings), "code", clock)
+    run = ScheduleJobs(settings, db, broker, unused, unused, build_spec(settings), "code", clock)
 
     async def healthy(job: Document) -> bool:
         return True
@@ -389,7 +389,7 @@ async def test_a_job_that_cannot_be_planned_does_not_stay_queued(
             "created_at": T0,
         }
     )
-    run._participant_healthy = Scheduler._participant_healthy.__get__(run)  # type: ignore[method-assign]
+    run._participant_healthy = ScheduleJobs._participant_healthy.__get__(run)  # type: ignore[method-assign]
     clock.at(STALL - 1)
     await run.reconcile()
     assert (await job(db, "jw6"))["state"] == "queued"

@@ -3,10 +3,12 @@ rate becomes slots."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from aml_contract import subjects
-from aml_runtime.capacity import Capacity
+from aml_runtime.capacity import Capacity, Departure
 from aml_runtime.stage_worker import Lanes
 
 
@@ -68,3 +70,28 @@ def test_no_rate_means_no_rate_slots() -> None:
     capacity = Capacity(key="llm", max_concurrency=8)
     assert capacity.rate_slots == 0
     assert capacity.rate_period == 0.0
+
+
+async def test_a_kept_alive_request_departs_when_its_headers_start_going_out() -> None:
+    departure = Departure()
+    await departure.trace("http11.send_request_headers.started", {})
+    sent = departure.at
+    assert sent is not None
+    time.sleep(0.01)
+    await departure.trace("http11.receive_response_headers.complete", {})
+    assert departure.at == sent
+
+
+async def test_a_request_that_opened_its_connection_departs_when_answered() -> None:
+    """The receiver may see it late by its accept: its answer is the first moment the sender
+    knows the receiver has seen it, so the rate slot counts from then."""
+    departure = Departure()
+    await departure.trace("connection.connect_tcp.started", {})
+    await departure.trace("connection.connect_tcp.complete", {})
+    await departure.trace("http11.send_request_headers.started", {})
+    sent = departure.at
+    assert sent is not None
+    time.sleep(0.01)
+    await departure.trace("http11.receive_response_headers.complete", {})
+    assert departure.at is not None and departure.at > sent
+    assert departure.opened_connection

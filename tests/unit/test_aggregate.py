@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from aml_contract.api import Metrics
+from aml_contract.api.results import Metrics
 from aml_evaluation.aggregate import QuestionOutcome, aggregate
 
 

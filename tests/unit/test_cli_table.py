@@ -1,4 +1,4 @@
-from aml_contract.api import JobResults
+from aml_contract.api.results import JobResults
 from aml_evaluation.aggregate import QuestionOutcome, aggregate
 from aml_runtime.cli import render_results
 

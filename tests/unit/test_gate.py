@@ -7,7 +7,7 @@ from typing import Any, get_args
 
 import pytest
 
-from aml_contract.api import GateCheck, GateCheckName, ReleaseBaseline
+from aml_contract.api.publication import GateCheck, GateCheckName, ReleaseBaseline
 from aml_evaluation.aggregate import results_fingerprint
 from aml_publisher.gate import (
     CHECK_NAMES,

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from aml_contract.api import Board, DatasetResults, LeaderboardEntry, Metrics, Track
+from aml_contract.api.leaderboard import LeaderboardEntry
+from aml_contract.api.results import DatasetResults, Metrics
+from aml_contract.api.vocabulary import Board, Track
 from aml_gateway import pages
 
 NONE: dict[tuple[Track, Board], int] = {}

@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from aml_contract.api import STAGES, Stage, StageProgress
+from aml_contract.api.jobs import StageProgress
+from aml_contract.api.vocabulary import STAGES, Stage
 from aml_gateway.progress import current_stage, stage_progress, status_of
 
 

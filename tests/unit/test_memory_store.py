@@ -1,10 +1,10 @@
 from pathlib import Path
 
 from aml_contract.participant import AddRequest, Message
-from aml_memory_server.store import MemoryStore
+from aml_memory_server.store import SqliteMemoryStore
 
 
-def _add(store: MemoryStore, user: str, request: str, *texts: str) -> None:
+def _add(store: SqliteMemoryStore, user: str, request: str, *texts: str) -> None:
     store.add(
         AddRequest(
             request_id=request,
@@ -16,7 +16,7 @@ def _add(store: MemoryStore, user: str, request: str, *texts: str) -> None:
 
 
 def test_a_users_ranking_does_not_depend_on_other_users(tmp_path: Path) -> None:
-    store = MemoryStore(tmp_path / "m.db")
+    store = SqliteMemoryStore(tmp_path / "m.db")
     _add(store, "a", "a-1", "Lena moved to Porto in March", "Tomas likes Porto wine", "rain")
     before = [(m.id, m.score) for m in store.search("a", "Where did Lena move?", 10)]
     # Another user writing many memories with the same words changes no score of user a.
@@ -27,4 +27,4 @@ def test_a_users_ranking_does_not_depend_on_other_users(tmp_path: Path) -> None:
 
 
 def test_unknown_user_finds_nothing(tmp_path: Path) -> None:
-    assert MemoryStore(tmp_path / "m.db").search("nobody", "anything", 5) == []
+    assert SqliteMemoryStore(tmp_path / "m.db").search("nobody", "anything", 5) == []

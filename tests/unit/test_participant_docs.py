@@ -91,12 +91,12 @@ def test_starter_kit_names_what_exists() -> None:
     for module, names in (
         (app, ["create_app"]),
         (auth, ["is_authorized"]),
-        (store, ["MemoryStore", "RequestIdConflict", "rows_from_add", "content_text"]),
+        (store, ["SqliteMemoryStore", "RequestIdConflict", "rows_from_add", "content_text"]),
         (store, ["fts_match_query"]),
     ):
         for name in names:
             assert f"`{name}" in readme and hasattr(module, name), name
-    assert hasattr(store.MemoryStore, "add") and hasattr(store.MemoryStore, "search")
+    assert hasattr(store.SqliteMemoryStore, "add") and hasattr(store.SqliteMemoryStore, "search")
     for action in build_parser()._actions:
         for option in action.option_strings:
             if option.startswith("--") and option != "--help":

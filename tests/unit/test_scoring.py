@@ -26,6 +26,11 @@ def test_f1_version_is_pinned() -> None:
         ("  spaced\tout \n text ", "spaced out text"),
         ("?!...", ""),
         ("Caroline\u2019s", "caroline\u2019s"),  # only ASCII punctuation goes, as in the reference
+        # Word boundaries are the `regex` module's, as in the reference; `re` would remove
+        # the "a" of a decomposed "á", "the" before a zero-width joiner, and keep "the²".
+        ("a\u0301 b", "a\u0301 b"),
+        ("the\u200dend", "the\u200dend"),
+        ("the\u00b2 x", "\u00b2 x"),
     ],
 )
 def test_normalize_answer(raw: str, normalized: str) -> None:

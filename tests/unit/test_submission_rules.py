@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from aml_gateway.refusals import Conflict, Invalid, QuotaExceeded
 from aml_gateway.submissions import (
     PriorRun,
     QuotaPolicy,
@@ -62,14 +63,14 @@ def test_first_smoke_is_allowed() -> None:
 def test_duplicate_run_label_is_409_whatever_the_mode_or_age() -> None:
     old = run(1, run_label="new", created_at=T0 - 400 * DAY, mode="full")
     refusal = check_submission(smoke(), [old], T0, POLICY)
-    assert refusal is not None and refusal.status == 409 and "'new'" in refusal.reason
+    assert isinstance(refusal, Conflict) and "'new'" in refusal.reason
 
 
 @pytest.mark.parametrize("state", ["queued", "running"])
 def test_running_job_for_same_version_and_track_is_409(state: str) -> None:
     busy = run(1, state=state, finished_at=None, created_at=T0 - 5 * HOUR)
     refusal = check_submission(smoke(), [busy], T0, POLICY)
-    assert refusal is not None and refusal.status == 409 and "j1" in refusal.reason
+    assert isinstance(refusal, Conflict) and "j1" in refusal.reason
 
 
 def test_running_job_of_another_version_or_track_is_no_conflict() -> None:
@@ -86,15 +87,17 @@ def test_running_job_of_another_version_or_track_is_no_conflict() -> None:
 def test_second_smoke_within_the_hour_is_429_with_the_next_allowed_time() -> None:
     earlier = run(1, created_at=T0, finished_at=T0 + 10 * SECOND)
     refusal = check_submission(smoke(), [earlier], T0 + HOUR - SECOND, POLICY)
-    assert refusal is not None and refusal.status == 429
+    assert isinstance(refusal, QuotaExceeded)
     assert refusal.next_allowed_at == T0 + HOUR
+    # Judged at the time given, so the wait the caller is told is exact (here one second).
+    assert refusal.judged_at == T0 + HOUR - SECOND
     assert check_submission(smoke(), [earlier], T0 + HOUR, POLICY) is None
 
 
 def test_hourly_smoke_limit_spans_tracks() -> None:
     earlier = run(1, track="coding", created_at=T0)
     refusal = check_submission(smoke(), [earlier], T0 + 30 * 60 * SECOND, POLICY)
-    assert refusal is not None and refusal.status == 429
+    assert isinstance(refusal, QuotaExceeded)
 
 
 def test_smoke_failed_by_the_platform_consumes_no_quota() -> None:
@@ -102,7 +105,7 @@ def test_smoke_failed_by_the_platform_consumes_no_quota() -> None:
     assert check_submission(smoke(), [broken], T0 + SECOND, POLICY) is None
     theirs = run(1, state="failed", failure_kind="participant_outage", created_at=T0)
     refusal = check_submission(smoke(), [theirs], T0 + SECOND, POLICY)
-    assert refusal is not None and refusal.status == 429
+    assert isinstance(refusal, QuotaExceeded)
 
 
 SEASONS = QuotaPolicy(
@@ -118,7 +121,7 @@ def test_thirtieth_smoke_of_a_season_is_allowed_the_thirty_first_is_not() -> Non
     assert check_submission(smoke(), runs, T0, SEASONS) is None
     runs.append(run(30, created_at=T0 - 30 * DAY))
     refusal = check_submission(smoke(), runs, T0, SEASONS)
-    assert refusal is not None and refusal.status == 429
+    assert isinstance(refusal, QuotaExceeded)
     assert refusal.next_allowed_at == T0 + 100 * DAY  # when S2 starts
     assert "S1" in refusal.reason
 
@@ -132,7 +135,7 @@ def test_smoke_season_limit_is_per_track_and_restarts_with_the_season() -> None:
 def test_last_season_used_up_has_no_next_allowed_time() -> None:
     runs = [run(i, created_at=T0 + 100 * DAY + i * HOUR) for i in range(1, 31)]
     refusal = check_submission(smoke(), runs, T0 + 200 * DAY, SEASONS)
-    assert refusal is not None and refusal.status == 429 and refusal.next_allowed_at is None
+    assert isinstance(refusal, QuotaExceeded) and refusal.next_allowed_at is None
 
 
 def test_outside_every_season_is_429_until_the_next_starts() -> None:
@@ -143,7 +146,7 @@ def test_outside_every_season_is_429_until_the_next_starts() -> None:
         ]
     )
     refusal = check_submission(smoke(), [], T0, gap)  # S1 ends at T0, exclusive
-    assert refusal is not None and refusal.status == 429
+    assert isinstance(refusal, QuotaExceeded)
     assert refusal.next_allowed_at == T0 + 5 * DAY
     assert check_submission(smoke(), [], T0 - SECOND, gap) is None
     assert check_submission(smoke(), [], T0 + 5 * DAY, gap) is None
@@ -166,7 +169,7 @@ def test_seasons_must_not_overlap_or_run_backwards() -> None:
 
 def test_full_needs_a_passed_smoke_of_the_same_version_and_track() -> None:
     refusal = check_submission(full(), [], T0, POLICY)
-    assert refusal is not None and refusal.status == 422 and "smoke" in refusal.reason
+    assert isinstance(refusal, Invalid) and "smoke" in refusal.reason
     for other in (
         run(1, version_id="v2"),
         run(2, track="coding"),
@@ -174,14 +177,14 @@ def test_full_needs_a_passed_smoke_of_the_same_version_and_track() -> None:
         run(4, state="failed", failure_kind="contract_error", passed=False),
     ):
         refusal = check_submission(full(), [other], T0 + 2 * HOUR, POLICY)
-        assert refusal is not None and refusal.status == 422, other
+        assert isinstance(refusal, Invalid), other
     assert check_submission(full(), [PASSED_SMOKE], T0, POLICY) is None
 
 
 def test_second_full_exactly_thirty_days_after_the_first_completed() -> None:
     first = run(1, mode="full", created_at=T0 - 35 * DAY, finished_at=T0 - 30 * DAY + SECOND)
     refusal = check_submission(full(), [PASSED_SMOKE, first], T0, POLICY)
-    assert refusal is not None and refusal.status == 429
+    assert isinstance(refusal, QuotaExceeded)
     assert refusal.next_allowed_at == T0 + SECOND
     assert check_submission(full(), [PASSED_SMOKE, first], T0 + SECOND, POLICY) is None
 
@@ -190,7 +193,7 @@ def test_second_full_waits_for_the_first_to_complete() -> None:
     first = run(1, mode="full", version_id="v0", state="running", finished_at=None,
                 created_at=T0 - 60 * DAY)  # fmt: skip
     refusal = check_submission(full(), [PASSED_SMOKE, first], T0, POLICY)
-    assert refusal is not None and refusal.status == 429
+    assert isinstance(refusal, QuotaExceeded)
     assert refusal.next_allowed_at is None and "not completed" in refusal.reason
 
 
@@ -200,7 +203,7 @@ def test_third_full_of_a_season_is_429_until_the_next_season() -> None:
         run(2, mode="full", created_at=T0 - 50 * DAY, finished_at=T0 - 49 * DAY),
     ]
     refusal = check_submission(full(), [PASSED_SMOKE, *fulls], T0, SEASONS)
-    assert refusal is not None and refusal.status == 429
+    assert isinstance(refusal, QuotaExceeded)
     assert refusal.next_allowed_at == T0 + 100 * DAY
     # Another track has its own two.
     coding_smoke = run(9, track="coding", created_at=T0 - 40 * DAY)
@@ -228,7 +231,7 @@ def test_full_failed_by_the_participant_is_counted_from_when_it_ended() -> None:
     first = run(1, mode="full", state="failed", failure_kind="contract_error",
                 created_at=T0 - 20 * DAY, finished_at=T0 - 20 * DAY + HOUR)  # fmt: skip
     refusal = check_submission(full(), [PASSED_SMOKE, first], T0, POLICY)
-    assert refusal is not None and refusal.status == 429
+    assert isinstance(refusal, QuotaExceeded)
     assert refusal.next_allowed_at == T0 + 10 * DAY + HOUR
 
 

@@ -4,7 +4,8 @@ carrying stale state: the documents they point to live in MongoDB."""
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -36,9 +37,8 @@ class AddDone(_Message):
 
 
 class QuestionFacts(_Message):
-    """What the answer and score stages need of a planned question (immutable once planned).
-    The search stage reads the question document and hands these on with the work, so the
-    later stages do not read it again."""
+    """What the stages need of a planned question (immutable once planned). The scheduler
+    sends them with the work, so no stage reads the question document."""
 
     dataset_id: str
     question_id: str
@@ -50,6 +50,11 @@ class QuestionFacts(_Message):
     options: list[str] | None = None
     f1_variant: str
 
+    @classmethod
+    def of(cls, question: Mapping[str, Any]) -> QuestionFacts:
+        """The facts of a planned question document."""
+        return cls.model_validate({field: question.get(field) for field in cls.model_fields})
+
 
 class QuestionWork(_Message):
     """Run one question through one stage: search, answer or score."""
@@ -57,8 +62,12 @@ class QuestionWork(_Message):
     job_id: str
     version_id: str
     item_id: str
-    # Set from the answer stage on; the search stage reads the question document.
+    # Set by the scheduler when it releases the question (older releases: from the answer stage
+    # on), so no stage reads the question document.
     facts: QuestionFacts | None = None
+    # For the search stage only: the exact Search request bytes as planned (UTF-8 JSON), sent
+    # unchanged on every attempt; dropped when the question is handed on.
+    search_body: str | None = None
     # Set for the score stage: the answer as stored (a short text; the scorer reads the stored
     # document only without it).
     answer: str | None = None

@@ -33,7 +33,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from aml_contract.api import DatasetResults, JobResults, JobState, Metrics
+from aml_contract.api.results import DatasetResults, JobResults, Metrics
+from aml_contract.api.vocabulary import JobState
 
 JudgeLabel = Literal["CORRECT", "WRONG"]
 JUDGE_FAILURE = "judge_failure"

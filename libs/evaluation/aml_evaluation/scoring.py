@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Final, Literal, NamedTuple
 
+import regex  # type: ignore[import-untyped]
 from nltk.stem import PorterStemmer  # type: ignore[import-untyped]
 from nltk.tokenize import word_tokenize  # type: ignore[import-untyped]
 from nltk.translate.bleu_score import (  # type: ignore[import-untyped]
@@ -48,7 +49,9 @@ JudgeLabel = Literal["CORRECT", "WRONG"]
 _STEMMER: Final = PorterStemmer()
 _PUNCTUATION: Final = frozenset(string.punctuation)
 # "and" is removed along with the articles: the LoCoMo reference does so (see normalize_answer).
-_ARTICLES: Final = re.compile(r"\b(a|an|the|and)\b")
+# `regex`, not `re`, because the reference uses it and their word boundaries differ (see
+# normalize_answer); nltk itself requires `regex`, so it is installed wherever nltk is.
+_ARTICLES: Final = regex.compile(r"\b(a|an|the|and)\b")
 _BARE_LABEL: Final = re.compile(r"\b(correct|wrong)\b", re.IGNORECASE)
 # A negation right before a bare label ("not correct", "isn't wrong") inverts it; such text is
 # treated as unparseable rather than guessed at.
@@ -66,12 +69,13 @@ def normalize_answer(s: str) -> str:
        LoCoMo's variant adds "and"),
     5. collapse whitespace.
 
-    The reference uses the `regex` module for step 4; `re` gives the same word boundaries for
-    this pattern on str input.
+    Step 4 uses the `regex` module with the reference's pattern and default flags: its word
+    boundaries differ from `re`'s next to Unicode combining marks, zero-width joiners and
+    superscript digits (`re` removes the "a" of a decomposed "á", `regex` keeps it).
     """
     s = s.replace(",", "").lower()
     s = "".join(ch for ch in s if ch not in _PUNCTUATION)
-    s = _ARTICLES.sub(" ", s)
+    s = str(_ARTICLES.sub(" ", s))
     return " ".join(s.split())
 
 

@@ -201,11 +201,15 @@ class FastStreamDelivery:
         await self.msg.in_progress()
 
 
-@dataclass(frozen=True)
+@dataclass
 class FetchedDelivery:
     msg: Msg
     # Told when the message was NACKed, with the delay before it comes back.
     on_nack: Callable[[float], None] | None = None
+    # Hold the ACK until `send_held_ack`: the stage worker sends it right after the capacity
+    # announcement, and two publishes in a row leave in one socket write.
+    hold_ack: bool = False
+    _ack_held: bool = False
 
     @property
     def delivered(self) -> int:
@@ -216,7 +220,15 @@ class FetchedDelivery:
         return self.msg.subject
 
     async def ack(self) -> None:
+        if self.hold_ack:
+            self._ack_held = True
+            return
         await self.msg.ack()
+
+    async def send_held_ack(self) -> None:
+        if self._ack_held:
+            self._ack_held = False
+            await self.msg.ack()
 
     async def nack(self, delay: float) -> None:
         await self.msg.nak(delay=delay)

@@ -6,12 +6,12 @@ find-and-update, so no replica needs to know of the others:
 - concurrency: `max_concurrency` slots. A work item is *admitted* only with one of them, before
   its message is fetched, and holds it until it is finished (a lease renewed while it runs, so a
   crashed holder frees it when the lease ends);
-- rate: `floor(max_rps)` slots (at least one). A slot is locked when it is taken and stamped when
-  the request leaves: it is free again one period (a second; `1 / max_rps` below one per second)
-  plus a margin after the moment the request's headers started going out (httpcore's trace
-  event), never after the moment the slot was taken. So no window of a period holds more
-  departures than declared, and the margin covers the way from the socket to the receiver's
-  clock.
+- rate: `floor(max_rps)` slots (at least one). A slot is locked when it is taken and stamped with
+  the moment the request left (written with the item's release): it is free again one period (a
+  second; `1 / max_rps` below one per second) plus a margin after the moment the request's
+  headers started going out (httpcore's trace event), never after the moment the slot was
+  taken. So no window of a period holds more departures than declared, and the margin covers
+  the way from the socket to the receiver's clock.
 
 `try_admit` never waits: a worker that gets no admission leaves the version's work in the broker
 and serves other versions; nothing is fetched, and nothing sits un-acknowledged, while it waits.
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from pymongo import ASCENDING, ReturnDocument
+from pymongo import ASCENDING, ReturnDocument, UpdateOne
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
@@ -85,12 +85,22 @@ class Refused:
 
 @dataclass
 class Departure:
-    """The moment a request's headers started going out, as httpcore's trace reports it."""
+    """When a request left, as httpcore's trace reports it: the moment its headers started going
+    out, or, for a request that had to open its connection, the moment its answer arrived. The
+    receiver's clock sees a new connection's first request late by however long its accept
+    took, which the sender cannot see and the margin need not cover; it has seen the request,
+    though, by the time it answers."""
 
     at: float | None = None
+    opened_connection: bool = False
 
     async def trace(self, event: str, info: dict[str, object]) -> None:
-        if self.at is None and event.endswith("send_request_headers.started"):
+        if event == "connection.connect_tcp.started":
+            self.opened_connection = True
+            return
+        sent = self.at is None and event.endswith("send_request_headers.started")
+        seen = self.opened_connection and event.endswith("receive_response_headers.complete")
+        if sent or seen:
             self.at = time.time()
 
 
@@ -107,28 +117,55 @@ class Admission:
     admitted_at: float
     _renew: asyncio.Task[None] | None = None
     _released: bool = field(default=False)
+    # Rate slots used and their departures, not yet written (see `request`).
+    _stamps: list[tuple[str, float]] = field(default_factory=list)
 
     @contextlib.asynccontextmanager
     async def request(self) -> AsyncIterator[Departure]:
         """Hold a rate slot for one request and stamp it with the request's departure.
 
         The first request uses the slot taken with the admission; later ones (retries, status
-        polls) wait for one. The caller passes `Departure.trace` as httpx's `trace` extension."""
+        polls) wait for one. The caller passes `Departure.trace` as httpx's `trace` extension.
+        The stamp is written with the release (one database round trip for both), or before
+        the next request waits for a slot: the slot stays locked meanwhile, and its free time
+        is the departure's whenever it is written."""
         departure = Departure()
         slot = self.rate_slot
         self.rate_slot = None
         if slot is None and self.capacity.max_rps:
+            await self._write_stamps()
             slot = await self.limiter.wait_rate_slot(self.capacity, self.holder)
         try:
             yield departure
         finally:
             if slot is not None:
-                await self.limiter.stamp(self.capacity, slot, self.holder, departure.at)
+                self._stamps.append((slot, departure.at if departure.at else time.time()))
+
+    async def next_rate_slot(self) -> bool:
+        """A rate slot for the next item under this admission, if one is free now (always
+        with no rate limit). Stamps not yet written are written once half a period old: until
+        then their slots could not free anyway, so writing them with the release or the next
+        item's slot costs nobody anything."""
+        if not self.capacity.max_rps or self.rate_slot is not None:
+            return True
+        self.rate_slot = await self.limiter.try_rate_slot(self.capacity, self.holder)
+        if self.rate_slot is None:
+            return False
+        oldest = min((at for _, at in self._stamps), default=None)
+        if oldest is not None and time.time() - oldest >= self.capacity.rate_period / 2:
+            await self._write_stamps()
+        return True
+
+    async def _write_stamps(self) -> None:
+        stamps, self._stamps = self._stamps, []
+        if stamps:
+            await self.limiter.settle(self.capacity, self.holder, stamps)
 
     async def release(self, notify: bool = True) -> None:
-        """Free the concurrency slot (and a rate slot that was never used). `notify`: tell the
-        other replicas, which may be waiting for it (not worth it for an admission that found
-        no work and held its slot for a moment only)."""
+        """Free the concurrency slot (and a rate slot that was never used), and stamp the rate
+        slots used, in one database round trip. `notify`: tell the other replicas, which may be
+        waiting for it (not worth it for an admission that found no work and held its slot for
+        a moment only)."""
         if self._released:
             return
         self._released = True
@@ -136,8 +173,9 @@ class Admission:
             self._renew.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._renew
-        await self.limiter.free(
-            self.capacity, self.concurrency_slot, self.rate_slot, self.holder, notify
+        stamps, self._stamps = self._stamps, []
+        await self.limiter.settle(
+            self.capacity, self.holder, stamps, self.concurrency_slot, self.rate_slot, notify
         )
         self.rate_slot = None
 
@@ -219,6 +257,11 @@ class CapacityLimiter:
         exact = pool == "rate" and first.get("stamped", True)
         return max(poll, wait if exact else min(wait, _MAX_WAIT_SECONDS))
 
+    async def try_rate_slot(self, capacity: Capacity, holder: str) -> str | None:
+        return await self._try_take(
+            f"{capacity.key}/r", capacity.rate_slots, RATE_LOCK_SECONDS, holder
+        )
+
     async def wait_rate_slot(self, capacity: Capacity, holder: str) -> str:
         pool, size = f"{capacity.key}/r", capacity.rate_slots
         while True:
@@ -227,27 +270,39 @@ class CapacityLimiter:
                 return slot
             await asyncio.sleep(await self.wait_hint(capacity, "rate"))
 
-    async def stamp(
-        self, capacity: Capacity, slot: str, holder: str, departed_at: float | None
-    ) -> None:
-        """The slot is next usable one period (plus the margin) after this request left; a
-        request that never reached the socket is stamped now, which errs on the safe side."""
-        departed = departed_at if departed_at is not None else time.time()
-        await self._set_free(slot, holder, departed + capacity.rate_period + self._margin)
-
-    async def free(
+    async def settle(
         self,
         capacity: Capacity,
-        concurrency_slot: str,
-        unused_rate_slot: str | None,
         holder: str,
-        notify: bool = True,
+        stamps: list[tuple[str, float]],
+        concurrency_slot: str | None = None,
+        unused_rate_slot: str | None = None,
+        notify: bool = False,
     ) -> None:
+        """In one round trip: each used rate slot is next usable one period (plus the margin)
+        after its request left (a request that never reached the socket is stamped when it
+        gave up, which errs on the safe side); a rate slot never used is free at once (its last
+        departure is at least a period old: it was free when taken); the concurrency slot is
+        free."""
+        now = time.time()
+        frees = [(slot, departed + capacity.rate_period + self._margin)
+                 for slot, departed in stamps]  # fmt: skip
         if unused_rate_slot is not None:
-            # Never used: its last departure is at least a period old (it was free when taken).
-            await self._set_free(unused_rate_slot, holder, time.time())
-        await self._set_free(concurrency_slot, holder, 0.0)
-        if notify and self._notify is not None:
+            frees.append((unused_rate_slot, now))
+        if concurrency_slot is not None:
+            frees.append((concurrency_slot, 0.0))
+        if frees:
+            await self._db.capacity_slots.bulk_write(
+                [
+                    UpdateOne(
+                        {"_id": slot, "holder": holder},
+                        {"$set": {"free_at": free_at, "stamped": True}},
+                    )
+                    for slot, free_at in frees
+                ],
+                ordered=False,
+            )
+        if concurrency_slot is not None and notify and self._notify is not None:
             with contextlib.suppress(Exception):
                 await self._notify(capacity.key)
 

@@ -96,13 +96,13 @@ def _parser() -> argparse.ArgumentParser:
         help="token F1 to report (default: the one the dataset manifest declares)",
     )
     rescore.add_argument("--rows", type=Path, help="write one JSON line per question here")
+    rescore.add_argument("--json", type=Path, help="write the results document here")
     trace_cmd = sub.add_parser("trace", help="the span tree of one request_id")
     trace_cmd.add_argument("request_id", help="an Add request_id or a question item id")
     trace_cmd.add_argument("--data-dir", type=Path, default=Path(".aml") / "demo")
     conformance.add_arguments(
         sub.add_parser("check", help="check a memory system against the participant contract")
     )
-    rescore.add_argument("--json", type=Path, help="write the results document here")
     baseline = sub.add_parser("baseline", help="this deployment's release baseline")
     baseline.add_argument(
         "--dataset",

@@ -23,7 +23,7 @@ from typing import Literal
 import httpx
 from pydantic import BaseModel, SecretStr
 
-from aml_contract.api import AuthMethod
+from aml_contract.api.vocabulary import AuthMethod
 from aml_contract.participant import (
     MAX_RESPONSE_BYTES,
     AddRequest,

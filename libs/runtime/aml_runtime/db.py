@@ -33,6 +33,8 @@ _INDEXES: dict[str, list[list[tuple[str, int]]]] = {
     # (with job_id alone it sorts all of the job's errors; without an index, the collection).
     "job_errors": [_JOB, [("job_id", ASCENDING), ("at", ASCENDING)]],
     "versions": [[("team_id", ASCENDING)]],
+    # The searcher reads a job's written texts at once (retention deletes them the same way).
+    "written_texts": [_JOB],
 }
 
 

@@ -12,7 +12,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
 from aml_contract import subjects
-from aml_contract.api import Stage
+from aml_contract.api.vocabulary import Stage
 from aml_contract.messages import JobFinished, message_id
 from aml_runtime.broker import publish
 from aml_runtime.capacity import Capacity

@@ -28,7 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, ge
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract import subjects
-from aml_contract.api import JobState
+from aml_contract.api.vocabulary import JobState
 from aml_runtime.db import Document
 
 log = structlog.get_logger()

@@ -30,7 +30,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from aml_contract.api import AuthMethod
+from aml_contract.api.vocabulary import AuthMethod
 from aml_contract.participant import (
     MAX_JSON_DEPTH,
     MAX_RESPONSE_BYTES,

@@ -13,7 +13,7 @@ from unittest import mock
 import httpx
 from pydantic import BaseModel
 
-from aml_contract.api import ReleaseBaseline
+from aml_contract.api.publication import ReleaseBaseline
 from aml_runtime.processes import free_port, http_ready
 from aml_runtime.secrets import SecretBox
 from aml_runtime.stack import HOST, EmbeddedStack

@@ -6,7 +6,7 @@ re-announces the hand-off (de-duplicated by the broker), so no question is searc
 scored twice. A question that cannot pass a stage gets a `failed` document with the reason and
 counts as final, so the job never waits for it. The writer of a terminal document counts it on
 the job (`aml_runtime.progress`); the one whose count makes every question final tells the
-scheduler. The question's facts travel with the work after the search stage read them.
+scheduler. The question's facts travel with the work (the scheduler sends them).
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class QuestionStageWorker:
         question = await self._question(work)
         fields = await self.compute(work, question, item.call(job))
         stored = await self.store(work, {"state": "done", **fields})
-        carried: Document = {"facts": work.facts or facts_of(question)}
+        carried: Document = {"facts": work.facts or QuestionFacts.of(question), "search_body": None}
         if self.stage == "answer" and stored.written:
             # Only the answer this delivery stored: the scorer scores what the audit shows.
             carried["answer"] = fields.get("answer")
@@ -140,7 +140,9 @@ class QuestionStageWorker:
         return job
 
     async def _question(self, work: QuestionWork) -> Document:
-        if work.facts is not None:
+        if work.facts is not None and work.search_body is not None:
+            return {**work.facts.model_dump(), "search_body": work.search_body.encode()}
+        if work.facts is not None and self.stage != "search":
             return work.facts.model_dump()
         question = await self.db.questions.find_one({"_id": work.item_id})
         if question is None:
@@ -185,10 +187,3 @@ class QuestionStageWorker:
         await publish(
             self.broker, subjects.QUESTION_DONE, done, message_id("question-done", work.item_id)
         )
-
-
-def facts_of(question: Document) -> QuestionFacts:
-    """The facts of a planned question document, to hand on."""
-    return QuestionFacts.model_validate(
-        {field: question.get(field) for field in QuestionFacts.model_fields}
-    )

@@ -33,7 +33,7 @@ from typing import Any, Literal, get_args
 import nltk  # type: ignore[import-untyped]
 from pydantic import BaseModel, Field
 
-from aml_contract.api import JobResults
+from aml_contract.api.results import JobResults
 from aml_evaluation.aggregate import QuestionOutcome, aggregate
 from aml_evaluation.datasets import (
     Dataset,

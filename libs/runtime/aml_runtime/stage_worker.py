@@ -27,7 +27,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import structlog
 from faststream import FastStream
@@ -58,6 +58,12 @@ REFRESH_SECONDS = 1.0
 _FETCH_TIMEOUT_SECONDS = 2.0
 _CAPACITY_CACHE_SECONDS = 5.0
 _IDLE_LANE_SECONDS = 600.0
+# Items one admission serves in a row at most (`StageWorker._process`): enough to save most
+# admissions of a busy lane, few enough that replicas and stages sharing a key take turns.
+REUSE_LIMIT = 8
+_YIELD_SECONDS = (0.01, 0.03)
+# Why a run of items under one admission ended.
+_Ended = Literal["idle", "rate", "served_in_full"]
 # Redelivered at once: the broker would otherwise hold it for ack_wait.
 _HAND_BACK = 0.0
 _UNKNOWN_VERSION = {"max_concurrency": 1, "max_rps": 1.0}
@@ -127,6 +133,9 @@ class _Lane:
     # The pool that refused the last admission.
     waits_for: Pool | None = None
     last_work: float = 0.0
+    # One pull at a time on the lane's inbox: the loop and items served in a row both fetch,
+    # and a pull's answer must not be taken (or handed back as stale) by another.
+    fetching: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 @dataclass
@@ -145,6 +154,7 @@ class StageWorker(Generic[Work]):
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _subs: list[Subscription] = field(default_factory=list)
     _loop: asyncio.Task[None] | None = None
+    _stopping: bool = False
 
     async def start(self, broker: NatsBroker) -> None:
         self._nc = broker.connection
@@ -154,6 +164,7 @@ class StageWorker(Generic[Work]):
         self._loop = asyncio.create_task(self._run())
 
     async def stop(self, grace: float = 10.0) -> None:
+        self._stopping = True
         if self._loop is not None:
             self._loop.cancel()
             # Bounded: a database call that ignores cancellation must not hold a shutdown.
@@ -240,6 +251,7 @@ class StageWorker(Generic[Work]):
             lane.not_before = time.monotonic() + wait
             lane.waits_for = admission.pool
             return False
+        lane.waits_for = None
         msg = await self._fetch(lane)
         if msg is None:
             await admission.release(notify=False)
@@ -256,12 +268,53 @@ class StageWorker(Generic[Work]):
         self._wake.set()
 
     async def _process(self, lane: str, msg: Msg, admission: Admission) -> None:
+        """Work items of one lane, one after the other under one concurrency slot: after an
+        item, the next is fetched under the same slot while the lane has work (and, with a rate
+        limit, a rate slot is free at once), up to `REUSE_LIMIT` items, so a busy lane does not
+        give its slot back only to take it again. Then the slot is released for the others."""
+        done: FetchedDelivery | None = None
+        ended: _Ended = "idle"
+        try:
+            for served in range(1, REUSE_LIMIT + 1):
+                done = await self._process_one(lane, msg, admission)
+                if served == REUSE_LIMIT:
+                    ended = "served_in_full"
+                    break
+                following = await self._next_under(lane, admission, done)
+                if isinstance(following, str):
+                    ended = following
+                    break
+                msg = following
+        finally:
+            try:
+                await admission.release()
+            finally:
+                # After the release's announcement: two publishes in a row leave in one write.
+                if done is not None:
+                    await done.send_held_ack()
+            self._capacity_freed(admission.capacity.key)
+        known = self._known.get(lane)
+        if known is None:
+            return
+        if ended == "served_in_full":
+            # The replicas and the other stage sharing the key were told of the freed slot;
+            # this lane waits a moment so that they, not it, take it first (its own
+            # announcement, which reaches it too, does not cut the wait short: it waits for
+            # no pool).
+            known.not_before = time.monotonic() + random.uniform(*_YIELD_SECONDS)
+            known.waits_for = None
+        elif ended == "rate":
+            # As a refused admission would: not tried again before a rate slot frees.
+            wait = await self.limiter.wait_hint(admission.capacity, "rate")
+            known.not_before, known.waits_for = time.monotonic() + wait, "rate"
+
+    async def _process_one(self, lane: str, msg: Msg, admission: Admission) -> FetchedDelivery:
         def again_after(delay: float) -> None:
             # A NACKed message comes back after its delay: look at its lane then, not at the
             # next refresh.
             asyncio.get_running_loop().call_later(delay, self._mark_ready, lane)
 
-        delivery = FetchedDelivery(msg, on_nack=again_after)
+        delivery = FetchedDelivery(msg, on_nack=again_after, hold_ack=True)
         try:
             try:
                 work = self.message.model_validate_json(msg.data)
@@ -269,14 +322,33 @@ class StageWorker(Generic[Work]):
                 # Not ours to understand; retrying cannot help. Logged without its content.
                 log.error("stage_worker.bad_message", subject=msg.subject, errors=exc.error_count())
                 await delivery.ack()
-                return
+                return delivery
             with continue_trace(msg.headers):
                 await self.handle(work, WorkItem(delivery, admission))
         except Exception:
             log.exception("stage_worker.item_failed", subject=msg.subject)
-        finally:
-            await admission.release()
-            self._capacity_freed(admission.capacity.key)
+        return delivery
+
+    async def _next_under(
+        self, name: str, admission: Admission, done: FetchedDelivery
+    ) -> Msg | _Ended:
+        """The lane's next message under `admission`'s concurrency slot, or why not: nothing
+        waiting (or the worker is stopping, or the lane's capacity was re-read since), or no
+        rate slot free now. The finished item's ACK leaves with the fetch."""
+        lane = self._known.get(name)
+        if lane is None or name not in self._ready or self._stopping:
+            return "idle"
+        if lane.capacity != admission.capacity:
+            return "idle"  # admitted again under what is declared now
+        if not await admission.next_rate_slot():
+            return "rate"
+        await done.send_held_ack()
+        following = await self._fetch(lane)
+        if following is None:
+            self._ready.pop(name, None)
+            return "idle"
+        lane.last_work = time.monotonic()
+        return following
 
     # -- lanes, consumers, fetches -----------------------------------------------------------
 
@@ -343,14 +415,15 @@ class StageWorker(Generic[Work]):
     async def _fetch(self, lane: _Lane) -> Msg | None:
         """The lane's next message, or None at once when it has none."""
         assert self._nc is not None
-        await self._hand_back_stale(lane.inbox)
-        request = json.dumps({"batch": 1, "no_wait": True}).encode()
-        api = f"$JS.API.CONSUMER.MSG.NEXT.{subjects.WORK_STREAM}.{lane.consumer}"
-        await self._nc.publish(api, request, reply=lane.inbox.subject)
-        try:
-            msg = await lane.inbox.next_msg(timeout=_FETCH_TIMEOUT_SECONDS)
-        except NatsTimeout:
-            return None
+        async with lane.fetching:
+            await self._hand_back_stale(lane.inbox)
+            request = json.dumps({"batch": 1, "no_wait": True}).encode()
+            api = f"$JS.API.CONSUMER.MSG.NEXT.{subjects.WORK_STREAM}.{lane.consumer}"
+            await self._nc.publish(api, request, reply=lane.inbox.subject)
+            try:
+                msg = await lane.inbox.next_msg(timeout=_FETCH_TIMEOUT_SECONDS)
+            except NatsTimeout:
+                return None
         if msg.headers and msg.headers.get("Status"):
             return None  # 404 no messages, 408 expired, 409 limits: nothing fetched
         msg._client = self._nc

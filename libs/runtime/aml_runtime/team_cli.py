@@ -31,7 +31,8 @@ from typing import Any, TextIO
 
 import httpx
 
-from aml_contract.api import STAGES, FullRunChecklist
+from aml_contract.api.jobs import FullRunChecklist
+from aml_contract.api.vocabulary import STAGES
 
 DEFAULT_API_URL = "http://127.0.0.1:8000"
 API_URL_ENV = "AML_API_URL"

@@ -23,7 +23,7 @@ from aml_runtime.telemetry import stage_span
 
 
 @dataclass
-class AddHandler:
+class SendChunk:
     settings: CommonSettings
     db: AsyncDatabase[Document]
     broker: NatsBroker
@@ -54,17 +54,17 @@ class AddHandler:
         if not await job_is_active(self.db, work.job_id):
             return
         endpoint = await self.endpoints.get(work.version_id, work.job_id)
-        observe = CallRecorder(
-            self.db, work.job_id, "add", work.request_id, item.delivered, work.version_id
-        )
         ids = (chunk["_id"], chunk["user_id"], chunk["session_id"])
-        try:
-            await self.client.add(endpoint, chunk["body"], ids, observe, item.admission)
-        except CallFailed as exc:
-            if exc.kind == "contract_error":
-                await observe.validated(exc.reason)
-            raise Exhausted(exc.kind, exc.reason) from None
-        await observe.validated(VALID)
+        async with CallRecorder(
+            self.db, work.job_id, "add", work.request_id, item.delivered, work.version_id
+        ) as observe:
+            try:
+                await self.client.add(endpoint, chunk["body"], ids, observe, item.admission)
+            except CallFailed as exc:
+                if exc.kind == "contract_error":
+                    await observe.validated(exc.reason)
+                raise Exhausted(exc.kind, exc.reason) from None
+            await observe.validated(VALID)
         await self.finish(work, "done", {})
 
     async def finish(self, work: AddWork, outcome: Outcome, fields: Document) -> None:

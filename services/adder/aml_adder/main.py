@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from faststream import FastStream
 
-from aml_adder.handlers import AddHandler
+from aml_adder.handlers import SendChunk
 from aml_adder.settings import AdderSettings
 from aml_contract.messages import AddWork
 from aml_runtime.jobs import Endpoints
@@ -20,7 +20,7 @@ def create_app(settings: AdderSettings | None = None) -> FastStream:
     limiter = capacity_limiter(rt, settings)
     client = ParticipantClient.from_settings(settings, limiter)
     endpoints = Endpoints(rt.db, SecretBox(settings.secret_keys))
-    handler = AddHandler(settings, rt.db, rt.broker, client, endpoints)
+    handler = SendChunk(settings, rt.db, rt.broker, client, endpoints)
     worker = StageWorker(
         participant_lanes("add", "adder", rt.db),
         AddWork,

@@ -23,12 +23,11 @@ from dataclasses import asdict, replace
 from typing import Any
 
 import structlog
-from fastapi import HTTPException
 from pydantic import BaseModel, SecretStr
 from pymongo import ReturnDocument
 from pymongo.asynchronous.database import AsyncDatabase
 
-from aml_contract.api import (
+from aml_contract.api.access_requests import (
     AccessApproved,
     AccessRequest,
     AccessRequestCreated,
@@ -36,7 +35,7 @@ from aml_contract.api import (
     AccessRequestView,
     AccessState,
 )
-from aml_gateway.deps import Services, key_hash
+from aml_gateway.refusals import Conflict, NotFound
 from aml_gateway.registry import (
     SAMPLE_TASK_ID,
     VersionSpec,
@@ -50,8 +49,8 @@ from aml_gateway.registry import (
     store_secret,
     system_name_taken,
 )
+from aml_gateway.services import Services, key_hash
 from aml_runtime.db import Document, read_time
-from aml_runtime.jobs import now
 
 log = structlog.get_logger()
 
@@ -115,6 +114,7 @@ async def submit(svc: Services, body: AccessRequest, team_id: str | None) -> Acc
     # Sealed only now, when everything else has been checked, and removed again if the request
     # cannot be stored: a refused request leaves no secret behind.
     secret_ref = await store_secret(svc.db, svc.box, body.memory_system_key)
+    at = svc.clock()
     document: Document = {
         "_id": request_id,
         "kind": body.kind,
@@ -122,9 +122,9 @@ async def submit(svc: Services, body: AccessRequest, team_id: str | None) -> Acc
         "team_id": team_id,
         "contact": body.contact.model_dump(),
         "spec": asdict(replace(spec, secret_ref=secret_ref)),
-        "health_check": {"ok": healthy, "checked_at": now()},
+        "health_check": {"ok": healthy, "checked_at": at},
         "warnings": warnings,
-        "created_at": now(),
+        "created_at": at,
         "decided_at": None,
         "reason": None,
         "version_id": None,
@@ -156,14 +156,17 @@ async def approve(svc: Services, request_id: str) -> AccessApproved:
         await check_system_name(svc.db, spec.system_name, None)
         contact = document["contact"]
         team_id, new_key = await create_team(
-            svc.db, contact["organisation"], {"contact": contact, "access_request_id": request_id}
+            svc.db,
+            contact["organisation"],
+            svc.clock,
+            {"contact": contact, "access_request_id": request_id},
         )
     else:
         team_id = document["team_id"]
         if await svc.db.teams.find_one({"_id": team_id}) is None:
-            raise HTTPException(409, {"reason": "the requesting team no longer exists"})
+            raise Conflict("the requesting team no longer exists")
     try:
-        version_id = await insert_version(svc.db, team_id, spec)
+        version_id = await insert_version(svc.db, team_id, spec, svc.clock)
     except BaseException:
         if new_key is not None:
             await svc.db.teams.delete_one({"_id": team_id})
@@ -172,7 +175,7 @@ async def approve(svc: Services, request_id: str) -> AccessApproved:
         "state": "approved",
         "team_id": team_id,
         "version_id": version_id,
-        "decided_at": now(),
+        "decided_at": svc.clock(),
     }
     if new_key is not None and document.get("request_token_hash"):
         # Held sealed for the requester, written with the decision itself (see the module doc).
@@ -187,7 +190,7 @@ async def approve(svc: Services, request_id: str) -> AccessApproved:
         if new_key is not None:
             await svc.db.teams.delete_one({"_id": team_id})
             await svc.db.system_names.delete_one({"_id": spec.system_name, "team_id": team_id})
-        raise HTTPException(409, {"reason": f"access request {request_id} was already decided"})
+        raise Conflict(f"access request {request_id} was already decided")
     log.info("access_request_approved", request_id=request_id, version_id=version_id)
     return AccessApproved(
         request_id=request_id, version_id=version_id, team_id=team_id, leaderboard_api_key=new_key
@@ -198,10 +201,10 @@ async def reject(svc: Services, request_id: str, reason: str) -> AccessRequestVi
     document = await _pending(svc.db, request_id)
     decided = await svc.db.access_requests.update_one(
         {"_id": request_id, "state": "pending"},
-        {"$set": {"state": "rejected", "reason": reason, "decided_at": now()}},
+        {"$set": {"state": "rejected", "reason": reason, "decided_at": svc.clock()}},
     )
     if decided.modified_count == 0:
-        raise HTTPException(409, {"reason": f"access request {request_id} was already decided"})
+        raise Conflict(f"access request {request_id} was already decided")
     secret_ref = document["spec"].get("secret_ref")
     if secret_ref:
         # No version will ever call the system with this key: it is not kept.
@@ -216,7 +219,7 @@ async def for_team(
     document = await db.access_requests.find_one({"_id": request_id, "team_id": team_id})
     if document is None:
         # Another team's request answers exactly like a missing one: existence is not revealed.
-        raise HTTPException(404, {"reason": f"access request {request_id} not found"})
+        raise NotFound(f"access request {request_id} not found")
     return AccessRequestStatus(**dict(view(document)))
 
 
@@ -236,7 +239,7 @@ async def for_requester(svc: Services, request_id: str, token: str) -> AccessReq
         opened = svc.box.open(held["sealed"]).get_secret_value()
         taken = await svc.db.access_requests.find_one_and_update(
             {**mine, "key_delivery.state": "held"},
-            {"$set": {"key_delivery": {"state": "delivered", "delivered_at": now()}}},
+            {"$set": {"key_delivery": {"state": "delivered", "delivered_at": svc.clock()}}},
             return_document=ReturnDocument.BEFORE,
         )
         if taken is not None:
@@ -250,16 +253,14 @@ async def for_requester(svc: Services, request_id: str, token: str) -> AccessReq
 async def _find(db: AsyncDatabase[Document], request_id: str) -> Document:
     document = await db.access_requests.find_one({"_id": request_id})
     if document is None:
-        raise HTTPException(404, {"reason": f"access request {request_id} not found"})
+        raise NotFound(f"access request {request_id} not found")
     return document
 
 
 async def _pending(db: AsyncDatabase[Document], request_id: str) -> Document:
     document = await _find(db, request_id)
     if document["state"] != "pending":
-        raise HTTPException(
-            409, {"reason": f"access request {request_id} is already {document['state']}"}
-        )
+        raise Conflict(f"access request {request_id} is already {document['state']}")
     return document
 
 

@@ -1,48 +1,24 @@
-"""Request-scoped dependencies: the stores, the broker and who is calling."""
+"""Request-scoped dependencies: the stores, the broker (`aml_gateway.services`) and who is
+calling."""
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from dataclasses import dataclass, field
-from datetime import datetime
-from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, Header, HTTPException, Request, Response
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
-from faststream.nats import NatsBroker
-from pymongo.asynchronous.database import AsyncDatabase
 
-from aml_gateway.limits import Limits, client_address, too_many
-from aml_gateway.settings import GatewaySettings
+from aml_gateway.errors import refusal_response
+from aml_gateway.limits import client_address, too_many
+from aml_gateway.refusals import Refused
+
+# Re-exported: `Services` was defined here, and callers outside the gateway import it from here.
+from aml_gateway.services import Services as Services
+from aml_gateway.services import key_hash
 from aml_runtime.db import Document
-from aml_runtime.jobs import now
-from aml_runtime.secrets import SecretBox
-
-
-@dataclass
-class Services:
-    settings: GatewaySettings
-    db: AsyncDatabase[Document]
-    broker: NatsBroker
-    box: SecretBox
-    # Quotas are rules over time; tests move this clock across their boundaries.
-    clock: Callable[[], datetime] = now
-    # Questions per category of each dataset this process could read, keyed by (dataset id,
-    # datasets root, bundle hash): `GET /v1/datasets` reads and hash-checks a file once.
-    dataset_counts: dict[tuple[str, Path, str], dict[int, int]] = field(default_factory=dict)
-    # Per-address brakes on access requests and failed authentications (`aml_gateway.limits`).
-    limits: Limits = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.limits = Limits.from_settings(self.settings)
-
-
-def key_hash(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
 
 
 def services(request: Request) -> Services:
@@ -65,7 +41,7 @@ def check_not_blocked(request: Request) -> None:
     svc = services(request)
     waiting = svc.limits.auth_failures.wait(client_address(request.scope))
     if waiting is not None:
-        raise too_many(waiting, "failed authentications")
+        raise too_many(waiting, "failed authentications", svc.clock())
 
 
 def auth_failed(request: Request, status: int, reason: str) -> HTTPException:
@@ -128,9 +104,10 @@ async def access_request_allowance(request: Request) -> None:
     done = _cached(request)
     if "access_request" in done:
         return
-    waiting = services(request).limits.access_requests.take(client_address(request.scope))
+    svc = services(request)
+    waiting = svc.limits.access_requests.take(client_address(request.scope))
     if waiting is not None:
-        raise too_many(waiting, "access requests")
+        raise too_many(waiting, "access requests", svc.clock())
     done["access_request"] = True
 
 
@@ -154,21 +131,26 @@ def _calls(dependant: Dependant) -> Iterator[Callable[..., Any]]:
 class GuardedRoute(APIRoute):
     """A route whose guards (authentication, the access-request limit) run before FastAPI
     reads and parses the body, which it otherwise does before any dependency: an unknown
-    caller gets its 401/403/429 without the gateway reading what it sent."""
+    caller gets its 401/403/429 without the gateway reading what it sent.
+
+    A refusal raised by a guard or the route is answered here by `refusal_response`, the
+    same function the app registers (`install_error_handlers`): a router mounted on an app
+    of its own, as some tests do, answers exactly as the gateway does."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
         guards = [call for call in dict.fromkeys(_calls(self.dependant)) if call in PRE_BODY]
-        if not guards:
-            return handler
 
         async def guarded(request: Request) -> Response:
-            for guard in guards:
-                if PRE_BODY[guard]:
-                    await guard(request, request.headers.get("authorization"))
-                else:
-                    await guard(request)
-            return await handler(request)
+            try:
+                for guard in guards:
+                    if PRE_BODY[guard]:
+                        await guard(request, request.headers.get("authorization"))
+                    else:
+                        await guard(request)
+                return await handler(request)
+            except Refused as refused:
+                return refusal_response(refused)
 
         return guarded
 

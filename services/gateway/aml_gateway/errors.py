@@ -1,11 +1,15 @@
 """One error shape for every response (R-5.1): `{"detail": {"reason": "..."}}`.
 
+The rule modules raise `aml_gateway.refusals` kinds without any HTTP; this module alone turns
+them into statuses, bodies and headers (`refusal_response`).
+
 Validation failures add structured field errors, but never the submitted values: a request
 body may hold a Memory System Key, and an error must not echo a secret back or into logs.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
@@ -15,11 +19,19 @@ from fastapi.utils import is_body_allowed_for_status_code
 from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from aml_contract.errors import ErrorBody, ValidationErrorBody
+from aml_contract.api.errors import ErrorBody, ValidationErrorBody
+from aml_gateway.refusals import Conflict, Invalid, NotFound, QuotaExceeded, Refused
 
 _COMPONENTS = "#/components/schemas/"
 # What FastAPI documents for 422 unless a route says otherwise: its own body, not ours.
 _FASTAPI_422 = ("HTTPValidationError", "ValidationError")
+# The status of each kind of refusal.
+REFUSAL_STATUS: dict[type[Refused], int] = {
+    NotFound: 404,
+    Conflict: 409,
+    Invalid: 422,
+    QuotaExceeded: 429,
+}
 
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -48,6 +60,33 @@ def summarise(errors: list[dict[str, Any]]) -> str:
     if len(errors) > 1:
         reason += f" (and {len(errors) - 1} more)"
     return reason
+
+
+def refusal_status(refused: Refused) -> int:
+    # By the nearest kind a refusal is, so a more specific one answers like its family.
+    for kind in type(refused).__mro__:
+        if kind in REFUSAL_STATUS:
+            return REFUSAL_STATUS[kind]
+    raise TypeError(f"no status for {type(refused).__name__}")
+
+
+def refusal_response(refused: Refused) -> JSONResponse:
+    detail: dict[str, Any] = {"reason": refused.reason, **refused.details}
+    headers = None
+    if isinstance(refused, QuotaExceeded):
+        at = refused.next_allowed_at
+        # `QuotaExceeded` in the OpenAPI document: the time is always there, null when unknown.
+        detail["next_allowed_at"] = at.isoformat() if at else None
+        if at is not None and refused.judged_at is not None:
+            # Retry-After as well, for clients that honour it without reading the body.
+            wait = (at - refused.judged_at).total_seconds()
+            headers = {"Retry-After": str(max(1, math.ceil(wait)))}
+    return JSONResponse({"detail": detail}, status_code=refusal_status(refused), headers=headers)
+
+
+async def _refused(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, Refused)
+    return refusal_response(exc)
 
 
 async def _validation_failed(_: Request, exc: Exception) -> Response:
@@ -120,4 +159,5 @@ def _document_validation_errors(app: FastAPI) -> None:
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_failed)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Refused, _refused)
     _document_validation_errors(app)

@@ -12,11 +12,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from aml_gateway.refusals import QuotaExceeded
 from aml_gateway.settings import GatewaySettings
 
 
@@ -197,15 +198,11 @@ def client_address(scope: Scope) -> str:
     return str(address)
 
 
-def too_many(waiting: float, what: str) -> HTTPException:
-    """429 with Retry-After, and `next_allowed_at` like a quota refusal (`QuotaExceeded`)."""
+def too_many(waiting: float, what: str, now: datetime) -> QuotaExceeded:
+    """A refusal answered like a quota's: 429 with Retry-After and `next_allowed_at`."""
     seconds = max(1, math.ceil(waiting))
-    at = datetime.now(UTC) + timedelta(seconds=seconds)
-    return HTTPException(
-        429,
-        {
-            "reason": f"too many {what} from this address; retry in {seconds} s",
-            "next_allowed_at": at.isoformat(),
-        },
-        headers={"Retry-After": str(seconds)},
+    return QuotaExceeded(
+        f"too many {what} from this address; retry in {seconds} s",
+        next_allowed_at=now + timedelta(seconds=seconds),
+        judged_at=now,
     )

@@ -17,10 +17,10 @@ from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from pymongo import ASCENDING, AsyncMongoClient
 
 from aml_gateway import publication
-from aml_gateway.deps import Services
 from aml_gateway.errors import install_error_handlers
 from aml_gateway.limits import BodyLimit
 from aml_gateway.routes import access, admin, datasets, jobs, leaderboard, pages, reviews, versions
+from aml_gateway.services import Services
 from aml_gateway.settings import GatewaySettings
 from aml_runtime.broker import declare_streams, make_broker
 from aml_runtime.db import Document, connect, ensure_indexes

@@ -9,7 +9,10 @@ from datetime import datetime
 from typing import Any, Literal, get_args
 from urllib.parse import quote, urlencode
 
-from aml_contract.api import Board, LeaderboardEntry, Metrics, Track
+from aml_contract.api.leaderboard import LeaderboardEntry
+from aml_contract.api.results import Metrics
+from aml_contract.api.vocabulary import Board, Track
+from aml_gateway.ranking import headline
 
 TRACKS: tuple[Track, ...] = get_args(Track)
 BOARDS: tuple[Board, ...] = get_args(Board)
@@ -37,11 +40,6 @@ SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
 }
-
-
-def headline(metrics: Metrics) -> float | None:
-    """The number a board ranks by: accuracy, else the judge's accuracy."""
-    return metrics.accuracy if metrics.accuracy is not None else metrics.judge_accuracy
 
 
 def percent(value: float | None) -> str:

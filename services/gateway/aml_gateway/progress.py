@@ -10,14 +10,9 @@ from datetime import UTC, datetime
 
 from pymongo.asynchronous.database import AsyncDatabase
 
-from aml_contract.api import (
-    STAGES,
-    JobError,
-    JobStatus,
-    PublicationGate,
-    Stage,
-    StageProgress,
-)
+from aml_contract.api.jobs import JobError, JobStatus, StageProgress
+from aml_contract.api.publication import PublicationGate
+from aml_contract.api.vocabulary import STAGES, Stage
 from aml_runtime.db import Document, read_time
 from aml_runtime.progress import ITEM_STAGES, stage_counts
 

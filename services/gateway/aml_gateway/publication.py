@@ -5,7 +5,7 @@ the gate passed, `gate_failed` otherwise. An admin then approves or rejects a pe
 
 Approval is one guarded update of the job (`pending_review` → `approved`, naming the entry to
 be created), then the insert of the leaderboard entry, whose `job_id` is unique: of two
-concurrent approvals one update wins and the other answers 409, and no job ever has two
+concurrent approvals one update wins and the other is a `Conflict`, and no job ever has two
 entries. Should the insert fail, the approval is undone; should the process die between the two
 writes, `repair_entries` (run at start-up) creates the missing entry.
 
@@ -22,23 +22,18 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 
 import structlog
-from fastapi import HTTPException
 from pymongo import ASCENDING
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
-from aml_contract.api import (
-    Board,
-    LeaderboardEntry,
-    PublicationRecord,
-    ReviewState,
-    ReviewView,
-    Track,
-)
+from aml_contract.api.leaderboard import LeaderboardEntry
+from aml_contract.api.publication import PublicationRecord, ReviewState, ReviewView
+from aml_contract.api.vocabulary import Board, Track
 from aml_evaluation.aggregate import results_fingerprint
-from aml_gateway.deps import Services
-from aml_gateway.pages import headline
 from aml_gateway.progress import stored_gate
+from aml_gateway.ranking import ranked
+from aml_gateway.refusals import Conflict, NotFound
+from aml_gateway.services import Services
 from aml_runtime.db import Document, read_time
 
 log = structlog.get_logger()
@@ -57,20 +52,10 @@ async def ensure_indexes(db: AsyncDatabase[Document]) -> None:
     await db.jobs.create_index([("review_state", ASCENDING)])
 
 
-def rank_key(entry: LeaderboardEntry) -> tuple[bool, float, datetime, str]:
-    """Best Overall first, entries without a score last; ties: the earlier publication."""
-    value = headline(entry.overall)
-    return (value is None, -(value or 0.0), entry.published_at, entry.entry_id)
-
-
-def _conflict(reason: str) -> HTTPException:
-    return HTTPException(409, {"reason": reason})
-
-
 async def _job(db: AsyncDatabase[Document], job_id: str) -> Document:
     job = await db.jobs.find_one({"_id": job_id})
     if job is None:
-        raise HTTPException(404, {"reason": f"job {job_id} not found"})
+        raise NotFound(f"job {job_id} not found")
     return job
 
 
@@ -78,7 +63,7 @@ async def _owners(db: AsyncDatabase[Document], job: Document) -> tuple[Document,
     version = await db.versions.find_one({"_id": job["version_id"]})
     team = await db.teams.find_one({"_id": job["team_id"]})
     if version is None or team is None:
-        raise _conflict(f"job {job['_id']}: its version or team no longer exists")
+        raise Conflict(f"job {job['_id']}: its version or team no longer exists")
     return version, team
 
 
@@ -134,7 +119,7 @@ def entry_document(
     if not isinstance(results, Mapping) or "datasets" not in results:
         missing.append("results")
     if missing:
-        raise _conflict(f"job {job['_id']} cannot be published: no {', '.join(missing)}")
+        raise Conflict(f"job {job['_id']} cannot be published: no {', '.join(missing)}")
     assert isinstance(results, Mapping)
     declaration = version.get("declaration") or {}
     document: Document = {
@@ -190,12 +175,12 @@ async def approve(svc: Services, job_id: str) -> PublicationRecord:
     job = await _job(db, job_id)
     state = job.get("review_state")
     if state != "pending_review":
-        raise _conflict(
+        raise Conflict(
             f"job {job_id} is {state or 'not gated'}: only a job pending review can be approved"
         )
     gate = stored_gate(job)
     if gate is None or not gate.passed:
-        raise _conflict(f"job {job_id} has no passed publication gate")
+        raise Conflict(f"job {job_id} has no passed publication gate")
     version, team = await _owners(db, job)
     published_at = svc.clock()
     entry_id = f"lb-{uuid.uuid4().hex[:12]}"
@@ -205,7 +190,7 @@ async def approve(svc: Services, job_id: str) -> PublicationRecord:
         {"$set": {"review_state": "approved", "reviewed_at": published_at, "entry_id": entry_id}},
     )
     if decided.modified_count == 0:
-        raise _conflict(f"job {job_id} was already reviewed")
+        raise Conflict(f"job {job_id} was already reviewed")
     try:
         await db.leaderboard.insert_one(document)
     except DuplicateKeyError:
@@ -232,7 +217,7 @@ async def reject(svc: Services, job_id: str, reason: str) -> ReviewView:
     job = await _job(db, job_id)
     state = job.get("review_state")
     if state != "pending_review":
-        raise _conflict(
+        raise Conflict(
             f"job {job_id} is {state or 'not gated'}: only a job pending review can be rejected"
         )
     decided = await db.jobs.update_one(
@@ -246,7 +231,7 @@ async def reject(svc: Services, job_id: str, reason: str) -> ReviewView:
         },
     )
     if decided.modified_count == 0:
-        raise _conflict(f"job {job_id} was already reviewed")
+        raise Conflict(f"job {job_id} was already reviewed")
     log.info("publication_rejected", job_id=job_id)
     return await _view(db, await _job(db, job_id))
 
@@ -260,9 +245,9 @@ async def disqualify(svc: Services, entry_id: str, reason: str) -> PublicationRe
     db = svc.db
     entry = await db.leaderboard.find_one({"_id": entry_id})
     if entry is None:
-        raise HTTPException(404, {"reason": f"leaderboard entry {entry_id} not found"})
+        raise NotFound(f"leaderboard entry {entry_id} not found")
     if entry.get("disqualified"):
-        raise _conflict(f"leaderboard entry {entry_id} is already disqualified")
+        raise Conflict(f"leaderboard entry {entry_id} is already disqualified")
     updated = await db.leaderboard.update_one(
         {"_id": entry_id, "disqualified": False},
         {
@@ -274,7 +259,7 @@ async def disqualify(svc: Services, entry_id: str, reason: str) -> PublicationRe
         },
     )
     if updated.modified_count == 0:
-        raise _conflict(f"leaderboard entry {entry_id} is already disqualified")
+        raise Conflict(f"leaderboard entry {entry_id} is already disqualified")
     # The team sees it on its job too (R-3.9); the record keeps the approval it had.
     await db.jobs.update_one(
         {"_id": entry["job_id"], "review_state": "approved"},
@@ -305,7 +290,7 @@ async def board_entries(
     query: Document = {"track": track}
     if board is not None:
         query["board"] = board
-    return sorted(await _public(db, query), key=rank_key)
+    return ranked(await _public(db, query))
 
 
 async def board_counts(db: AsyncDatabase[Document]) -> dict[tuple[Track, Board], int]:
@@ -346,7 +331,7 @@ async def repair_entries(db: AsyncDatabase[Document], clock: Callable[[], dateti
             published_at = read_time(job.get("reviewed_at")) or clock()
             document = entry_document(job, version, team, job["entry_id"], published_at)
             await db.leaderboard.insert_one(document)
-        except (HTTPException, DuplicateKeyError) as exc:
+        except (Conflict, DuplicateKeyError) as exc:
             log.warning("leaderboard_repair_skipped", job_id=job["_id"], error=repr(exc))
             continue
         created += 1

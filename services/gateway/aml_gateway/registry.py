@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 
 import structlog
-from fastapi import HTTPException
 from pydantic import SecretStr
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
-from aml_contract.api import AuthMethod, Board, Track
-from aml_gateway.deps import key_hash
+from aml_contract.api.vocabulary import AuthMethod, Board, Track
+from aml_gateway.refusals import Conflict, Invalid
+from aml_gateway.services import key_hash
 from aml_runtime.db import Document
-from aml_runtime.jobs import now
 from aml_runtime.participants import Endpoint, ParticipantClient
 from aml_runtime.secrets import SecretBox
 from aml_runtime.settings import ParticipantCallSettings
@@ -57,12 +57,17 @@ class VersionSpec:
     declaration: Document = field(default_factory=dict)
 
 
-def version_document(version_id: str, team_id: str, spec: VersionSpec) -> Document:
-    return {"_id": version_id, "team_id": team_id, **asdict(spec), "created_at": now()}
+Clock = Callable[[], datetime]
 
 
-def _name_taken(name: str) -> HTTPException:
-    return HTTPException(409, {"reason": name_taken_reason(name)})
+def version_document(
+    version_id: str, team_id: str, spec: VersionSpec, created_at: datetime
+) -> Document:
+    return {"_id": version_id, "team_id": team_id, **asdict(spec), "created_at": created_at}
+
+
+def _name_taken(name: str) -> Conflict:
+    return Conflict(name_taken_reason(name))
 
 
 def name_taken_reason(name: str) -> str:
@@ -86,18 +91,20 @@ async def system_name_taken(db: AsyncDatabase[Document], name: str, team_id: str
 
 
 async def check_system_name(db: AsyncDatabase[Document], name: str, team_id: str | None) -> None:
-    """409 unless `name` is free or already the team's. Checked before anything is stored;
+    """`Conflict` unless `name` is free or already the team's. Checked before anything is stored;
     `claim_system_name` decides for good."""
     if await system_name_taken(db, name, team_id):
         raise _name_taken(name)
 
 
-async def claim_system_name(db: AsyncDatabase[Document], name: str, team_id: str) -> bool:
+async def claim_system_name(
+    db: AsyncDatabase[Document], name: str, team_id: str, clock: Clock
+) -> bool:
     """Bind `name` to the team (the unique `_id` decides a race). Returns whether this call
-    made the claim; 409 when another team holds the name."""
+    made the claim; `Conflict` when another team holds the name."""
     await check_system_name(db, name, team_id)
     try:
-        await db.system_names.insert_one({"_id": name, "team_id": team_id, "claimed_at": now()})
+        await db.system_names.insert_one({"_id": name, "team_id": team_id, "claimed_at": clock()})
     except DuplicateKeyError:
         claim = await db.system_names.find_one({"_id": name})
         if claim is None or claim["team_id"] != team_id:
@@ -106,12 +113,14 @@ async def claim_system_name(db: AsyncDatabase[Document], name: str, team_id: str
     return True
 
 
-async def insert_version(db: AsyncDatabase[Document], team_id: str, spec: VersionSpec) -> str:
-    """Claims the system name for the team first (409 when another team holds it)."""
-    claimed = await claim_system_name(db, spec.system_name, team_id)
+async def insert_version(
+    db: AsyncDatabase[Document], team_id: str, spec: VersionSpec, clock: Clock
+) -> str:
+    """Claims the system name for the team first (`Conflict` when another team holds it)."""
+    claimed = await claim_system_name(db, spec.system_name, team_id, clock)
     version_id = f"ver-{uuid.uuid4().hex[:12]}"
     try:
-        await db.versions.insert_one(version_document(version_id, team_id, spec))
+        await db.versions.insert_one(version_document(version_id, team_id, spec, clock()))
     except BaseException:
         if claimed:
             await db.system_names.delete_one({"_id": spec.system_name, "team_id": team_id})
@@ -120,7 +129,7 @@ async def insert_version(db: AsyncDatabase[Document], team_id: str, spec: Versio
 
 
 async def create_team(
-    db: AsyncDatabase[Document], name: str, details: Document | None = None
+    db: AsyncDatabase[Document], name: str, clock: Clock, details: Document | None = None
 ) -> tuple[str, str]:
     """A new team with a new Leaderboard API Key: returns (team id, key). The key is returned
     to be shown once; only its hash is stored (R-3.2, R-7.2)."""
@@ -130,7 +139,7 @@ async def create_team(
         "_id": team_id,
         "name": name,
         "key_hash": key_hash(new_key),
-        "created_at": now(),
+        "created_at": clock(),
         **(details or {}),
     }
     await db.teams.insert_one(team)
@@ -158,13 +167,13 @@ async def check_participant_urls(urls: Mapping[str, str], *, allow_loopback: boo
     """R-4.1 at registration, so a bad URL is refused now and not at the first job; the same
     checks run again before every connection, since DNS answers can change afterwards.
 
-    Raises HTTP 422 naming the field; returns warnings for what is allowed but discouraged."""
+    Raises `Invalid` naming the field; returns warnings for what is allowed but discouraged."""
     warnings: list[str] = []
     for name, url in urls.items():
         try:
             checked, _addresses = await check_target(url, allow_loopback=allow_loopback)
         except UnsafeUrl as exc:
-            raise HTTPException(422, {"reason": f"{name}: {exc.reason}"}) from None
+            raise Invalid(f"{name}: {exc.reason}") from None
         if checked.insecure:
             # Allowed, but the Memory System Key would travel in clear text (R-4.1: warn).
             log.warning("participant_url_not_https", field=name, host=checked.host)

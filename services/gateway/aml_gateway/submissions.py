@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from aml_contract.api import JobState, Mode, Track
+from aml_contract.api.vocabulary import JobState, Mode, Track
+from aml_gateway.refusals import Conflict, Invalid, QuotaExceeded, Refused
 from aml_runtime.jobs import ACTIVE, PLATFORM_ERROR
 
 
@@ -116,23 +116,15 @@ class Submission(BaseModel):
     run_label: str
 
 
-@dataclass(frozen=True)
-class Refusal:
-    """Why a submission is refused, with the HTTP status that says so (R-5.2)."""
-
-    status: int
-    reason: str
-    next_allowed_at: datetime | None = None
-
-
 def check_submission(
     submission: Submission, prior: Sequence[PriorRun], now: datetime, policy: QuotaPolicy
-) -> Refusal | None:
-    """None when the submission may start now, else the first rule it breaks, in this order:
-    duplicate Run Label (409), a job still running for the same version and track (409), no
-    open season (429), for a full run a passed smoke (422), then the mode's quota (429)."""
+) -> Refused | None:
+    """None when the submission may start now, else the first rule it breaks, in this order
+    (R-5.2): duplicate Run Label (`Conflict`), a job still running for the same version and
+    track (`Conflict`), no open season (`QuotaExceeded`), for a full run a passed smoke
+    (`Invalid`), then the mode's quota (`QuotaExceeded`)."""
     if any(run.run_label == submission.run_label for run in prior):
-        return Refusal(409, f"run label {submission.run_label!r} is taken")
+        return Conflict(f"run label {submission.run_label!r} is taken")
     running = next(
         (
             run
@@ -144,14 +136,13 @@ def check_submission(
         None,
     )
     if running is not None:
-        return Refusal(
-            409,
+        return Conflict(
             f"job {running.job_id} is still running for version {submission.version_id} on "
             f"track {submission.track}; wait for it to end",
         )
     season = policy.season_at(now)
     if season is None:
-        return Refusal(429, "no season is open", policy.next_season_start(now))
+        return QuotaExceeded("no season is open", policy.next_season_start(now), now)
     counted = [
         run
         for run in prior
@@ -174,22 +165,22 @@ def _smoke_quota(
     now: datetime,
     policy: QuotaPolicy,
     season: Season,
-) -> Refusal | None:
+) -> Refused | None:
     # The hourly limit is per key, whatever the track; the season limit is per track.
     latest = max((run.created_at for run in counted), default=None)
     if latest is not None and now < latest + policy.smoke_interval:
-        return Refusal(
-            429,
+        return QuotaExceeded(
             f"at most one smoke run every {_span(policy.smoke_interval)}",
             latest + policy.smoke_interval,
+            now,
         )
     on_track = [run for run in counted if run.track == submission.track]
     if len(on_track) >= policy.smoke_per_track_season:
-        return Refusal(
-            429,
+        return QuotaExceeded(
             f"the {policy.smoke_per_track_season} smoke runs of season {season.name} on track "
             f"{submission.track} are used",
             _season_over(policy, season),
+            now,
         )
     return None
 
@@ -201,7 +192,7 @@ def _full_rules(
     now: datetime,
     policy: QuotaPolicy,
     season: Season,
-) -> Refusal | None:
+) -> Refused | None:
     smoke_passed = any(
         run.mode == "smoke"
         and run.passed
@@ -210,8 +201,7 @@ def _full_rules(
         for run in prior
     )
     if not smoke_passed:
-        return Refusal(
-            422,
+        return Invalid(
             f"no passed smoke run for version {submission.version_id} on track "
             f"{submission.track}; a full run needs one",
         )
@@ -219,28 +209,29 @@ def _full_rules(
         (run for run in counted if run.track == submission.track), key=lambda r: r.created_at
     )
     if len(on_track) >= policy.full_per_track_season:
-        return Refusal(
-            429,
+        return QuotaExceeded(
             f"the {policy.full_per_track_season} full runs of season {season.name} on track "
             f"{submission.track} are used",
             _season_over(policy, season),
+            now,
         )
     if on_track:
         previous = on_track[-1]
         gap = _span(policy.full_gap)
         if previous.finished_at is None:
-            return Refusal(
-                429,
+            return QuotaExceeded(
                 f"full run {previous.job_id} on track {submission.track} has not completed; "
                 f"the next may start {gap} after it does",
+                None,
+                now,
             )
         allowed = previous.finished_at + policy.full_gap
         if now < allowed:
-            return Refusal(
-                429,
+            return QuotaExceeded(
                 f"the next full run on track {submission.track} may start {gap} after "
                 f"{previous.job_id} completed",
                 allowed,
+                now,
             )
     return None
 

@@ -27,7 +27,7 @@ from typing import Any, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from aml_contract.api import GateCheck, GateCheckName, ReleaseBaseline
+from aml_contract.api.publication import GateCheck, GateCheckName, ReleaseBaseline
 from aml_evaluation.aggregate import results_fingerprint
 
 CHECK_NAMES: tuple[GateCheckName, ...] = get_args(GateCheckName)

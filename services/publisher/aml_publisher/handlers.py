@@ -14,7 +14,7 @@ from typing import Any
 import structlog
 from pymongo.asynchronous.database import AsyncDatabase
 
-from aml_contract.api import GateCheck, ReviewState
+from aml_contract.api.publication import GateCheck, ReviewState
 from aml_contract.messages import JobFinished
 from aml_evaluation.aggregate import results_fingerprint
 from aml_publisher.gate import (
@@ -39,7 +39,7 @@ LEADERBOARD = "leaderboard"
 
 
 @dataclass
-class Publisher:
+class GateFinishedJobs:
     settings: PublisherSettings
     db: AsyncDatabase[Document]
 

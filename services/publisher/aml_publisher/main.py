@@ -8,7 +8,7 @@ from faststream.nats import NatsMessage
 
 from aml_contract import subjects
 from aml_contract.messages import JobFinished
-from aml_publisher.handlers import Publisher
+from aml_publisher.handlers import GateFinishedJobs
 from aml_publisher.settings import PublisherSettings
 from aml_runtime.broker import FastStreamDelivery, consume, run_delivery
 from aml_runtime.service import Periodic, open_runtime, serve
@@ -24,7 +24,7 @@ DURABLE = "publisher"
 def create_app(settings: PublisherSettings | None = None) -> FastStream:
     settings = settings or PublisherSettings()
     rt = open_runtime("publisher", settings)
-    publisher = Publisher(settings, rt.db)
+    publisher = GateFinishedJobs(settings, rt.db)
     if settings.release_baseline is None:
         log.warning("publisher.no_release_baseline", effect="every job fails the baseline checks")
 

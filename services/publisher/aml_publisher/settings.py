@@ -2,7 +2,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from aml_contract.api import ReleaseBaseline
+from aml_contract.api.publication import ReleaseBaseline
 from aml_runtime.settings import CommonSettings
 
 

@@ -1,6 +1,6 @@
 """The release baseline of a deployment (`aml baseline`, `aml up`): what every job this
 scheduler plans records — spec hash, code hash, dataset bundle hash — and the questions per
-dataset its results account for, computed by the same functions `Scheduler._plan` calls. Its
+dataset its results account for, computed by the same functions `ScheduleJobs._plan` calls. Its
 JSON is the `ReleaseBaseline` the publisher's gate compares jobs with (`AML_RELEASE_BASELINE`)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from aml_contract.api import ReleaseBaseline
+from aml_contract.api.publication import ReleaseBaseline
 from aml_evaluation.datasets import DatasetManifest, bundle_hash, load_dataset, manifest_path
 from aml_runtime.codehash import code_hash
 from aml_runtime.evaluation_spec import build_spec

@@ -19,6 +19,7 @@ from aml_contract.messages import (
     AddWork,
     JobSubmitted,
     QuestionDone,
+    QuestionFacts,
     QuestionWork,
 )
 from aml_evaluation.aggregate import QuestionOutcome, aggregate
@@ -63,7 +64,7 @@ DATASET_MISSING = "dataset_missing"
 
 
 @dataclass
-class Scheduler:
+class ScheduleJobs:
     settings: SchedulerSettings
     db: AsyncDatabase[Document]
     broker: NatsBroker
@@ -254,10 +255,14 @@ class Scheduler:
         marker = f"{job_id}/{user_id}"
         if await self.db.question_releases.find_one({"_id": marker}) is not None:
             return
-        async for question in self.db.questions.find(
-            {"job_id": job_id, "user_id": user_id}, {"_id": 1}
-        ):
-            work = QuestionWork(job_id=job_id, version_id=version_id, item_id=question["_id"])
+        async for question in self.db.questions.find({"job_id": job_id, "user_id": user_id}):
+            work = QuestionWork(
+                job_id=job_id,
+                version_id=version_id,
+                item_id=question["_id"],
+                facts=QuestionFacts.of(question),
+                search_body=body.decode() if (body := question.get("search_body")) else None,
+            )
             ids = {"job_id": job_id, "request_id": question["_id"], "user_id": user_id}
             with item_trace("aml.release", question["_id"], stage="search", **ids):
                 await publish_work(self.broker, "search", work, question["_id"])

@@ -16,7 +16,7 @@ from aml_runtime.metrics import observe_backlog
 from aml_runtime.participants import ParticipantClient
 from aml_runtime.secrets import SecretBox
 from aml_runtime.service import Periodic, open_runtime, serve
-from aml_scheduler.handlers import Scheduler
+from aml_scheduler.handlers import ScheduleJobs
 from aml_scheduler.settings import SchedulerSettings
 
 # Often enough for an autoscaler polling every 30 s; one stream_info per stage each time.
@@ -34,7 +34,7 @@ def create_app(settings: SchedulerSettings | None = None) -> FastStream:
     client = ParticipantClient.from_settings(settings)
     box = SecretBox(settings.secret_keys)
     spec = build_spec(settings)
-    scheduler = Scheduler(settings, rt.db, rt.broker, client, box, spec, code_hash())
+    scheduler = ScheduleJobs(settings, rt.db, rt.broker, client, box, spec, code_hash())
 
     def events(subject: str) -> Callable[[Handler], Handler]:
         return consume(rt.broker, settings, subject, f"scheduler-{subject.split('.')[-1]}", 4)

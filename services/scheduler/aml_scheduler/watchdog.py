@@ -41,7 +41,7 @@ from typing import Literal
 from pymongo import DESCENDING
 from pymongo.asynchronous.database import AsyncDatabase
 
-from aml_contract.api import Stage
+from aml_contract.api.vocabulary import Stage
 from aml_runtime.db import Document, read_time
 from aml_runtime.jobs import PLATFORM_ERROR, version_capacity
 from aml_runtime.progress import LAST_US, micros, stage_counts

@@ -3,7 +3,8 @@ participant returned them, in its order (they are what the answer model will see
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 
 import bson
 from pymongo.asynchronous.database import AsyncDatabase
@@ -23,20 +24,79 @@ from aml_runtime.stage_worker import StageCall
 MAX_STORED_CANDIDATES_BYTES = 8 * 1024 * 1024
 
 
+# Jobs whose written texts one searcher keeps in memory, and the most texts it keeps of one job
+# (beyond that, each search looks its candidates up instead: LoCoMo-10 has about 6,000).
+_JOBS_KEPT = 16
+_TEXTS_KEPT_PER_JOB = 200_000
+
+
+@dataclass
+class WrittenTexts:
+    """Which users each text of a job was written for: planned with the job (before any of its
+    questions is released) and never changed, so a searcher reads a job's map once instead of
+    once per search."""
+
+    db: AsyncDatabase[Document]
+    _jobs: OrderedDict[str, dict[str, list[str]] | None] = field(default_factory=OrderedDict)
+
+    async def owners(self, job_id: str, digests: set[str]) -> dict[str, list[str]]:
+        if not digests:
+            return {}
+        if job_id not in self._jobs:
+            self._jobs[job_id] = await self._read(job_id)
+            while len(self._jobs) > _JOBS_KEPT:
+                self._jobs.popitem(last=False)
+        self._jobs.move_to_end(job_id)
+        texts = self._jobs[job_id]
+        if texts is None:
+            return await self._look_up(job_id, digests)
+        return {digest: texts[digest] for digest in digests if digest in texts}
+
+    async def _read(self, job_id: str) -> dict[str, list[str]] | None:
+        texts: dict[str, list[str]] = {}
+        async for doc in self.db.written_texts.find({"job_id": job_id}, {"users": 1}):
+            if len(texts) >= _TEXTS_KEPT_PER_JOB:
+                return None
+            texts[doc["_id"].rsplit("/", 1)[1]] = doc["users"]
+        return texts
+
+    async def _look_up(self, job_id: str, digests: set[str]) -> dict[str, list[str]]:
+        return {
+            doc["_id"].rsplit("/", 1)[1]: doc["users"]
+            async for doc in self.db.written_texts.find(
+                {"_id": {"$in": [f"{job_id}/{d}" for d in digests]}}
+            )
+        }
+
+
 @dataclass
 class SearchQuestion:
     db: AsyncDatabase[Document]
     client: ParticipantClient
     endpoints: Endpoints
+    written: WrittenTexts
 
     async def __call__(self, work: QuestionWork, question: Document, item: StageCall) -> Document:
         job = item.job or await self.db.jobs.find_one({"_id": work.job_id}, {"top_k": 1})
         if job is None:
             raise Exhausted("platform_error", f"job {work.job_id} is missing")
-        endpoint = await self.endpoints.get(work.version_id, work.job_id)
-        observe = CallRecorder(
+        async with CallRecorder(
             self.db, work.job_id, "search", work.item_id, item.delivered, work.version_id
-        )
+        ) as observe:
+            candidates = await self.answered(work, question, job, item, observe)
+        leaks = await self.leaks(work, question["user_id"], candidates)
+        return {"candidates": candidates, "n_candidates": len(candidates), "leaks": leaks}
+
+    async def answered(
+        self,
+        work: QuestionWork,
+        question: Document,
+        job: Document,
+        item: StageCall,
+        observe: CallRecorder,
+    ) -> list[Document]:
+        """The candidates of a valid Search answer, its validation on the audited attempt."""
+        endpoint = await self.endpoints.get(work.version_id, work.job_id)
         try:
             items = await self.client.search(
                 endpoint, question["search_body"], job["top_k"], observe, item.admission
@@ -57,8 +117,7 @@ class SearchQuestion:
             await observe.validated(reason)
             raise Exhausted("contract_error", reason)
         await observe.validated(VALID)
-        leaks = await self.leaks(work, question["user_id"], candidates)
-        return {"candidates": candidates, "n_candidates": len(items), "leaks": leaks}
+        return candidates
 
     async def leaks(self, work: QuestionWork, user_id: str, candidates: list[Document]) -> int:
         """Record every candidate that is another user's text (R-4.11); the answer still uses
@@ -68,12 +127,7 @@ class SearchQuestion:
             for text in (content_text(c.get("content")) for c in candidates)
             if text
         }
-        owners = {
-            doc["_id"].rsplit("/", 1)[1]: doc["users"]
-            async for doc in self.db.written_texts.find(
-                {"_id": {"$in": [f"{work.job_id}/{d}" for d in digests]}}
-            )
-        }
+        owners = await self.written.owners(work.job_id, digests)
         found = find_leaks(user_id, candidates, owners)
         for leak in found:
             reason = (

@@ -11,7 +11,7 @@ from aml_runtime.question_stage import QuestionStageWorker
 from aml_runtime.secrets import SecretBox
 from aml_runtime.service import open_runtime
 from aml_runtime.stage_worker import StageWorker, capacity_limiter, participant_lanes, serve_stage
-from aml_searcher.handlers import SearchQuestion
+from aml_searcher.handlers import SearchQuestion, WrittenTexts
 from aml_searcher.settings import SearcherSettings
 
 
@@ -20,7 +20,8 @@ def create_app(settings: SearcherSettings | None = None) -> FastStream:
     rt = open_runtime("searcher", settings)
     limiter = capacity_limiter(rt, settings)
     client = ParticipantClient.from_settings(settings, limiter)
-    search = SearchQuestion(rt.db, client, Endpoints(rt.db, SecretBox(settings.secret_keys)))
+    endpoints = Endpoints(rt.db, SecretBox(settings.secret_keys))
+    search = SearchQuestion(rt.db, client, endpoints, WrittenTexts(rt.db))
     stage = QuestionStageWorker("search", settings, rt.db, rt.broker, search)
     worker = StageWorker(
         participant_lanes("search", "searcher", rt.db),

@@ -11,7 +11,7 @@ from aml_contract.participant import AddRequest, AddResponse, SearchRequest, Sea
 
 from .auth import is_authorized
 from .settings import MemoryServerSettings
-from .store import MemoryStore, RequestIdConflict, TimestampOutOfRange, content_text
+from .store import RequestIdConflict, SqliteMemoryStore, TimestampOutOfRange, content_text
 
 
 def _reason(text: str) -> dict[str, str]:
@@ -22,7 +22,7 @@ def _reason(text: str) -> dict[str, str]:
 def create_app(settings: MemoryServerSettings) -> FastAPI:
     """An app serving one SQLite database. The store is opened here and closed when the app's
     lifespan ends, so an app instance serves one lifespan."""
-    store = MemoryStore(settings.db_path)
+    store = SqliteMemoryStore(settings.db_path)
     expected_key = settings.key.get_secret_value() if settings.key else None
 
     @asynccontextmanager

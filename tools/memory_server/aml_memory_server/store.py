@@ -130,7 +130,7 @@ def fts_match_query(query: str) -> str | None:
     return " OR ".join('"' + word.replace('"', '""') + '"' for word in words)
 
 
-class MemoryStore:
+class SqliteMemoryStore:
     def __init__(self, db_path: Path) -> None:
         self._lock = threading.Lock()
         # check_same_thread=False: the thread pool serves requests from several threads; the

@@ -36,7 +36,7 @@ def item(memory: Memory, score: float) -> dict[str, Any]:
     return out
 
 
-class MemoryStore:
+class InProcessMemoryStore:
     """Written from the server's event loop, read from test threads: hence the lock."""
 
     def __init__(self) -> None:

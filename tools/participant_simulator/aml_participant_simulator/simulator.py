@@ -33,7 +33,7 @@ from aml_memory_server.auth import is_authorized
 from aml_memory_server.store import TimestampOutOfRange, content_text
 
 from .latency import LatencySampler
-from .memory import Memory, MemoryStore, item
+from .memory import InProcessMemoryStore, Memory, item
 from .recording import TOTAL, RequestRecord, SimulatorSnapshot
 from .responses import JSON_TYPE, NOT_JSON_BODY, add_body, add_ok, json_bytes, search_body
 from .script import ENDPOINTS, CapacitySpec, Endpoint, EndpointScript, Outcome, Script
@@ -166,7 +166,7 @@ class Simulator:
         # while the server thread writes them). Never held across an await.
         self._lock = threading.Lock()
         self._script = script
-        self._store = MemoryStore()
+        self._store = InProcessMemoryStore()
         self._in_flight: dict[str, int] = dict.fromkeys([*ENDPOINTS, TOTAL], 0)
         self._active: dict[str, int] = dict.fromkeys([*ENDPOINTS, TOTAL], 0)
         self._reset(keep_memories=True)
@@ -195,7 +195,7 @@ class Simulator:
             self._tasks: dict[str, _Task] = {}
             self._task_counter = 0
             if not keep_memories:
-                self._store = MemoryStore()
+                self._store = InProcessMemoryStore()
 
     def reset(self, keep_memories: bool = False) -> None:
         self._reset(keep_memories)

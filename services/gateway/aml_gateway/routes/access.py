@@ -8,7 +8,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Path, Request
 
-from aml_contract.api import AccessRequest, AccessRequestCreated, AccessRequestStatus
+from aml_contract.api.access_requests import (
+    AccessRequest,
+    AccessRequestCreated,
+    AccessRequestStatus,
+)
 from aml_gateway import access_requests
 from aml_gateway.deps import (
     GuardedRoute,
@@ -18,9 +22,9 @@ from aml_gateway.deps import (
     auth_failed,
     bearer,
     check_not_blocked,
-    key_hash,
 )
 from aml_gateway.errors import error_responses
+from aml_gateway.services import key_hash
 
 router = APIRouter(route_class=GuardedRoute, prefix="/v1/access-requests", tags=["access"])
 

@@ -5,21 +5,20 @@ from __future__ import annotations
 
 from datetime import UTC
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter
 
-from aml_contract.api import (
+from aml_contract.api.access_requests import (
     AccessApproved,
     AccessRejection,
     AccessRequestView,
     AccessState,
-    RetentionExtension,
-    RetentionView,
-    VersionRegistered,
-    VersionRegistration,
 )
+from aml_contract.api.retention import RetentionExtension, RetentionView
+from aml_contract.api.versions import VersionRegistered, VersionRegistration
 from aml_gateway import access_requests
 from aml_gateway.deps import AdminDep, GuardedRoute, ServicesDep
 from aml_gateway.errors import error_responses
+from aml_gateway.refusals import Conflict, Invalid, NotFound
 from aml_gateway.registry import (
     VersionSpec,
     check_participant_urls,
@@ -53,7 +52,7 @@ async def register_version(
     await check_system_name(svc.db, body.system_name, None if team is None else team["_id"])
     new_key = None
     if team is None:
-        team_id, new_key = await create_team(svc.db, body.team)
+        team_id, new_key = await create_team(svc.db, body.team, svc.clock)
     else:
         team_id = team["_id"]
     secret_ref = await store_secret(svc.db, svc.box, body.memory_system_key)
@@ -70,7 +69,7 @@ async def register_version(
         capacity=body.capacity.model_dump(),
     )
     try:
-        version_id = await insert_version(svc.db, team_id, spec)
+        version_id = await insert_version(svc.db, team_id, spec, svc.clock)
     except BaseException:
         # A name taken meanwhile: nothing of this registration stays.
         await drop_secret(svc.db, secret_ref)
@@ -107,12 +106,12 @@ async def extend_retention(
     they are deleted, since deleted data cannot come back."""
     keep_until = body.keep_until if body.keep_until.tzinfo else body.keep_until.replace(tzinfo=UTC)
     if keep_until <= svc.clock():
-        raise HTTPException(422, {"reason": "keep_until must be in the future"})
+        raise Invalid("keep_until must be in the future")
     job = await svc.db.jobs.find_one({"_id": job_id}, {"retention_purged_at": 1})
     if job is None:
-        raise HTTPException(404, {"reason": f"job {job_id} not found"})
+        raise NotFound(f"job {job_id} not found")
     if job.get("retention_purged_at") is not None:
-        raise HTTPException(409, {"reason": f"job {job_id}'s run data was already deleted"})
+        raise Conflict(f"job {job_id}'s run data was already deleted")
     await svc.db.jobs.update_one(
         {"_id": job_id},
         {"$set": {"retention_keep_until": keep_until, "retention_reason": body.reason}},

@@ -17,7 +17,8 @@ from pathlib import Path
 import structlog
 from fastapi import APIRouter
 
-from aml_contract.api import DatasetCategory, DatasetInfo, Track
+from aml_contract.api.datasets import DatasetCategory, DatasetInfo
+from aml_contract.api.vocabulary import Track
 from aml_evaluation.datasets import (
     Dataset,
     DatasetFileError,
@@ -27,7 +28,8 @@ from aml_evaluation.datasets import (
     manifest_path,
     read_manifest,
 )
-from aml_gateway.deps import GuardedRoute, Services, ServicesDep
+from aml_gateway.deps import GuardedRoute, ServicesDep
+from aml_gateway.services import Services
 from aml_gateway.settings import GatewaySettings
 
 log = structlog.get_logger()

@@ -3,34 +3,27 @@ R-7.3)."""
 
 from __future__ import annotations
 
-import math
 import uuid
-from datetime import datetime
 from typing import Annotated
 
 from bson import ObjectId
 from bson.errors import InvalidId
-from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi import APIRouter, Path, Query
 from pymongo import ASCENDING
 from pymongo.errors import DuplicateKeyError
 
 from aml_contract import subjects
-from aml_contract.api import (
-    AuditPage,
-    AuditRecord,
-    AuditStage,
-    JobResults,
-    JobStatus,
-    JobSubmission,
-    QuotaExceeded,
-    SearchAudit,
-)
+from aml_contract.api.audit import AuditPage, AuditRecord, AuditStage, SearchAudit
+from aml_contract.api.jobs import JobStatus, JobSubmission, QuotaExceeded
+from aml_contract.api.results import JobResults
 from aml_contract.messages import JobSubmitted, message_id
-from aml_gateway.deps import GuardedRoute, Services, ServicesDep, TeamDep
+from aml_gateway.deps import GuardedRoute, ServicesDep, TeamDep
 from aml_gateway.errors import error_responses
 from aml_gateway.progress import job_status
+from aml_gateway.refusals import Conflict, Invalid, NotFound
 from aml_gateway.routes.datasets import smoke_ids
-from aml_gateway.submissions import PriorRun, Refusal, Submission, check_submission
+from aml_gateway.services import Services
+from aml_gateway.submissions import PriorRun, Submission, check_submission
 from aml_runtime.broker import publish
 from aml_runtime.db import Document, read_time
 from aml_runtime.jobs import PLATFORM_ERROR
@@ -50,18 +43,8 @@ async def _own_job(svc: ServicesDep, team: Document, job_id: str) -> Document:
     job = await svc.db.jobs.find_one({"_id": job_id, "team_id": team["_id"]})
     if job is None:
         # Another team's job answers exactly like a missing one: existence is not revealed.
-        raise HTTPException(404, {"reason": f"job {job_id} not found"})
+        raise NotFound(f"job {job_id} not found")
     return job
-
-
-def _refused(refusal: Refusal, now: datetime) -> HTTPException:
-    if refusal.status != 429:
-        return HTTPException(refusal.status, {"reason": refusal.reason})
-    at = refusal.next_allowed_at
-    detail = {"reason": refusal.reason, "next_allowed_at": at.isoformat() if at else None}
-    # Retry-After as well, for clients that honour it without reading the body.
-    headers = {"Retry-After": str(max(1, math.ceil((at - now).total_seconds())))} if at else None
-    return HTTPException(429, detail, headers=headers)
 
 
 def _datasets(body: JobSubmission, svc: Services) -> list[str]:
@@ -71,26 +54,19 @@ def _datasets(body: JobSubmission, svc: Services) -> list[str]:
     if body.mode == "full":
         if body.datasets is not None and body.datasets != settings.full_suite:
             suite = list(settings.full_suite)
-            raise HTTPException(
-                422,
-                {
-                    "reason": "full runs use the fixed suite "
-                    f"({', '.join(suite)}); leave `datasets` out",
-                    "valid_datasets": suite,
-                },
+            raise Invalid(
+                f"full runs use the fixed suite ({', '.join(suite)}); leave `datasets` out",
+                valid_datasets=suite,
             )
         return list(settings.full_suite)
     datasets = body.datasets or list(settings.smoke_suite)
     valid = smoke_ids(settings)
     unknown = sorted(set(datasets) - set(valid))
     if unknown:
-        raise HTTPException(
-            422,
-            {
-                "reason": f"unknown dataset(s): {', '.join(unknown)}; a smoke run may name "
-                f"{', '.join(valid)} (GET /v1/datasets)",
-                "valid_datasets": valid,
-            },
+        raise Invalid(
+            f"unknown dataset(s): {', '.join(unknown)}; a smoke run may name "
+            f"{', '.join(valid)} (GET /v1/datasets)",
+            valid_datasets=valid,
         )
     return datasets
 
@@ -142,19 +118,15 @@ async def submit_job(body: JobSubmission, svc: ServicesDep, team: TeamDep) -> Jo
     team_id = team["_id"]
     version = await svc.db.versions.find_one({"_id": body.version_id, "team_id": team_id})
     if version is None:
-        raise HTTPException(404, {"reason": f"version {body.version_id} not found"})
+        raise NotFound(f"version {body.version_id} not found")
     if body.track not in version.get("tracks", []):
-        raise HTTPException(
-            422, {"reason": f"version {body.version_id} is not registered for track {body.track}"}
-        )
+        raise Invalid(f"version {body.version_id} is not registered for track {body.track}")
     if version["auth_method"] == "none" and body.mode != "smoke":
-        raise HTTPException(422, {"reason": "auth method `none` is allowed only for smoke runs"})
+        raise Invalid("auth method `none` is allowed only for smoke runs")
     if body.mode == "full":
         unticked = body.checklist.unticked() if body.checklist else ["checklist"]
         if unticked:
-            raise HTTPException(
-                422, {"reason": f"a full run needs every checklist item: {', '.join(unticked)}"}
-            )
+            raise Invalid(f"a full run needs every checklist item: {', '.join(unticked)}")
     datasets = _datasets(body, svc)
     submission = Submission(
         mode=body.mode, version_id=body.version_id, track=body.track, run_label=body.run_label
@@ -164,7 +136,7 @@ async def submit_job(body: JobSubmission, svc: ServicesDep, team: TeamDep) -> Jo
         created_at = svc.clock()
         refusal = check_submission(submission, prior, created_at, svc.settings.quotas)
         if refusal is not None:
-            raise _refused(refusal, created_at)
+            raise refusal
         seq = last_seq + 1
         job = {
             "_id": f"j{uuid.uuid4().hex[:12]}",
@@ -193,7 +165,7 @@ async def submit_job(body: JobSubmission, svc: ServicesDep, team: TeamDep) -> Jo
             message_id("submitted", job["_id"]),
         )
         return await job_status(svc.db, job)
-    raise HTTPException(409, {"reason": "too many submissions at once; try again"})
+    raise Conflict("too many submissions at once; try again")
 
 
 @router.get("", responses=error_responses(401))
@@ -211,7 +183,7 @@ async def get_job(job_id: str, svc: ServicesDep, team: TeamDep) -> JobStatus:
 async def get_results(job_id: str, svc: ServicesDep, team: TeamDep) -> JobResults:
     job = await _own_job(svc, team, job_id)
     if "results" not in job:
-        raise HTTPException(409, {"reason": f"job {job_id} has no results yet ({job['state']})"})
+        raise Conflict(f"job {job_id} has no results yet ({job['state']})")
     return JobResults.model_validate(job["results"])
 
 
@@ -236,7 +208,7 @@ async def get_audit(
         try:
             query["_id"] = {"$gt": ObjectId(cursor)}
         except InvalidId:
-            raise HTTPException(422, {"reason": "cursor is not one this API returned"}) from None
+            raise Invalid("cursor is not one this API returned") from None
     found = await svc.db.calls.find(query).sort("_id", ASCENDING).limit(limit + 1).to_list()
     records = [_audit_record(call) for call in found[:limit]]
     more = len(found) > limit
@@ -275,7 +247,7 @@ async def get_search_audit(
     await _own_job(svc, team, job_id)
     search = await svc.db.searches.find_one({"_id": request_id, "job_id": job_id})
     if search is None:
-        raise HTTPException(404, {"reason": f"no search {request_id} in job {job_id}"})
+        raise NotFound(f"no search {request_id} in job {job_id}")
     return SearchAudit(
         request_id=request_id,
         state=search["state"],

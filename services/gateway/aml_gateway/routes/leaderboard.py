@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path
+from fastapi import APIRouter, Path
 
-from aml_contract.api import Board, Leaderboard, SystemHistory, Track
+from aml_contract.api.leaderboard import Leaderboard, SystemHistory
+from aml_contract.api.vocabulary import Board, Track
 from aml_gateway import publication
 from aml_gateway.deps import GuardedRoute, ServicesDep
 from aml_gateway.errors import error_responses
+from aml_gateway.refusals import NotFound
 
 router = APIRouter(route_class=GuardedRoute, prefix="/v1/leaderboard", tags=["leaderboard"])
 
@@ -33,5 +35,5 @@ async def get_system(
     with none answers 404, whether it exists privately or not."""
     entries = await publication.system_entries(svc.db, system_name)
     if not entries:
-        raise HTTPException(404, {"reason": "no published entry for this system"})
+        raise NotFound("no published entry for this system")
     return SystemHistory(system_name=system_name, entries=entries)

@@ -11,7 +11,7 @@ from fastapi.responses import HTMLResponse
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from starlette.templating import Jinja2Templates
 
-from aml_contract.api import STAGES
+from aml_contract.api.vocabulary import STAGES
 from aml_gateway import pages, publication
 from aml_gateway.deps import ServicesDep
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from aml_contract.api import (
+from aml_contract.api.publication import (
     Disqualification,
     PublicationRecord,
     ReviewRejection,

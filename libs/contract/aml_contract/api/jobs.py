@@ -1,0 +1,143 @@
+"""Submitting a job and following it (R-3.4, R-3.5, R-5.2): the submission, the quota refusal, the
+status."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
+
+from aml_contract.api.publication import PublicationGate, ReviewState
+from aml_contract.api.vocabulary import Board, JobState, Label, Mode, Stage, Track
+
+
+class FullRunChecklist(BaseModel):
+    """What a team confirms before a full run (R-3.5). Every item must be ticked; the platform
+    also verifies the first one itself (a passed smoke for the same version and track)."""
+
+    model_config = ConfigDict(extra="forbid")
+    smoke_passed: StrictBool = False
+    api_contract_correct: StrictBool = False
+    run_instructions_complete: StrictBool = False
+    originality_disclosed: StrictBool = False
+    integrity_pledge: StrictBool = False
+
+    def unticked(self) -> list[str]:
+        return [name for name, ticked in self.model_dump().items() if not ticked]
+
+
+class JobSubmission(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"version_id": "ver-0123456789ab", "mode": "smoke", "run_label": "smoke-1"},
+                {
+                    "version_id": "ver-0123456789ab",
+                    "mode": "full",
+                    "track": "textual",
+                    "run_label": "full-2026-12",
+                    "checklist": {
+                        "smoke_passed": True,
+                        "api_contract_correct": True,
+                        "run_instructions_complete": True,
+                        "originality_disclosed": True,
+                        "integrity_pledge": True,
+                    },
+                },
+            ]
+        },
+    )
+    version_id: Annotated[str, Field(min_length=1, max_length=100)]
+    mode: Mode = "smoke"
+    track: Track = "textual"
+    run_label: Label = Field(description="Unique per Leaderboard API Key.")
+    datasets: (
+        Annotated[list[Annotated[str, Field(max_length=100)]], Field(min_length=1, max_length=20)]
+        | None
+    ) = Field(
+        default=None,
+        description="Smoke only: dataset ids, default the smoke sample. Full runs always use "
+        "the fixed suite.",
+    )
+    checklist: FullRunChecklist | None = Field(
+        default=None, description="Required for full runs, every item ticked (R-3.5)."
+    )
+
+
+class QuotaDetail(BaseModel):
+    reason: str
+    next_allowed_at: datetime | None = Field(
+        description="When a submission like this one will be accepted; null when it depends "
+        "on something still running, or no later season is configured."
+    )
+
+
+class QuotaExceeded(BaseModel):
+    """HTTP 429 (R-3.4, R-3.5, R-5.2)."""
+
+    detail: QuotaDetail
+
+
+class StageProgress(BaseModel):
+    total: int
+    done: int
+    failed: int
+
+
+class JobError(BaseModel):
+    stage: Stage
+    kind: str = Field(description="contract_error, participant_outage, platform_error, ...")
+    item: str | None
+    reason: str
+
+
+class JobStatus(BaseModel):
+    job_id: str
+    state: JobState
+    stage: Stage | None = Field(description="The earliest stage that has not finished.")
+    mode: Mode
+    track: Track
+    version_id: str
+    run_label: str
+    datasets: list[str]
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    elapsed_seconds: float
+    stages: dict[Stage, StageProgress]
+    errors: list[JobError]
+    spec: dict[str, str] = Field(description="Versions and hashes of everything held constant.")
+    spec_hash: str | None = Field(
+        default=None, description="sha256 of the evaluation spec document (R-6.4)."
+    )
+    dataset_bundle_hash: str | None = Field(
+        default=None, description="sha256 over the job's dataset bundles (manifests + files)."
+    )
+    dataset_bundles: dict[str, str] = Field(
+        default_factory=dict, description="Each dataset's bundle hash."
+    )
+    code_hash: str | None = Field(default=None, description="sha256 of the pipeline code.")
+    review_state: ReviewState | None = Field(
+        default=None,
+        description="Publication (R-3.8): set once a finished job has been through the gate; "
+        "null for a job not gated (yet).",
+    )
+    gate: PublicationGate | None = Field(
+        default=None, description="The automatic publication gate's checks, once it ran."
+    )
+    review_reason: str | None = Field(
+        default=None, description="Why an admin rejected the job's publication."
+    )
+    system_name: str | None = Field(
+        default=None, description="The version's system; null when the version is gone."
+    )
+    version_label: str | None = Field(default=None, description="The version's label.")
+    board: Board | None = Field(default=None, description="The version's board.")
+    answer_model: str | None = Field(
+        default=None, description="The answer model the job ran with (from `spec`)."
+    )
+    duration_seconds: float | None = Field(
+        default=None, description="From start to finish; null until the job has finished."
+    )

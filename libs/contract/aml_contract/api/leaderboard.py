@@ -1,0 +1,53 @@
+"""The public leaderboard (R-2.4, R-5.3): its entries, one board, one system's history."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+from aml_contract.api.access_requests import DeclaredModels
+from aml_contract.api.results import DatasetResults, Metrics
+from aml_contract.api.vocabulary import Board, Track
+
+
+class LeaderboardEntry(BaseModel):
+    """A public leaderboard submission record (R-3.8): only approved, not disqualified."""
+
+    entry_id: str
+    system_name: str
+    version_label: str
+    team_name: str
+    board: Board
+    track: Track
+    overall: Metrics
+    datasets: dict[str, DatasetResults]
+    spec_hash: str
+    code_hash: str
+    dataset_bundle_hash: str
+    answer_model: str
+    published_at: datetime
+    declared_models: DeclaredModels | None = Field(
+        default=None, description="The models inside the system, as its team declared (R-2.2)."
+    )
+    repository_url: str | None = Field(
+        default=None, description="The method's repository (academic board)."
+    )
+
+
+class Leaderboard(BaseModel):
+    """One public board (R-2.4, R-5.3): approved, not disqualified entries of one track."""
+
+    track: Track
+    board: Board | None = Field(description="null: the entries of every board of the track.")
+    entries: list[LeaderboardEntry] = Field(
+        description="Best Overall first (accuracy, else judge accuracy; none last), then the "
+        "earlier publication."
+    )
+
+
+class SystemHistory(BaseModel):
+    """Every public entry of one system, across its versions, tracks and boards (R-5.3)."""
+
+    system_name: str
+    entries: list[LeaderboardEntry] = Field(description="Oldest publication first.")

@@ -1,0 +1,57 @@
+"""A job's results table: metrics per dataset, per category and Overall."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from aml_contract.api.vocabulary import JobState
+
+
+class Metrics(BaseModel):
+    """One cell of the results table. Failed questions (participant outage, contract error,
+    judge failure) are counted apart, by kind, and never scored as wrong."""
+
+    questions: int
+    scored: int
+    failed: int
+    failures: dict[str, int] = Field(
+        default_factory=dict, description="Failed questions by kind (judge_failure, ...)."
+    )
+    accuracy: float | None = Field(
+        default=None,
+        description="The headline: correct / scored, over judged open questions and "
+        "multiple-choice questions together.",
+    )
+    judge_correct: int
+    judge_accuracy: float | None
+    unjudged: int = Field(
+        default=0,
+        description="Scored open questions with F1 and BLEU-1 but no judge verdict asked for "
+        "(offline rescoring without a label for them): not failures, outside judge_accuracy.",
+    )
+    option_correct: int = 0
+    option_questions: int = Field(default=0, description="Scored multiple-choice questions.")
+    f1_mean: float | None
+    bleu1_mean: float | None = None
+    judge_runs: int = Field(default=1, description="Judge calls per question (majority vote).")
+    judge_run_accuracy_mean: float | None = Field(
+        default=None, description="Mean over judge runs of each run's own accuracy."
+    )
+    judge_run_accuracy_spread: float | None = Field(
+        default=None, description="Population standard deviation of the per-run accuracies."
+    )
+
+
+class DatasetResults(BaseModel):
+    dataset_id: str
+    overall: Metrics
+    categories: dict[str, Metrics]
+    excluded_from_overall: list[str]
+    f1_variant: str = Field(default="f1-locomo-v1", description="Which token F1 `f1_mean` is.")
+
+
+class JobResults(BaseModel):
+    job_id: str
+    state: JobState
+    overall: Metrics
+    datasets: dict[str, DatasetResults]

@@ -1,0 +1,26 @@
+"""How a board orders its entries (R-5.3): plain functions over public entries, shared by the
+API (`publication.board_entries`) and the pages, which show the same headline number."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from aml_contract.api.leaderboard import LeaderboardEntry
+from aml_contract.api.results import Metrics
+
+
+def headline(metrics: Metrics) -> float | None:
+    """The number a board ranks by: accuracy, else the judge's accuracy."""
+    return metrics.accuracy if metrics.accuracy is not None else metrics.judge_accuracy
+
+
+def rank_key(entry: LeaderboardEntry) -> tuple[bool, float, datetime, str]:
+    """Best Overall first, entries without a score last; ties: the earlier publication, then
+    the entry id, so the order never depends on how the store returned them."""
+    value = headline(entry.overall)
+    return (value is None, -(value or 0.0), entry.published_at, entry.entry_id)
+
+
+def ranked(entries: Iterable[LeaderboardEntry]) -> list[LeaderboardEntry]:
+    return sorted(entries, key=rank_key)

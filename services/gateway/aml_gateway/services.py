@@ -1,0 +1,41 @@
+"""What every request works with: settings, stores, broker, secrets and the clock, built once at
+start (`aml_gateway.main`). No HTTP here, so the rule modules take it as it is."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from faststream.nats import NatsBroker
+from pymongo.asynchronous.database import AsyncDatabase
+
+from aml_gateway.limits import Limits
+from aml_gateway.settings import GatewaySettings
+from aml_runtime.db import Document
+from aml_runtime.jobs import now
+from aml_runtime.secrets import SecretBox
+
+
+@dataclass
+class Services:
+    settings: GatewaySettings
+    db: AsyncDatabase[Document]
+    broker: NatsBroker
+    box: SecretBox
+    # Quotas are rules over time; tests move this clock across their boundaries.
+    clock: Callable[[], datetime] = now
+    # Questions per category of each dataset this process could read, keyed by (dataset id,
+    # datasets root, bundle hash): `GET /v1/datasets` reads and hash-checks a file once.
+    dataset_counts: dict[tuple[str, Path, str], dict[int, int]] = field(default_factory=dict)
+    # Per-address brakes on access requests and failed authentications (`aml_gateway.limits`).
+    limits: Limits = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.limits = Limits.from_settings(self.settings)
+
+
+def key_hash(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()

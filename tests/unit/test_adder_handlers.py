@@ -1,0 +1,236 @@
+"""The adder's handler against an in-memory database, a fake participant and FastStream's
+in-memory NATS broker: a chunk already final is never sent again (only re-announced), a pending
+chunk of a job that is no longer active is not sent, and a confirmed Add is marked done and
+counted once however many deliveries race for it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import pytest
+from fakes import Document, FakeDatabase
+from faststream.nats import JStream, NatsBroker, NatsMessage, TestNatsBroker
+from faststream.nats.testing import PatchedMessage
+
+from aml_adder.handlers import SendChunk
+from aml_adder.settings import AdderSettings
+from aml_contract import subjects
+from aml_contract.messages import AddWork, message_id
+from aml_runtime.broker import FetchedDelivery
+from aml_runtime.capacity import Admission
+from aml_runtime.jobs import Endpoints
+from aml_runtime.participants import CallFailed, Endpoint, Observer, ParticipantClient
+from aml_runtime.stage_worker import WorkItem
+
+JOB = "job-1"
+VERSION = "ver-1"
+CHUNK = "eval:job-1:synthetic:syn-1:chunk-1"
+BODY = b'{"user_id":"eval:job-1:synthetic:syn-1","messages":[]}'
+ENDPOINT = Endpoint(
+    add_url="http://participant.test/add",
+    search_url="http://participant.test/search",
+    health_url="http://participant.test/health",
+    auth_method="none",
+)
+WORK = AddWork(job_id=JOB, version_id=VERSION, request_id=CHUNK)
+
+
+@dataclass
+class FakeParticipant:
+    """The participant client's `add`: records what was sent, then confirms it or fails."""
+
+    failure: CallFailed | Exception | None = None
+    sent: list[tuple[str | None, bytes, tuple[str, str, str]]] = field(default_factory=list)
+
+    async def add(
+        self,
+        endpoint: Endpoint,
+        body: bytes,
+        ids: tuple[str, str, str],
+        observe: Observer,
+        admission: Admission | None = None,
+    ) -> None:
+        self.sent.append((endpoint.run_key, body, ids))
+        # A real call takes a round trip: a concurrent delivery runs meanwhile.
+        await asyncio.sleep(0)
+        if self.failure is not None:
+            raise self.failure
+
+
+class FixedEndpoints:
+    async def get(self, version_id: str, job_id: str) -> Endpoint:
+        assert version_id == VERSION
+        return ENDPOINT.model_copy(update={"run_key": job_id})
+
+
+class Message(PatchedMessage):
+    """A fetched JetStream message (its reply subject carries the delivery count) that
+    remembers how it was settled."""
+
+    settled: list[str]
+
+    async def ack(self) -> None:
+        self.settled.append("ack")
+
+    async def nak(self, delay: float | None = None) -> None:
+        self.settled.append("nak")
+
+
+def delivery(n: int) -> WorkItem:
+    msg = Message(
+        _client=cast(Any, None),
+        subject=subjects.work_subject("add", VERSION, JOB),
+        reply=f"$JS.ACK.{subjects.WORK_STREAM}.adder-{VERSION}.{n}.7.7.1700000000000000000.0",
+    )
+    msg.settled = []
+    # The fake participant takes no capacity, so the item holds none.
+    return WorkItem(FetchedDelivery(msg), cast(Admission, None))
+
+
+def settled(item: WorkItem) -> list[str]:
+    return cast(Message, item.delivery.msg).settled
+
+
+@dataclass
+class Rig:
+    db: FakeDatabase
+    participant: FakeParticipant
+    handler: SendChunk
+    announced: list[tuple[str, Document]]
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[Rig]:
+    db = FakeDatabase()
+    broker = NatsBroker(logger=None)
+    participant = FakeParticipant()
+    client = cast(ParticipantClient, participant)
+    endpoints = cast(Endpoints, FixedEndpoints())
+    handler = SendChunk(AdderSettings(), db.typed(), broker, client, endpoints)
+    announced: list[tuple[str, Document]] = []
+
+    @broker.subscriber(subjects.ADD_DONE, stream=JStream(subjects.EVENTS_STREAM, declare=False))
+    async def add_done(body: Document, msg: NatsMessage) -> None:
+        announced.append((msg.headers["Nats-Msg-Id"], body))
+
+    async with TestNatsBroker(broker):
+        yield Rig(db, participant, handler, announced)
+
+
+def store(db: FakeDatabase, chunk_state: str = "pending", job_state: str = "running") -> None:
+    db.jobs.documents[JOB] = {
+        "_id": JOB,
+        "state": job_state,
+        "version_id": VERSION,
+        "totals": {"add": 1, "questions": 0},
+    }
+    db.add_chunks.documents[CHUNK] = {
+        "_id": CHUNK,
+        "job_id": JOB,
+        "state": chunk_state,
+        "user_id": "eval:job-1:synthetic:syn-1",
+        "session_id": "s1",
+        "seq": 1,
+        "body": BODY,
+    }
+
+
+def done(outcome: str) -> tuple[str, Document]:
+    return message_id("add-done", CHUNK), {"job_id": JOB, "request_id": CHUNK, "outcome": outcome}
+
+
+@pytest.mark.parametrize("state", ["done", "failed"])
+async def test_a_final_chunk_is_announced_again_never_sent(rig: Rig, state: str) -> None:
+    store(rig.db, chunk_state=state)
+    chunk = dict(rig.db.add_chunks.documents[CHUNK])
+    item = delivery(2)
+    await rig.handler(WORK, item)
+    assert rig.participant.sent == []
+    assert rig.announced == [done(state)]
+    assert rig.db.add_chunks.documents[CHUNK] == chunk
+    assert "progress" not in rig.db.jobs.documents[JOB]
+    assert settled(item) == ["ack"]
+
+
+@pytest.mark.parametrize("job_state", ["failed", "completed"])
+async def test_a_pending_chunk_of_an_inactive_job_is_not_sent(rig: Rig, job_state: str) -> None:
+    store(rig.db, job_state=job_state)
+    item = delivery(1)
+    await rig.handler(WORK, item)
+    assert rig.participant.sent == []
+    assert rig.db.add_chunks.documents[CHUNK]["state"] == "pending"
+    assert rig.announced == []
+    assert "progress" not in rig.db.jobs.documents[JOB]
+    # Dropped, not retried: the job's remaining work is purged anyway.
+    assert settled(item) == ["ack"]
+
+
+async def test_a_confirmed_add_is_marked_done_and_counted_once(rig: Rig) -> None:
+    store(rig.db)
+    await rig.handler(WORK, delivery(1))
+    ids = (CHUNK, "eval:job-1:synthetic:syn-1", "s1")
+    # The stored body, byte for byte, counted against this job's request limit.
+    assert rig.participant.sent == [(JOB, BODY, ids)]
+    chunk = rig.db.add_chunks.documents[CHUNK]
+    assert chunk["state"] == "done" and isinstance(chunk["at_us"], int)
+    assert rig.db.jobs.documents[JOB]["progress"]["add"] == {"done": 1}
+    assert rig.db.jobs.documents[JOB]["progress"]["last_us"] == chunk["at_us"]
+    assert rig.announced == [done("done")]
+
+    # Redelivered (the ACK was lost): announced again, neither sent nor counted again.
+    await rig.handler(WORK, delivery(2))
+    assert len(rig.participant.sent) == 1
+    assert rig.db.jobs.documents[JOB]["progress"]["add"] == {"done": 1}
+    assert rig.db.add_chunks.documents[CHUNK] == chunk
+    assert rig.announced == [done("done")] * 2
+
+
+async def test_racing_deliveries_count_the_add_once(rig: Rig) -> None:
+    store(rig.db)
+    # Both find the chunk pending and reach the participant (at-least-once delivery); only
+    # the first to finish it marks and counts it.
+    await asyncio.gather(rig.handler(WORK, delivery(1)), rig.handler(WORK, delivery(2)))
+    assert len(rig.participant.sent) == 2
+    assert rig.db.jobs.documents[JOB]["progress"]["add"] == {"done": 1}
+    assert rig.db.jobs.documents[JOB]["progress"]["events"] == 1
+    assert rig.announced == [done("done")] * 2
+
+
+async def test_a_refused_add_fails_the_chunk_once_with_its_reason(rig: Rig) -> None:
+    store(rig.db)
+    rig.participant.failure = CallFailed("contract_error", "add response: status missing")
+    item = delivery(1)
+    await rig.handler(WORK, item)
+    chunk = rig.db.add_chunks.documents[CHUNK]
+    assert (chunk["state"], chunk["failure_kind"], chunk["failure"]) == (
+        "failed",
+        "contract_error",
+        "add response: status missing",
+    )
+    progress = rig.db.jobs.documents[JOB]["progress"]
+    assert progress["add"] == {"failed": 1} and progress["errors"] == 1
+    assert [e["item"] for e in rig.db.job_errors.documents.values()] == [CHUNK]
+    assert rig.announced == [done("failed")]
+    assert settled(item) == ["ack"]
+
+
+async def test_a_transient_error_leaves_the_chunk_pending_until_the_last_delivery(
+    rig: Rig,
+) -> None:
+    store(rig.db)
+    rig.participant.failure = ConnectionResetError("connection reset")
+    first = delivery(1)
+    await rig.handler(WORK, first)
+    assert settled(first) == ["nak"]
+    assert rig.db.add_chunks.documents[CHUNK]["state"] == "pending"
+    assert rig.announced == [] and "progress" not in rig.db.jobs.documents[JOB]
+
+    last = delivery(AdderSettings().max_deliver)
+    await rig.handler(WORK, last)
+    assert settled(last) == ["ack"]
+    assert rig.db.add_chunks.documents[CHUNK]["failure_kind"] == "platform_error"
+    assert rig.db.jobs.documents[JOB]["progress"]["add"] == {"failed": 1}
+    assert rig.announced == [done("failed")]

@@ -1,0 +1,86 @@
+"""What a question stage needs of the question comes with its work (no database read)."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pytest
+
+from aml_contract.messages import QuestionFacts, QuestionWork
+from aml_runtime.question_stage import QuestionStageWorker
+from aml_runtime.settings import CommonSettings
+
+PLANNED = {
+    "_id": "j1/conv-26:q0007",
+    "job_id": "j1",
+    "dataset_id": "locomo",
+    "question_id": "conv-26:q0007",
+    "conversation_id": "conv-26",
+    "user_id": "u-conv-26",
+    "question": "When did Caroline go to the LGBTQ support group?",
+    "category": 2,
+    "category_name": "temporal",
+    "gold_answer": "7 May 2023",
+    "options": None,
+    "f1_variant": "f1-locomo-category-v1",
+    "search_body": b'{"query":"When did Caroline go?","top_k":10,"user_id":"u-conv-26"}',
+}
+
+
+class _NoDatabase:
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the stage read the database ({name})")
+
+    def __getitem__(self, name: str) -> Any:
+        raise AssertionError(f"the stage read the database ({name})")
+
+
+async def _nothing(*args: Any) -> dict[str, Any]:
+    return {}
+
+
+def _stage(name: Any) -> QuestionStageWorker:
+    return QuestionStageWorker(
+        name, CommonSettings(), cast(Any, _NoDatabase()), cast(Any, None), _nothing
+    )
+
+
+def _released() -> QuestionWork:
+    """The work as the scheduler releases it."""
+    body = PLANNED["search_body"]
+    assert isinstance(body, bytes)
+    return QuestionWork(
+        job_id="j1",
+        version_id="ver-1",
+        item_id=str(PLANNED["_id"]),
+        facts=QuestionFacts.of(PLANNED),
+        search_body=body.decode(),
+    )
+
+
+def test_facts_of_a_planned_question() -> None:
+    facts = QuestionFacts.of(PLANNED)
+    assert facts.user_id == "u-conv-26"
+    assert facts.gold_answer == "7 May 2023"
+    assert facts.f1_variant == "f1-locomo-category-v1"
+
+
+async def test_the_search_stage_sends_the_planned_bytes_without_reading_the_question() -> None:
+    question = await _stage("search")._question(_released())
+    # The exact bytes planned, unchanged through the message (R-4.10 re-sends them as they are).
+    assert question["search_body"] == PLANNED["search_body"]
+    assert question["user_id"] == "u-conv-26"
+
+
+async def test_later_stages_use_the_facts_handed_on() -> None:
+    handed_on = _released().model_copy(update={"search_body": None})
+    question = await _stage("answer")._question(handed_on)
+    assert question["question"] == PLANNED["question"]
+
+
+async def test_a_search_without_its_body_reads_the_question() -> None:
+    """Work released by an earlier release carries no body: the stage reads the question (here
+    the database refuses, which shows the read was attempted)."""
+    without_body = _released().model_copy(update={"search_body": None})
+    with pytest.raises(AssertionError, match="read the database"):
+        await _stage("search")._question(without_body)

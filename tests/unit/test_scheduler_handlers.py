@@ -1,0 +1,351 @@
+"""The scheduler's release and completion rules, driven through FastStream's in-memory NATS
+broker (`TestNatsBroker`) against an in-memory database: each user's Adds go out one at a time in
+`seq` order, a user's questions only once all of that user's Adds are done (once, behind a
+release marker), and a job completes only when every question is final, once, and never when it
+is no longer running."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from fakes import Document, FakeDatabase
+from faststream.nats import JStream, NatsBroker, NatsMessage, TestNatsBroker
+
+from aml_contract import subjects
+from aml_contract.messages import AddDone, QuestionDone, message_id
+from aml_evaluation.datasets import load_dataset
+from aml_runtime.broker import publish
+from aml_runtime.evaluation_spec import build_spec
+from aml_scheduler.handlers import ScheduleJobs
+from aml_scheduler.planning import plan_chunks, plan_questions
+from aml_scheduler.settings import SchedulerSettings
+
+JOB = "job-1"
+VERSION = "ver-1"
+
+
+@dataclass(frozen=True)
+class Sent:
+    subject: str
+    msg_id: str
+    body: Document
+    # What the database said when the message went out (checked after the run).
+    seen: Document = field(default_factory=dict)
+
+
+@dataclass
+class Rig:
+    db: FakeDatabase
+    broker: NatsBroker
+    scheduler: ScheduleJobs
+    sent: list[Sent]
+
+    def on(self, prefix: str) -> list[Sent]:
+        return [s for s in self.sent if s.subject.startswith(prefix)]
+
+
+def _stream(name: str) -> JStream:
+    return JStream(name=name, declare=False)
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[Rig]:
+    """The scheduler with its event subscribers wired as in `aml_scheduler.main` (minus the
+    delivery budget), and a recorder on the work and finished subjects."""
+    db = FakeDatabase()
+    broker = NatsBroker(logger=None)
+    settings = SchedulerSettings()
+    # The participant client and the secrets serve planning only, which these tests skip.
+    unused = cast(Any, None)
+    scheduler = ScheduleJobs(
+        settings, db.typed(), broker, unused, unused, build_spec(settings), "c"
+    )
+    sent: list[Sent] = []
+
+    def snapshot(body: Document) -> Document:
+        if "request_id" in body:
+            chunk = db.add_chunks.documents[body["request_id"]]
+            mine = [c for c in db.add_chunks.documents.values() if c["user_id"] == chunk["user_id"]]
+            return {"seq": chunk["seq"], "states": {c["seq"]: c["state"] for c in mine}}
+        if "item_id" in body:
+            user = db.questions.documents[body["item_id"]]["user_id"]
+            mine = [c for c in db.add_chunks.documents.values() if c["user_id"] == user]
+            marker = db.question_releases.documents.get(f"{JOB}/{user}")
+            return {"add_states": {c["state"] for c in mine}, "marker": marker}
+        return {}
+
+    @broker.subscriber("aml.work.>", stream=_stream(subjects.WORK_STREAM))
+    async def work(body: Document, msg: NatsMessage) -> None:
+        sent.append(Sent(msg.raw_message.subject, msg.headers["Nats-Msg-Id"], body, snapshot(body)))
+
+    @broker.subscriber(subjects.JOB_FINISHED, stream=_stream(subjects.FINISHED_STREAM))
+    async def finished(body: Document, msg: NatsMessage) -> None:
+        sent.append(Sent(msg.raw_message.subject, msg.headers["Nats-Msg-Id"], body))
+
+    @broker.subscriber(subjects.ADD_DONE, stream=_stream(subjects.EVENTS_STREAM))
+    async def on_add_done(event: AddDone) -> None:
+        await scheduler.on_add_done(event)
+
+    @broker.subscriber(subjects.QUESTION_DONE, stream=_stream(subjects.EVENTS_STREAM))
+    async def on_question_done(event: QuestionDone) -> None:
+        await scheduler.on_question_done(event)
+
+    async with TestNatsBroker(broker):
+        yield Rig(db, broker, scheduler, sent)
+
+
+@pytest.fixture(scope="module")
+def plan() -> tuple[list[Document], list[Document]]:
+    dataset = load_dataset("synthetic", Path("/nonexistent"))
+    return plan_chunks(JOB, dataset), plan_questions(JOB, dataset, top_k=10)
+
+
+def planned(db: FakeDatabase, plan: tuple[list[Document], list[Document]], state: str) -> None:
+    chunks, questions = plan
+    # Stored last-seq-first, so a release that took the first pending chunk it finds, rather
+    # than the lowest `seq`, would send a user's Adds out of order.
+    for chunk in sorted(chunks, key=lambda c: -int(c["seq"])):
+        db.add_chunks.documents[chunk["_id"]] = dict(chunk)
+    for question in questions:
+        db.questions.documents[question["_id"]] = dict(question)
+    db.jobs.documents[JOB] = {
+        "_id": JOB,
+        "state": state,
+        "planned": True,
+        "version_id": VERSION,
+        "users": sorted({c["user_id"] for c in chunks}),
+        "totals": {"add": len(chunks), "questions": len(questions)},
+    }
+
+
+def first_chunks(chunks: list[Document]) -> set[str]:
+    return {c["_id"] for c in chunks if c["seq"] == 1}
+
+
+async def test_adds_go_out_one_per_user_in_seq_order_then_that_users_questions(
+    rig: Rig, plan: tuple[list[Document], list[Document]]
+) -> None:
+    chunks, questions = plan
+    planned(rig.db, plan, "running")
+    await rig.scheduler.release(JOB)
+    assert {s.body["request_id"] for s in rig.on(subjects.WORK_ADD)} == first_chunks(chunks)
+    assert not rig.on(subjects.WORK_SEARCH)
+
+    # Acting as the adder: confirm the oldest Add still outstanding, announce it on the event
+    # subject the scheduler consumes, until nothing is left to confirm.
+    confirmed: list[str] = []
+    while pending := [
+        s.body["request_id"]
+        for s in rig.on(subjects.WORK_ADD)
+        if s.body["request_id"] not in confirmed
+    ]:
+        request_id = pending[0]
+        rig.db.add_chunks.documents[request_id]["state"] = "done"
+        confirmed.append(request_id)
+        event = AddDone(job_id=JOB, request_id=request_id, outcome="done")
+        await publish(rig.broker, subjects.ADD_DONE, event, message_id("add-done", request_id))
+
+    adds = rig.on(subjects.WORK_ADD)
+    assert sorted(s.body["request_id"] for s in adds) == sorted(c["_id"] for c in chunks)
+    for add in adds:
+        seq, states = add.seen["seq"], add.seen["states"]
+        # Everything before it confirmed, itself and everything after still unsent.
+        assert all(state == "done" for s, state in states.items() if s < seq), add
+        assert all(state == "pending" for s, state in states.items() if s >= seq), add
+        assert add.subject == subjects.work_subject("add", VERSION, JOB)
+        assert add.msg_id == message_id(subjects.WORK_ADD, add.body["request_id"])
+
+    searches = rig.on(subjects.WORK_SEARCH)
+    assert sorted(s.body["item_id"] for s in searches) == sorted(q["_id"] for q in questions)
+    for search in searches:
+        assert search.seen == {"add_states": {"done"}, "marker": None}
+        assert (
+            search.body["search_body"]
+            == rig.db.questions.documents[search.body["item_id"]]["search_body"].decode()
+        )
+    users = {c["user_id"] for c in chunks}
+    assert set(rig.db.question_releases.documents) == {f"{JOB}/{user}" for user in users}
+
+    # A redelivered AddDone and the reconciliation's release send nothing again.
+    before = len(rig.sent)
+    last = AddDone(job_id=JOB, request_id=confirmed[-1], outcome="done")
+    await publish(rig.broker, subjects.ADD_DONE, last, "add-done:again")
+    await rig.scheduler.release(JOB)
+    assert len(rig.sent) == before
+
+
+async def test_users_progress_independently(
+    rig: Rig, plan: tuple[list[Document], list[Document]]
+) -> None:
+    chunks, questions = plan
+    planned(rig.db, plan, "running")
+    users = sorted({c["user_id"] for c in chunks})
+    ready, failed, *waiting = users
+    for chunk in rig.db.add_chunks.documents.values():
+        if chunk["user_id"] == ready:
+            chunk["state"] = "done"
+        elif chunk["user_id"] == failed and chunk["seq"] == 1:
+            chunk["state"] = "failed"
+
+    await rig.scheduler.release(JOB)
+    searched = {
+        rig.db.questions.documents[s.body["item_id"]]["user_id"]
+        for s in rig.sent
+        if "item_id" in s.body
+    }
+    assert searched == {ready}
+    assert len(rig.on(subjects.WORK_SEARCH)) == sum(q["user_id"] == ready for q in questions)
+    # A user whose Add failed gets neither its next Add nor its questions (its job is failed
+    # by the AddDone that reported it); the others are not held back.
+    assert {s.body["request_id"] for s in rig.on(subjects.WORK_ADD)} == {
+        c["_id"] for c in chunks if c["user_id"] in waiting and c["seq"] == 1
+    }
+
+
+async def test_a_repeated_release_reuses_each_message_id(
+    rig: Rig, plan: tuple[list[Document], list[Document]]
+) -> None:
+    planned(rig.db, plan, "running")
+    await rig.scheduler.release(JOB)
+    await rig.scheduler.release(JOB)
+    adds = rig.on(subjects.WORK_ADD)
+    # Sent twice (this broker does not de-duplicate), under one id each: JetStream keeps one.
+    assert len(adds) == 2 * len(first_chunks(plan[0]))
+    assert len({s.msg_id for s in adds}) == len(first_chunks(plan[0]))
+
+
+async def test_a_released_users_questions_are_not_sent_again(
+    rig: Rig, plan: tuple[list[Document], list[Document]]
+) -> None:
+    chunks, _ = plan
+    planned(rig.db, plan, "running")
+    for chunk in rig.db.add_chunks.documents.values():
+        chunk["state"] = "done"
+    released = sorted({c["user_id"] for c in chunks})[0]
+    rig.db.question_releases.documents[f"{JOB}/{released}"] = {"_id": f"{JOB}/{released}"}
+    await rig.scheduler.release(JOB)
+    users = {
+        rig.db.questions.documents[s.body["item_id"]]["user_id"]
+        for s in rig.on(subjects.WORK_SEARCH)
+    }
+    assert users == {c["user_id"] for c in chunks} - {released}
+
+
+@pytest.mark.parametrize("state", ["queued", "completed", "failed"])
+async def test_nothing_is_released_for_a_job_that_is_not_running(
+    rig: Rig, plan: tuple[list[Document], list[Document]], state: str
+) -> None:
+    planned(rig.db, plan, state)
+    await rig.scheduler.release(JOB)
+    for chunk in rig.db.add_chunks.documents.values():
+        chunk["state"] = "done"
+    await rig.scheduler.release(JOB)
+    assert rig.sent == []
+    assert rig.db.question_releases.documents == {}
+
+
+# -- completion -----------------------------------------------------------------------------
+
+QUESTIONS = 3
+
+
+def finishing_job(db: FakeDatabase, final: int, state: str = "running") -> None:
+    """A planned job of two Adds and `QUESTIONS` questions, `final` of them scored, with its
+    counters as the stage workers leave them."""
+    db.jobs.documents[JOB] = {
+        "_id": JOB,
+        "state": state,
+        "planned": state != "queued",
+        "version_id": VERSION,
+        "totals": {"add": 2, "questions": QUESTIONS},
+        "progress": {"add": {"done": 2}, "questions_final": final, "events": 2 + 3 * final},
+    }
+    if final:
+        db.jobs.documents[JOB]["progress"] |= {
+            s: {"done": final} for s in ("search", "answer", "score")
+        }
+    for i in range(2):
+        db.add_chunks.documents[f"a{i}"] = {"_id": f"a{i}", "job_id": JOB, "state": "done"}
+    for i in range(QUESTIONS):
+        item = f"{JOB}/synthetic/q{i}"
+        db.questions.documents[item] = {
+            "_id": item,
+            "job_id": JOB,
+            "dataset_id": "synthetic",
+            "category_name": "facts",
+            "question_id": f"q{i}",
+        }
+        if i < final:
+            score(db, item)
+
+
+def score(db: FakeDatabase, item: str) -> None:
+    for collection in ("searches", "answers"):
+        db[collection].documents[item] = {"_id": item, "job_id": JOB, "state": "done"}
+    db.scores.documents[item] = {
+        "_id": item,
+        "job_id": JOB,
+        "state": "done",
+        "category_name": "facts",
+        "judge_label": "CORRECT",
+        "judge_labels": ["CORRECT"],
+        "f1": 1.0,
+        "bleu1": 1.0,
+    }
+
+
+async def question_done(rig: Rig, item: str) -> None:
+    """The announcement of the stage worker that made `item` final."""
+    event = QuestionDone(job_id=JOB, item_id=item, stage="score", outcome="done")
+    await publish(rig.broker, subjects.QUESTION_DONE, event, message_id("question-done", item))
+
+
+async def test_a_job_completes_only_when_every_question_is_final(rig: Rig) -> None:
+    finishing_job(rig.db, final=QUESTIONS - 1)
+    await question_done(rig, f"{JOB}/synthetic/q1")
+    job = rig.db.jobs.documents[JOB]
+    assert job["state"] == "running" and "results" not in job
+    assert rig.on(subjects.JOB_FINISHED) == []
+
+    # The last score is stored and counted by its writer, which announces it.
+    score(rig.db, f"{JOB}/synthetic/q2")
+    progress = rig.db.jobs.documents[JOB]["progress"]
+    for stage in ("search", "answer", "score"):
+        progress[stage]["done"] += 1
+    progress["questions_final"] += 1
+    await question_done(rig, f"{JOB}/synthetic/q2")
+    job = rig.db.jobs.documents[JOB]
+    assert job["state"] == "completed"
+    assert job["results"]["overall"]["judge_accuracy"] == 1.0
+    assert job["results"]["datasets"]["synthetic"]["categories"]["facts"]["questions"] == QUESTIONS
+    assert [(s.body, s.msg_id) for s in rig.on(subjects.JOB_FINISHED)] == [
+        ({"job_id": JOB, "state": "completed"}, message_id("finished", JOB))
+    ]
+
+
+@pytest.mark.parametrize("state", ["failed", "completed", "queued"])
+async def test_a_job_no_longer_running_is_left_alone(rig: Rig, state: str) -> None:
+    finishing_job(rig.db, final=QUESTIONS, state=state)
+    before = copy.deepcopy(rig.db.jobs.documents[JOB])
+    await question_done(rig, f"{JOB}/synthetic/q0")
+    await rig.scheduler.complete_if_done(JOB)
+    assert rig.db.jobs.documents[JOB] == before
+    assert rig.sent == []
+
+
+async def test_completion_is_stored_and_announced_once(rig: Rig) -> None:
+    finishing_job(rig.db, final=QUESTIONS)
+    # Two replicas (or the event and the reconciliation) at once: both find the job running.
+    await asyncio.gather(rig.scheduler.complete_if_done(JOB), rig.scheduler.complete_if_done(JOB))
+    stored = dict(rig.db.jobs.documents[JOB])
+    assert stored["state"] == "completed"
+    # ... and a redelivered event afterwards.
+    await question_done(rig, f"{JOB}/synthetic/q2")
+    assert rig.db.jobs.documents[JOB]["finished_at"] == stored["finished_at"]
+    assert len(rig.on(subjects.JOB_FINISHED)) == 1
