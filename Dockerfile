@@ -14,9 +14,11 @@ COPY services /src/services
 COPY tools /src/tools
 # nltk's punkt_tab model for BLEU-1, pinned by sha256, into /usr/local/nltk_data (on nltk's
 # search path); the scorer refuses to start without it and never downloads at run time. The local
-# LLM (xllamacpp and its model, `python -m aml_runtime.install_model`) belongs to the embedded
+# LLM (xllamacpp and its model, `python -m aml_devtools.install_model`) belongs to the embedded
 # stack only and is not in the image: the services here call the LLM at AML_LLM_BASE_URL.
-RUN pip install /src && python -m aml_runtime.install_punkt && rm -rf /src
+# Developer tooling (libs/devtools: the embedded stack, the `aml` CLI) is left out by
+# .dockerignore, so the `aml` script pip writes from pyproject.toml would only fail: removed.
+RUN pip install /src && rm /usr/local/bin/aml && python -m aml_runtime.install_punkt && rm -rf /src
 
 RUN useradd --system --uid 10001 --create-home --home-dir /home/aml aml
 USER 10001:10001

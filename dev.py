@@ -41,7 +41,7 @@ def ensure_environment() -> None:
     # word_tokenize) into .venv/nltk_data, the local LLM's gguf file into .venv/share/aml/models.
     # Run every time because they only fetch when the files are missing or differ, also in a
     # venv set up before they existed.
-    for step in ("aml_runtime.install_punkt", "aml_runtime.install_model"):
+    for step in ("aml_runtime.install_punkt", "aml_devtools.install_model"):
         subprocess.run([str(BIN / "python"), "-m", step], check=True, cwd=ROOT)
 
 

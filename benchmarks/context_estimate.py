@@ -15,10 +15,10 @@ from pathlib import Path
 
 import httpx
 
+from aml_devtools.stack import EmbeddedStack, StackConfig
 from aml_evaluation.context import estimate_tokens
 from aml_evaluation.datasets import load_dataset
 from aml_evaluation.prompts import format_memories
-from aml_runtime.stack import EmbeddedStack, StackConfig
 
 
 def main() -> None:

@@ -52,6 +52,16 @@ from typing import Any, TypeVar
 import httpx
 from pymongo import MongoClient
 
+from aml_devtools.platform import (
+    GATEWAY,
+    WORKERS,
+    Platform,
+    PlatformConfig,
+    register_participant,
+    start_platform,
+)
+from aml_devtools.processes import ManagedProcess, free_port, http_ready
+from aml_devtools.stack import HOST, MONGO, NATS, EmbeddedStack, StackConfig
 from aml_llm_standin import max_in_window
 from aml_participant_simulator import (
     CapacitySpec,
@@ -60,16 +70,6 @@ from aml_participant_simulator import (
     Script,
     SimulatorSnapshot,
 )
-from aml_runtime.platform import (
-    GATEWAY,
-    WORKERS,
-    Platform,
-    PlatformConfig,
-    register_participant,
-    start_platform,
-)
-from aml_runtime.processes import ManagedProcess, free_port, http_ready
-from aml_runtime.stack import HOST, MONGO, NATS, EmbeddedStack, StackConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATASETS_ROOT = ROOT.parent / "shared" / "datasets"

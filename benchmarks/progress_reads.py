@@ -22,11 +22,13 @@ from typing import Any, cast
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
+from aml_devtools.stack import EmbeddedStack, StackConfig
 from aml_gateway.progress import job_status
-from aml_runtime.db import Document, ensure_indexes
-from aml_runtime.jobs import now, record_error
-from aml_runtime.progress import ItemStage, count_final, micros, now_us, outcome_of, repair_counters
-from aml_runtime.stack import EmbeddedStack, StackConfig
+from aml_runtime.clock import micros, now, now_us
+from aml_runtime.db import Document
+from aml_runtime.documents import ensure_indexes
+from aml_runtime.jobs import record_error
+from aml_runtime.progress import ItemStage, count_final, outcome_of, repair_counters
 from aml_scheduler.handlers import ScheduleJobs
 from aml_scheduler.settings import SchedulerSettings
 

@@ -11,10 +11,10 @@ from gateway_support import T0, Clock, Gateway, health_server, open_gateway
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
+from aml_devtools.processes import find_executable
+from aml_devtools.stack import EmbeddedStack, StackConfig
 from aml_runtime.broker import declare_streams
 from aml_runtime.db import Document
-from aml_runtime.processes import find_executable
-from aml_runtime.stack import EmbeddedStack, StackConfig
 
 
 def _alone(

@@ -23,8 +23,8 @@ from pymongo.asynchronous.database import AsyncDatabase
 from aml_gateway.main import create_app
 from aml_gateway.settings import GatewaySettings
 from aml_runtime.audit import CallRecorder
+from aml_runtime.clock import now
 from aml_runtime.db import Document
-from aml_runtime.jobs import now
 from aml_runtime.participants import Attempt
 from aml_runtime.secrets import SecretBox
 

@@ -17,10 +17,10 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
+from aml_devtools.cli import main as aml_main
+from aml_devtools.conformance import CheckTarget, Report, run_check
+from aml_devtools.processes import free_port
 from aml_participant_simulator import Script, Simulator, running_simulator
-from aml_runtime.cli import main as aml_main
-from aml_runtime.conformance import CheckTarget, Report, run_check
-from aml_runtime.processes import free_port
 
 KEY = "conformance-test-key-1234"
 KEY_ENV = "AML_CONFORMANCE_TEST_KEY"

@@ -21,9 +21,9 @@ import pytest
 from openai import AsyncOpenAI
 from pymongo import AsyncMongoClient
 
-from aml_runtime import install_model
-from aml_runtime.processes import ManagedProcess, ProcessError, find_executable
-from aml_runtime.stack import EmbeddedStack, StackConfig, StackInfo
+from aml_devtools import install_model
+from aml_devtools.processes import ManagedProcess, ProcessError, find_executable
+from aml_devtools.stack import EmbeddedStack, StackConfig, StackInfo
 
 pytestmark = pytest.mark.integration
 
@@ -209,7 +209,7 @@ def test_children_die_with_a_killed_launcher(tmp_path: Path) -> None:
         f"""
         import sys, time
         from pathlib import Path
-        from aml_runtime.processes import ManagedProcess
+        from aml_devtools.processes import ManagedProcess
         p = ManagedProcess("sleeper", ["sleep", "60"], log_dir=Path({str(tmp_path)!r}))
         p.start()
         print(p.pid, flush=True)

@@ -15,10 +15,10 @@ import httpx
 import openai
 import pytest
 
+from aml_devtools.processes import ManagedProcess, free_port, http_ready
 from aml_evaluation.prompts import format_memories, load_prompt, question_with_options
 from aml_evaluation.scoring import parse_choice, parse_judge_label
 from aml_llm_standin import max_in_window
-from aml_runtime.processes import ManagedProcess, free_port, http_ready
 
 pytestmark = pytest.mark.integration
 

@@ -18,12 +18,9 @@ import httpx
 import pytest
 from pymongo import AsyncMongoClient
 
-from aml_participant_simulator import Outcome, Script, Simulator, running_simulator
-from aml_participant_simulator.script import EndpointScript
-from aml_runtime import install_model
-from aml_runtime.cli import main
-from aml_runtime.db import read_time
-from aml_runtime.platform import (
+from aml_devtools import install_model
+from aml_devtools.cli import main
+from aml_devtools.platform import (
     MemoryServer,
     Platform,
     PlatformConfig,
@@ -32,9 +29,12 @@ from aml_runtime.platform import (
     start_memory_server,
     start_platform,
 )
-from aml_runtime.processes import find_executable, free_port
-from aml_runtime.stack import EmbeddedStack, StackConfig
-from aml_runtime.tracefiles import TraceSpan, read_spans, traces_of
+from aml_devtools.processes import find_executable, free_port
+from aml_devtools.stack import EmbeddedStack, StackConfig
+from aml_devtools.tracefiles import TraceSpan, read_spans, traces_of
+from aml_participant_simulator import Outcome, Script, Simulator, running_simulator
+from aml_participant_simulator.script import EndpointScript
+from aml_runtime.db import read_time
 
 pytestmark = pytest.mark.integration
 

@@ -15,8 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from aml_devtools.processes import find_executable, free_port
 from aml_runtime.probe import check_http, check_nats
-from aml_runtime.processes import find_executable, free_port
 
 pytestmark = pytest.mark.integration
 

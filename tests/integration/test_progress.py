@@ -20,18 +20,12 @@ from pymongo.asynchronous.database import AsyncDatabase
 from aml_adder.handlers import SendChunk
 from aml_contract.messages import AddWork, QuestionStage, QuestionWork
 from aml_gateway.progress import job_status
-from aml_runtime.db import Document, ensure_indexes
+from aml_runtime.clock import micros, now_us
+from aml_runtime.db import Document
+from aml_runtime.documents import ensure_indexes
 from aml_runtime.evaluation_spec import build_spec
 from aml_runtime.jobs import record_error
-from aml_runtime.progress import (
-    ItemStage,
-    _count,
-    count_final,
-    counters_of,
-    micros,
-    now_us,
-    repair_counters,
-)
+from aml_runtime.progress import ItemStage, _count, count_final, counters_of, repair_counters
 from aml_runtime.question_stage import QuestionStageWorker
 from aml_runtime.settings import CommonSettings
 from aml_scheduler.handlers import ScheduleJobs

@@ -13,11 +13,11 @@ import pytest
 from pymongo import AsyncMongoClient
 
 from aml_contract.api.publication import ReleaseBaseline
-from aml_runtime.cli import main as aml
+from aml_devtools.cli import main as aml
+from aml_devtools.platform import own_release_baseline
 from aml_runtime.codehash import code_hash
 from aml_runtime.db import Document
 from aml_runtime.evaluation_spec import build_spec
-from aml_runtime.platform import own_release_baseline
 from aml_scheduler.baseline import release_baseline
 from aml_scheduler.handlers import ScheduleJobs
 from aml_scheduler.settings import SchedulerSettings

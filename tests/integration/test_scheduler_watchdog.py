@@ -24,14 +24,14 @@ from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract.messages import JobSubmitted
-from aml_runtime.db import Document, ensure_indexes
+from aml_runtime.clock import micros
+from aml_runtime.db import Document
+from aml_runtime.documents import STAGE_COLLECTIONS, FailureKind, ensure_indexes
 from aml_runtime.evaluation_spec import build_spec
-from aml_runtime.jobs import PLATFORM_ERROR
-from aml_runtime.progress import STAGE_COLLECTIONS, micros
 from aml_runtime.secrets import SecretBox
-from aml_scheduler.handlers import DATASET_MISSING, ScheduleJobs
+from aml_scheduler.handlers import ScheduleJobs
 from aml_scheduler.settings import SchedulerSettings
-from aml_scheduler.watchdog import JOB_STALLED, STALL_PERIODS
+from aml_scheduler.watchdog import STALL_PERIODS
 
 pytestmark = pytest.mark.integration
 
@@ -160,11 +160,11 @@ async def test_a_job_the_participant_stalls_fails_naming_the_stage_and_the_parti
     failed = await job(db, "jw1")
     assert failed["state"] == "failed"
     assert failed["failed_stage"] == "search"
-    assert failed["failure_kind"] == JOB_STALLED
+    assert failed["failure_kind"] == FailureKind.JOB_STALLED
     assert "stage search" in failed["failure"] and "cause: participant" in failed["failure"]
     assert "503" in failed["failure"] and "1 of 3 questions searched" in failed["failure"]
     errors = await db.job_errors.find({"job_id": "jw1"}).to_list()
-    assert [(e["stage"], e["kind"]) for e in errors] == [("search", JOB_STALLED)]
+    assert [(e["stage"], e["kind"]) for e in errors] == [("search", FailureKind.JOB_STALLED)]
     # Failed once: a later pass changes nothing.
     clock.at(10 * STALL)
     await run.reconcile()
@@ -182,7 +182,7 @@ async def test_a_job_nothing_was_sent_for_is_the_platforms_stall(
     await run.reconcile()
     failed = await job(db, "jw2")
     assert failed["state"] == "failed" and failed["failed_stage"] == "add"
-    assert failed["failure_kind"] == PLATFORM_ERROR  # the team's quota is not charged
+    assert failed["failure_kind"] == FailureKind.PLATFORM_ERROR  # the team's quota is not charged
     assert "cause: platform" in failed["failure"] and "0 of 2 Add requests" in failed["failure"]
 
 
@@ -198,7 +198,7 @@ async def test_a_job_stuck_at_the_llm_is_the_platforms_stall(
     await run.reconcile()
     failed = await job(db, "jw3")
     assert failed["state"] == "failed" and failed["failed_stage"] == "answer"
-    assert failed["failure_kind"] == PLATFORM_ERROR
+    assert failed["failure_kind"] == FailureKind.PLATFORM_ERROR
     assert "1 of 3 answered" in failed["failure"]
 
 
@@ -254,12 +254,12 @@ async def test_missing_dataset_files_fail_the_job_once_with_the_path(
     await run.on_job_submitted(JobSubmitted(job_id="jw5"))
     failed = await job(db, "jw5")
     assert failed["state"] == "failed", failed
-    assert failed["failure_kind"] == PLATFORM_ERROR
+    assert failed["failure_kind"] == FailureKind.PLATFORM_ERROR
     assert str(tmp_path / "locomo" / "locomo10.json") in failed["failure"]
     await run.reconcile()
     await run.on_job_submitted(JobSubmitted(job_id="jw5"))
     errors = await db.job_errors.find({"job_id": "jw5"}).to_list()
-    assert [e["kind"] for e in errors] == [DATASET_MISSING]
+    assert [e["kind"] for e in errors] == [FailureKind.DATASET_MISSING]
     assert await db.add_chunks.count_documents({"job_id": "jw5"}) == 0
 
 
@@ -360,11 +360,12 @@ async def test_the_scheduler_process_fails_what_would_hang(
             log.close()
         stuck = await job(db, "jp-stuck")
         assert stuck["failed_stage"] == "add" and "stage add" in stuck["failure"]
-        assert stuck["failure_kind"] == PLATFORM_ERROR  # nothing was sent to the participant
+        # Nothing was sent to the participant.
+        assert stuck["failure_kind"] == FailureKind.PLATFORM_ERROR
         nodata = await job(db, "jp-nodata")
         assert str(tmp_path / "locomo" / "locomo10.json") in nodata["failure"]
         kinds = [e["kind"] async for e in db.job_errors.find({"job_id": "jp-nodata"})]
-        assert kinds == [DATASET_MISSING]
+        assert kinds == [FailureKind.DATASET_MISSING]
     finally:
         await client.drop_database("aml_watchdog_process")
         await client.close()
@@ -396,5 +397,5 @@ async def test_a_job_that_cannot_be_planned_does_not_stay_queued(
     clock.at(STALL + 1)
     await run.reconcile()
     failed = await job(db, "jw6")
-    assert failed["state"] == "failed" and failed["failure_kind"] == PLATFORM_ERROR
+    assert failed["state"] == "failed" and failed["failure_kind"] == FailureKind.PLATFORM_ERROR
     assert "could not be planned" in failed["failure"]

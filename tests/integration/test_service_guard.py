@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from aml_devtools.processes import ManagedProcess, find_executable
+from aml_devtools.stack import LOCK_FILE, STACK_FILE, DataDirBusyError, EmbeddedStack, StackConfig
 from aml_runtime.broker import RECONNECT_WAIT_SECONDS, reconnect_options
-from aml_runtime.processes import ManagedProcess, find_executable
 from aml_runtime.secrets import SecretBox
 from aml_runtime.service import DEPENDENCY_LOST_EXIT_CODE
 from aml_runtime.settings import CommonSettings
-from aml_runtime.stack import LOCK_FILE, STACK_FILE, DataDirBusyError, EmbeddedStack, StackConfig
 
 pytestmark = pytest.mark.integration
 
@@ -128,7 +128,7 @@ def test_a_second_stack_on_a_data_dir_in_use_is_refused(tmp_path: Path) -> None:
 
         for command in ("up", "demo"):
             cli = subprocess.run(
-                [sys.executable, "-m", "aml_runtime.cli", command, "--data-dir", str(data)],
+                [sys.executable, "-m", "aml_devtools.cli", command, "--data-dir", str(data)],
                 capture_output=True,
                 text=True,
                 timeout=60,
@@ -156,7 +156,7 @@ def test_a_crashed_launcher_releases_the_data_dir(tmp_path: Path) -> None:
             "-c",
             "import sys, time\n"
             "from pathlib import Path\n"
-            "from aml_runtime.stack import EmbeddedStack, StackConfig\n"
+            "from aml_devtools.stack import EmbeddedStack, StackConfig\n"
             f"s = EmbeddedStack(StackConfig(data_dir=Path({str(data)!r}), start_llm=False))\n"
             "s.lock(); print('locked', flush=True); time.sleep(60)\n",
         ],

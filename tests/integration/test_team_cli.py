@@ -1,4 +1,4 @@
-"""`aml team`: the CLI run in-process (`aml_runtime.cli.main`) against the real gateway served
+"""`aml team`: the CLI run in-process (`aml_devtools.cli.main`) against the real gateway served
 by uvicorn on a real nx-27017 and nats-server, as a team uses it: request access, follow the
 request until the key is delivered, list versions and datasets, submit, watch a job to its end,
 read results, errors and audit pages. No pipeline runs: where a job moves or ends, the test
@@ -32,14 +32,14 @@ from pydantic import SecretStr
 from pymongo import AsyncMongoClient
 from test_gateway_jobs import end_job
 
+from aml_devtools.cli import main
+from aml_devtools.team_cli import progress_bar
 from aml_gateway.main import create_app
 from aml_gateway.settings import GatewaySettings
-from aml_runtime.cli import main
 from aml_runtime.db import Document
 from aml_runtime.jobs import record_error
 from aml_runtime.progress import counter_field
 from aml_runtime.secrets import SecretBox
-from aml_runtime.team_cli import progress_bar
 
 pytestmark = pytest.mark.integration
 

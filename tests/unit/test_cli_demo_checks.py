@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from aml_runtime.cli import main
+from aml_devtools.cli import main
 
 
 def test_an_unknown_dataset_is_refused_listing_the_valid_ids(

@@ -1,6 +1,6 @@
 from aml_contract.api.results import JobResults
+from aml_devtools.cli import render_results
 from aml_evaluation.aggregate import QuestionOutcome, aggregate
-from aml_runtime.cli import render_results
 
 
 def test_results_table_lists_every_cell_with_counts() -> None:

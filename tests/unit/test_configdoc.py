@@ -1,4 +1,4 @@
-"""docs/configuration.md is exactly what `python -m aml_runtime.configdoc` generates from the
+"""docs/configuration.md is exactly what `python -m aml_devtools.configdoc` generates from the
 settings classes: a setting added, removed, re-defaulted or re-described in code without
 regenerating the file fails here."""
 
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import yaml
 
-from aml_runtime.configdoc import SERVICES, render, rows, service_class
+from aml_devtools.configdoc import SERVICES, render, rows, service_class
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "configuration.md"
-REGENERATE = "python -m aml_runtime.configdoc > docs/configuration.md"
+REGENERATE = "python -m aml_devtools.configdoc > docs/configuration.md"
 
 
 def test_configuration_reference_is_up_to_date() -> None:

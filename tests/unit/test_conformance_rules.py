@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from aml_contract.participant import SearchItem
-from aml_runtime.conformance import (
+from aml_devtools.conformance import (
     RULES,
     RuleResult,
     call_results,

@@ -24,8 +24,8 @@ import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
+from aml_devtools.configdoc import SERVICES
 from aml_runtime import metrics
-from aml_runtime.configdoc import SERVICES
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose.yaml"
@@ -476,6 +476,34 @@ def test_dockerfile_installs_the_project_and_runs_a_service_as_non_root() -> Non
 def test_dockerignore_keeps_local_state_out_of_the_image() -> None:
     missing = {".venv", ".aml", ".git", ".env", ".pytest_cache", ".mypy_cache"} - _ignored()
     assert not missing, f".dockerignore must exclude {sorted(missing)}"
+
+
+def test_image_leaves_the_developer_tooling_out() -> None:
+    """libs/devtools stays out of the build context, so nothing the image runs may need it: no
+    module of the copied packages imports aml_devtools, no healthcheck runs it, and the `aml`
+    script pip writes for it is removed."""
+    assert "libs/devtools" in _ignored(), ".dockerignore must exclude libs/devtools"
+    shipped = [
+        path
+        for folder in ("libs", "services", "tools")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if not path.is_relative_to(ROOT / "libs" / "devtools")
+    ]
+    importing = [
+        str(path.relative_to(ROOT))
+        for path in shipped
+        if re.search(r"^\s*(from|import)\s+aml_devtools\b", path.read_text("utf-8"), re.M)
+    ]
+    assert not importing, f"the image lacks aml_devtools, yet these import it: {importing}"
+    found = []
+    for name, service in _services().items():
+        test = _healthcheck_test(service)
+        if "-m" in test and test[test.index("-m") + 1].startswith("aml_devtools"):
+            found.append(f"compose.yaml: `{name}` healthcheck runs developer tooling")
+    installs = [args for op, args in _instructions() if op == "RUN" and "pip install" in args]
+    if not any("rm /usr/local/bin/aml" in run for run in installs):
+        found.append("Dockerfile: the `aml` script (aml_devtools.cli) is left in the image")
+    assert not found, _problems(found)
 
 
 # -- Grafana ------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""`current_stage`: the earliest stage of a job that has not finished (R-3.6); `stage_progress`:
+"""`current_stage`: the stage a job waits on (R-3.6); `stage_progress`:
 every stage's figures from the job document's counters alone; `status_of`: the status with the
 version's names, the answer model and the timings."""
 
@@ -9,60 +9,78 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from aml_contract.api.jobs import StageProgress
-from aml_contract.api.vocabulary import STAGES, Stage
+from aml_contract.api.vocabulary import STAGES
 from aml_gateway.progress import current_stage, stage_progress, status_of
+from aml_scheduler.watchdog import stuck_stage
 
 
-def _stages(**progress: tuple[int, int, int]) -> dict[Stage, StageProgress]:
-    """Every stage finished (10 of 10, aggregate 1 of 1) unless given as (total, done, failed)."""
-    stages: dict[Stage, StageProgress] = {}
-    for stage in STAGES:
-        default = (1, 0, 0) if stage == "aggregate" else (10, 10, 0)
-        total, done, failed = progress.get(stage, default)
-        stages[stage] = StageProgress(total=total, done=done, failed=failed)
-    return stages
+def _job_at(
+    state: str = "running", chunks: int = 10, questions: int = 10, **counts: tuple[int, int]
+) -> dict[str, object]:
+    """A planned job whose stages are all final (every item done) unless given as (done,
+    failed)."""
+    defaults = {"add": (chunks, 0), "search": (questions, 0), "answer": (questions, 0),
+                "score": (questions, 0)}  # fmt: skip
+    progress = {
+        stage: {"done": done, "failed": failed}
+        for stage, (done, failed) in {**defaults, **counts}.items()
+    }
+    return {"state": state, "totals": {"add": chunks, "questions": questions},
+            "progress": progress}  # fmt: skip
 
 
 @pytest.mark.parametrize("state", ["completed", "failed"])
 def test_finished_jobs_have_no_stage(state: str) -> None:
-    assert current_stage(state, _stages(add=(10, 0, 0))) is None
-    assert current_stage(state, _stages()) is None
+    assert current_stage(_job_at(state, add=(0, 0))) is None
+    assert current_stage(_job_at(state)) is None
 
 
-def test_fresh_job_is_at_add() -> None:
-    empty = {stage: StageProgress(total=0, done=0, failed=0) for stage in STAGES}
-    assert current_stage("queued", empty) == "add"
-    assert current_stage("running", _stages(add=(10, 0, 0), search=(5, 0, 0))) == "add"
+def test_a_job_not_planned_yet_is_at_add() -> None:
+    assert current_stage({"state": "queued"}) == "add"
 
 
 def test_add_in_progress() -> None:
-    assert current_stage("running", _stages(add=(10, 9, 0))) == "add"
+    assert current_stage(_job_at(add=(9, 0), search=(5, 0))) == "add"
 
 
-def test_failed_items_count_as_finished() -> None:
-    assert current_stage("running", _stages(add=(10, 7, 3), search=(4, 1, 0))) == "search"
-    all_failed = _stages(add=(10, 0, 10), search=(4, 0, 4), answer=(4, 0, 0))
-    assert current_stage("running", all_failed) == "answer"
+def test_failed_items_count_as_final() -> None:
+    assert current_stage(_job_at(add=(7, 3), search=(4, 1))) == "search"
+    assert current_stage(_job_at(questions=4, add=(0, 10), search=(4, 0), answer=(0, 0))) == (
+        "answer"
+    )
 
 
 def test_earliest_unfinished_stage_wins() -> None:
     # Later stages may already move (pipelining); the earliest unfinished one is reported.
-    stages = _stages(add=(10, 10, 0), search=(4, 3, 0), answer=(4, 2, 0), score=(4, 1, 0))
-    assert current_stage("running", stages) == "search"
-    assert current_stage("running", _stages(score=(10, 9, 0))) == "score"
+    job = _job_at(questions=4, search=(3, 0), answer=(2, 0), score=(1, 0))
+    assert current_stage(job) == "search"
+    assert current_stage(_job_at(score=(9, 0))) == "score"
 
 
-def test_stage_with_unknown_total_is_current() -> None:
-    # A total of 0 means the stage has not been planned yet, not that it is done.
-    assert current_stage("running", _stages(search=(0, 0, 0))) == "search"
+def test_a_question_failed_in_search_waits_for_no_answer() -> None:
+    """Three of four questions searched, one failed: once the three are answered the job is
+    scoring, not still answering (the failed question is final and is never answered)."""
+    job = _job_at(questions=4, search=(3, 1), answer=(3, 0), score=(1, 0))
+    assert current_stage(job) == "score"
+    failed_answer = _job_at(questions=4, search=(3, 1), answer=(2, 1), score=(2, 0))
+    assert current_stage(failed_answer) == "aggregate"
 
 
-def test_all_item_stages_done_is_aggregate() -> None:
-    assert current_stage("running", _stages()) == "aggregate"
+def test_all_item_stages_final_is_aggregate() -> None:
+    assert current_stage(_job_at()) == "aggregate"
 
 
-def test_aggregate_done_but_state_not_yet_completed() -> None:
-    assert current_stage("running", _stages(aggregate=(1, 1, 0))) == "aggregate"
+def test_the_watchdog_reports_the_same_stage() -> None:
+    """The stall diagnosis and the status share the rule (aml_runtime.progress.waiting_stage)."""
+    jobs = [
+        _job_at(add=(9, 0)),
+        _job_at(questions=4, search=(3, 0)),
+        _job_at(questions=4, search=(3, 1), answer=(3, 0), score=(1, 0)),
+        _job_at(),
+    ]
+    for job in jobs:
+        assert stuck_stage(job)[0] == current_stage(job)
+    assert stuck_stage(jobs[2])[1] == "1 of 3 scored"
 
 
 def test_stage_progress_from_the_job_counters() -> None:
@@ -82,13 +100,13 @@ def test_stage_progress_from_the_job_counters() -> None:
     assert stages["answer"] == StageProgress(total=4, done=1, failed=0)
     assert stages["score"] == StageProgress(total=4, done=0, failed=0)
     assert stages["aggregate"] == StageProgress(total=1, done=0, failed=0)
-    assert current_stage("running", stages) == "answer"
+    assert current_stage({"state": "running", **job}) == "answer"
 
 
 def test_stage_progress_of_a_job_not_planned_or_counted_yet() -> None:
     stages = stage_progress({"state": "queued"})
     assert all(stages[s] == StageProgress(total=0, done=0, failed=0) for s in STAGES[:-1])
-    assert current_stage("queued", stages) == "add"
+    assert current_stage({"state": "queued"}) == "add"
     completed = stage_progress({"state": "completed", "totals": {"add": 1, "questions": 1}})
     assert completed["aggregate"] == StageProgress(total=1, done=1, failed=0)
 
@@ -96,6 +114,7 @@ def test_stage_progress_of_a_job_not_planned_or_counted_yet() -> None:
 def _job(**fields: object) -> dict[str, object]:
     return {
         "_id": "j1",
+        "team_id": "team-1",
         "state": "running",
         "mode": "full",
         "track": "textual",

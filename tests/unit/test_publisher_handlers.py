@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import pytest
@@ -89,6 +90,10 @@ def job(job_id: str, *, state: str = "completed", f1: float = 0.5, **fields: Any
         "mode": "full",
         "version_id": "ver-1",
         "track": "textual",
+        "team_id": "team-1",
+        "run_label": f"label-{job_id}",
+        "datasets": ["synthetic"],
+        "created_at": datetime(2026, 1, 1, tzinfo=UTC),
         "spec": {"answer_model": BASELINE.answer_model},
         "spec_hash": BASELINE.spec_hash,
         "code_hash": BASELINE.code_hash,

@@ -14,10 +14,10 @@ from typing import Any
 import nltk  # type: ignore[import-untyped]
 import pytest
 
+from aml_devtools.cli import main
 from aml_evaluation.datasets import bundle_hash, load_dataset, manifest_path, read_manifest
 from aml_evaluation.punkt import MODEL_ID as PUNKT_MODEL_ID
 from aml_evaluation.scoring import bleu1, f1_locomo_category
-from aml_runtime.cli import main
 from aml_runtime.evaluation_spec import build_spec
 from aml_runtime.settings import SpecSettings
 

@@ -33,7 +33,7 @@ from nltk.translate.bleu_score import (  # type: ignore[import-untyped]
     sentence_bleu,
 )
 
-from aml_runtime.cli import main
+from aml_devtools.cli import main
 
 LOCOMO = Path("locomo") / "locomo10.json"
 _STEMMER = PorterStemmer()

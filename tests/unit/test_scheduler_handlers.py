@@ -10,6 +10,7 @@ import asyncio
 import copy
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -28,6 +29,11 @@ from aml_scheduler.settings import SchedulerSettings
 
 JOB = "job-1"
 VERSION = "ver-1"
+# What the gateway's submission wrote on the job (the scheduler reads it through its model).
+SUBMITTED: dict[str, Any] = {
+    "team_id": "team-1", "mode": "smoke", "track": "textual", "run_label": "r1",
+    "datasets": ["synthetic"], "created_at": datetime(2026, 1, 1, tzinfo=UTC),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,7 @@ def planned(db: FakeDatabase, plan: tuple[list[Document], list[Document]], state
         db.questions.documents[question["_id"]] = dict(question)
     db.jobs.documents[JOB] = {
         "_id": JOB,
+        **SUBMITTED,
         "state": state,
         "planned": True,
         "version_id": VERSION,
@@ -260,6 +267,7 @@ def finishing_job(db: FakeDatabase, final: int, state: str = "running") -> None:
     counters as the stage workers leave them."""
     db.jobs.documents[JOB] = {
         "_id": JOB,
+        **SUBMITTED,
         "state": state,
         "planned": state != "queued",
         "version_id": VERSION,

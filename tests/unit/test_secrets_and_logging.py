@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 
+import httpx
 import pytest
 import structlog
 from pydantic import SecretStr
@@ -147,3 +148,29 @@ def test_configure_logging_never_writes_the_secret(capsys: pytest.CaptureFixture
     assert line["service"] == "test-service"
     for key in ("authorization", "memory_system_key", "api_key", "token"):
         assert line[key] == REDACTED
+
+
+@pytest.mark.parametrize("level", ["DEBUG", "INFO"])
+def test_http_clients_log_no_line_per_request(level: str, caplog: pytest.LogCaptureFixture) -> None:
+    """httpx logs every request with its URL as it is: a credential in a participant's query
+    string would be written in the clear (and the audit trail and spans keep the call)."""
+    root = logging.getLogger()
+    handlers, root_level = list(root.handlers), root.level
+    quiet = {name: logging.getLogger(name).level for name in ("httpx", "httpx2", "openai")}
+    # pytest's handlers are on the root logger already, so basicConfig leaves its level alone.
+    caplog.set_level(logging.DEBUG)
+    try:
+        configure_logging("test-service", level)
+        transport = httpx.MockTransport(lambda request: httpx.Response(200, json={}))
+        with httpx.Client(transport=transport) as client:
+            client.post(f"http://participant.test/search?token={SECRET}", json={})
+    finally:
+        structlog.reset_defaults()
+        for handler in root.handlers[:]:
+            if handler not in handlers:
+                root.removeHandler(handler)
+        root.setLevel(root_level)
+        for name, was in quiet.items():
+            logging.getLogger(name).setLevel(was)
+    assert SECRET not in caplog.text
+    assert "HTTP Request" not in caplog.text

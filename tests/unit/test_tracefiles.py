@@ -10,13 +10,13 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
+from aml_devtools.tracefiles import read_spans, render_tree, traces_of
 from aml_runtime.telemetry import (
     OtlpJsonFileExporter,
     current_trace_ids,
     item_trace,
     item_trace_ids,
 )
-from aml_runtime.tracefiles import read_spans, render_tree, traces_of
 
 
 def _provider(directory: Path, service: str) -> TracerProvider:

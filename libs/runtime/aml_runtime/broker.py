@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from aml_contract import subjects
 from aml_contract.messages import AddWork, QuestionWork, message_id
+from aml_runtime.documents import FailureKind
 from aml_runtime.settings import CommonSettings
 
 log = structlog.get_logger()
@@ -157,13 +158,13 @@ async def publish_work(
 class Exhausted(Exception):
     """Raised by a handler to give up on an item at once (e.g. a contract violation)."""
 
-    def __init__(self, kind: str, reason: str) -> None:
+    def __init__(self, kind: FailureKind, reason: str) -> None:
         super().__init__(reason)
         self.kind = kind
         self.reason = reason
 
 
-GiveUp = Callable[[str, str], Awaitable[None]]
+GiveUp = Callable[[FailureKind, str], Awaitable[None]]
 
 
 class Delivery(Protocol):
@@ -255,7 +256,7 @@ async def run_delivery(
     delivered = delivery.delivered
     if delivered > settings.max_deliver:
         # The previous delivery ran out of budget but could not record it (or crashed the worker).
-        await give_up("platform_error", f"gave up after {delivered - 1} deliveries")
+        await give_up(FailureKind.PLATFORM_ERROR, f"gave up after {delivered - 1} deliveries")
         await delivery.ack()
         return
     heartbeat = asyncio.create_task(_heartbeat(delivery, settings.ack_wait_seconds / 3))
@@ -267,7 +268,9 @@ async def run_delivery(
         reason = f"{type(exc).__name__}: {exc}"
         if delivered >= settings.max_deliver:
             log.warning("delivery.exhausted", subject=delivery.subject, reason=reason)
-            await give_up("platform_error", f"gave up after {delivered} deliveries: {reason}")
+            await give_up(
+                FailureKind.PLATFORM_ERROR, f"gave up after {delivered} deliveries: {reason}"
+            )
         else:
             log.warning("delivery.retry", subject=delivery.subject, reason=reason)
             heartbeat.cancel()

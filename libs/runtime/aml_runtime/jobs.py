@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from faststream.nats import NatsBroker
 from pymongo.asynchronous.database import AsyncDatabase
@@ -16,23 +16,21 @@ from aml_contract.api.vocabulary import Stage
 from aml_contract.messages import JobFinished, message_id
 from aml_runtime.broker import publish
 from aml_runtime.capacity import Capacity
+from aml_runtime.clock import micros, now
 from aml_runtime.db import Document
+from aml_runtime.documents import ACTIVE_JOB_STATES, DeclaredCapacity, FailureKind, RunLimits
 from aml_runtime.participants import Endpoint
-from aml_runtime.progress import count_error, micros
+from aml_runtime.progress import count_error
 from aml_runtime.secrets import SecretBox
-
-ACTIVE = ("queued", "running")
-# The failure kind of anything that went wrong inside the platform, not at the participant.
-PLATFORM_ERROR = "platform_error"
-RUN_LIMIT_REACHED = "run_limit_reached"
-
-
-def now() -> datetime:
-    return datetime.now(UTC)
 
 
 async def record_error(
-    db: AsyncDatabase[Document], job_id: str, stage: Stage, kind: str, item: str | None, reason: str
+    db: AsyncDatabase[Document],
+    job_id: str,
+    stage: Stage,
+    kind: FailureKind,
+    item: str | None,
+    reason: str,
 ) -> None:
     """One error-summary entry per failed item (keyed, so a redelivery records it once), counted
     on the job by the insert that created it (`aml_runtime.progress`: insert first, then count;
@@ -63,7 +61,7 @@ async def fail_job(
     broker: NatsBroker,
     job_id: str,
     stage: Stage,
-    kind: str,
+    kind: FailureKind,
     reason: str,
 ) -> None:
     """Stop a job at once (R-4.9): its queued work is purged from the broker, so none of it
@@ -72,7 +70,7 @@ async def fail_job(
     `kind` says whose failure it was; a job failed by the platform itself (`platform_error`)
     does not consume the team's quota."""
     failed = await db.jobs.find_one_and_update(
-        {"_id": job_id, "state": {"$in": list(ACTIVE)}},
+        {"_id": job_id, "state": {"$in": list(ACTIVE_JOB_STATES)}},
         {
             "$set": {
                 "state": "failed",
@@ -102,12 +100,12 @@ async def publish_finished(broker: NatsBroker, job_id: str, state: str) -> None:
 
 async def job_is_active(db: AsyncDatabase[Document], job_id: str) -> bool:
     job = await db.jobs.find_one({"_id": job_id}, {"state": 1})
-    return job is not None and job["state"] in ACTIVE
+    return job is not None and job["state"] in ACTIVE_JOB_STATES
 
 
 def run_overdue(version: Document, started_at: datetime | None, moment: datetime) -> str | None:
     """Why a run has outlived its declared `max_run_hours` (R-3.1), or None."""
-    hours = (version.get("run_limits") or {}).get("max_run_hours")
+    hours = run_limits(version).max_run_hours
     if hours is None or started_at is None:
         return None
     if moment - started_at < timedelta(hours=hours):
@@ -137,7 +135,7 @@ async def load_endpoint(
         secret=secret,
         capacity=version_capacity(version),
         run_key=job_id,
-        max_requests=(version.get("run_limits") or {}).get("max_requests_per_run"),
+        max_requests=run_limits(version).max_requests_per_run,
     )
 
 
@@ -163,9 +161,15 @@ class Endpoints:
 
 def version_capacity(version: Document) -> Capacity:
     """A participant version's declared capacity (R-4.12), keyed by the version."""
-    declared = version.get("capacity") or {}
+    declared = DeclaredCapacity.model_validate(version.get("capacity") or {})
     return Capacity(
         key=str(version["_id"]),
-        max_concurrency=int(declared.get("max_concurrency", 4)),
-        max_rps=float(declared.get("max_rps", 10.0)),
+        max_concurrency=declared.max_concurrency,
+        max_rps=declared.max_rps,
     )
+
+
+def run_limits(version: Document) -> RunLimits:
+    """A version's declared run limits (R-3.1); none declared, none apply. Read from a version
+    document or a projection of it."""
+    return RunLimits.model_validate(version.get("run_limits") or {})

@@ -54,8 +54,16 @@ def add_trace_ids(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMa
     return event
 
 
+# HTTP clients that log a line per request at INFO (httpx, and the openai client's own fork):
+# that line repeats what the audit trail and the spans keep, costs a write per call, and prints
+# the URL as it is, so a participant's query-string credential would be in the clear.
+_PER_REQUEST_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2", "openai")
+
+
 def configure_logging(service: str, level: str = "INFO") -> None:
     logging.basicConfig(stream=sys.stderr, level=level.upper(), format="%(message)s")
+    for name in _PER_REQUEST_LOGGERS:
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLevelName(level.upper())))
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

@@ -40,17 +40,19 @@ from aml_contract.participant import (
     SearchResponse,
 )
 from aml_runtime.capacity import Admission, Capacity, CapacityLimiter, Departure
+from aml_runtime.documents import FailureKind
 from aml_runtime.settings import ParticipantCallSettings
 from aml_runtime.telemetry import stage_span
 from aml_runtime.urlsafety import SafeTransport, UnsafeUrl
 
+# The kinds a call to the participant fails with (all of them the participant's).
 Failure = Literal[
-    "contract_error",
-    "authentication_error",
-    "access_denied",
-    "wrong_url",
-    "participant_outage",
-    "run_limit_reached",
+    FailureKind.CONTRACT_ERROR,
+    FailureKind.AUTHENTICATION_ERROR,
+    FailureKind.ACCESS_DENIED,
+    FailureKind.WRONG_URL,
+    FailureKind.PARTICIPANT_OUTAGE,
+    FailureKind.RUN_LIMIT_REACHED,
 ]
 
 Operation = Literal["add", "add_status", "search", "health"]
@@ -68,11 +70,14 @@ REASON_QUOTE_MAX = 200
 ADD_RETRYABLE = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 524})
 SEARCH_RETRYABLE = frozenset({408, 425, 429, 500, 502, 503, 504})
 _FINAL: dict[int, tuple[Failure, str]] = {
-    400: ("contract_error", "the participant rejected the request as malformed (HTTP 400)"),
-    422: ("contract_error", "the participant rejected the request as invalid (HTTP 422)"),
-    401: ("authentication_error", "the participant rejected the credentials (HTTP 401)"),
-    403: ("access_denied", "the participant denied access (HTTP 403)"),
-    404: ("wrong_url", "the endpoint URL does not exist (HTTP 404)"),
+    400: (
+        FailureKind.CONTRACT_ERROR,
+        "the participant rejected the request as malformed (HTTP 400)",
+    ),
+    422: (FailureKind.CONTRACT_ERROR, "the participant rejected the request as invalid (HTTP 422)"),
+    401: (FailureKind.AUTHENTICATION_ERROR, "the participant rejected the credentials (HTTP 401)"),
+    403: (FailureKind.ACCESS_DENIED, "the participant denied access (HTTP 403)"),
+    404: (FailureKind.WRONG_URL, "the endpoint URL does not exist (HTTP 404)"),
 }
 
 
@@ -199,14 +204,17 @@ def parse_json(body: bytes, what: str) -> Any:
         payload = json.loads(body)
     except RecursionError:
         raise CallFailed(
-            "contract_error", f"{what} response: JSON nested deeper than {MAX_JSON_DEPTH} levels"
+            FailureKind.CONTRACT_ERROR,
+            f"{what} response: JSON nested deeper than {MAX_JSON_DEPTH} levels",
         ) from None
     except ValueError:
         # JSONDecodeError, UnicodeDecodeError, an integer beyond the digit limit.
-        raise CallFailed("contract_error", f"{what} response: body is not valid JSON") from None
+        raise CallFailed(
+            FailureKind.CONTRACT_ERROR, f"{what} response: body is not valid JSON"
+        ) from None
     problem = _structure_problem(payload)
     if problem is not None:
-        raise CallFailed("contract_error", f"{what} response: {problem}")
+        raise CallFailed(FailureKind.CONTRACT_ERROR, f"{what} response: {problem}")
     return payload
 
 
@@ -230,38 +238,44 @@ def _structure_problem(payload: Any) -> str | None:
 
 def validate_add_response(payload: Any, request_id: str, user_id: str, session_id: str) -> None:
     if not isinstance(payload, dict):
-        raise CallFailed("contract_error", "add response: body must be a JSON object")
+        raise CallFailed(FailureKind.CONTRACT_ERROR, "add response: body must be a JSON object")
     try:
         response = AddResponse.model_validate(payload)
     except ValidationError as exc:
-        raise CallFailed("contract_error", f"add response: {_first_error(exc)}") from None
+        raise CallFailed(FailureKind.CONTRACT_ERROR, f"add response: {_first_error(exc)}") from None
     if response.success is not True:
-        raise CallFailed("contract_error", "add response: success must be true")
+        raise CallFailed(FailureKind.CONTRACT_ERROR, "add response: success must be true")
     expected = {"request_id": request_id, "user_id": user_id, "session_id": session_id}
     for field, value in expected.items():
         if getattr(response, field) != value:
-            raise CallFailed("contract_error", f"add response: {field} must echo the request's")
+            raise CallFailed(
+                FailureKind.CONTRACT_ERROR, f"add response: {field} must echo the request's"
+            )
 
 
 def validate_search_response(payload: Any, top_k: int) -> list[SearchItem]:
     if isinstance(payload, list):
-        raise CallFailed("contract_error", "search response: a top-level array is not allowed")
+        raise CallFailed(
+            FailureKind.CONTRACT_ERROR, "search response: a top-level array is not allowed"
+        )
     if not isinstance(payload, dict):
-        raise CallFailed("contract_error", "search response: body must be a JSON object")
+        raise CallFailed(FailureKind.CONTRACT_ERROR, "search response: body must be a JSON object")
     if "data" not in payload:
         wrapper = " (an `items` wrapper is not allowed)" if "items" in payload else ""
-        raise CallFailed("contract_error", f"search response: `data` is missing{wrapper}")
+        raise CallFailed(FailureKind.CONTRACT_ERROR, f"search response: `data` is missing{wrapper}")
     if not isinstance(payload["data"], list):
-        raise CallFailed("contract_error", "search response: `data` must be an array")
+        raise CallFailed(FailureKind.CONTRACT_ERROR, "search response: `data` must be an array")
     if len(payload["data"]) > top_k:
         raise CallFailed(
-            "contract_error",
+            FailureKind.CONTRACT_ERROR,
             f"search response: {len(payload['data'])} items exceed top_k={top_k}",
         )
     try:
         return SearchResponse.model_validate(payload).data
     except ValidationError as exc:
-        raise CallFailed("contract_error", f"search response: {_first_error(exc)}") from None
+        raise CallFailed(
+            FailureKind.CONTRACT_ERROR, f"search response: {_first_error(exc)}"
+        ) from None
 
 
 def _first_error(exc: ValidationError) -> str:
@@ -319,7 +333,7 @@ class ParticipantClient:
             spent = await self._limiter.spend(endpoint.run_key)
             if spent > endpoint.max_requests:
                 raise CallFailed(
-                    "run_limit_reached",
+                    FailureKind.RUN_LIMIT_REACHED,
                     f"the run reached its declared limit of {endpoint.max_requests} requests",
                 )
         if endpoint.capacity is None:
@@ -371,15 +385,16 @@ class ParticipantClient:
         if answer.status == 202:
             if not endpoint.add_status_url_template:
                 raise CallFailed(
-                    "contract_error", "add returned 202 but the version has no Add-status URL"
+                    FailureKind.CONTRACT_ERROR,
+                    "add returned 202 but the version has no Add-status URL",
                 )
             if not isinstance(payload, dict) or "task_id" not in payload:
-                raise CallFailed("contract_error", "add 202 response: task_id missing")
+                raise CallFailed(FailureKind.CONTRACT_ERROR, "add 202 response: task_id missing")
             try:
                 task = AddAccepted.model_validate(payload)
             except ValidationError as exc:
                 raise CallFailed(
-                    "contract_error", f"add 202 response: {_first_error(exc)}"
+                    FailureKind.CONTRACT_ERROR, f"add 202 response: {_first_error(exc)}"
                 ) from None
             url = status_url(endpoint.add_status_url_template, task.task_id)
             payload = await self._poll(endpoint, url, task.task_id, observe, admission)
@@ -398,7 +413,9 @@ class ParticipantClient:
             "search", url, endpoint, body, SEARCH_RETRYABLE, observe, admission
         )
         if answer.status != 200:
-            raise CallFailed("contract_error", f"search: expected HTTP 200, got {answer.status}")
+            raise CallFailed(
+                FailureKind.CONTRACT_ERROR, f"search: expected HTTP 200, got {answer.status}"
+            )
         return validate_search_response(parse_json(answer.body, "search"), top_k)
 
     async def health(self, endpoint: Endpoint) -> bool:
@@ -484,7 +501,7 @@ class ParticipantClient:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise CallFailed(
-                    "participant_outage",
+                    FailureKind.PARTICIPANT_OUTAGE,
                     f"add task {short(task_id, 80)} not finished within {self._timeout:.0f}s",
                 )
             timing = _Timing()
@@ -497,10 +514,10 @@ class ParticipantClient:
                     )  # fmt: skip
             except UnsafeUrl as exc:
                 await observe(timing.attempt("add_status", attempt, None, exc, "final"))
-                raise CallFailed("wrong_url", f"add status: {exc.reason}") from None
+                raise CallFailed(FailureKind.WRONG_URL, f"add status: {exc.reason}") from None
             except BodyRejected as exc:
                 await observe(timing.rejected("add_status", attempt, exc))
-                raise CallFailed("contract_error", exc.reason) from None
+                raise CallFailed(FailureKind.CONTRACT_ERROR, exc.reason) from None
             except httpx.HTTPError as exc:
                 await observe(timing.attempt("add_status", attempt, None, exc, "retry"))
                 await asyncio.sleep(self._policy.delay(min(attempt, 8), None))
@@ -523,7 +540,7 @@ class ParticipantClient:
                 if state in {"failed", "error"}:
                     told = short(answer.body.decode("utf-8", "replace"))
                     raise CallFailed(
-                        "contract_error", f"add task {short(task_id, 80)} failed: {told}"
+                        FailureKind.CONTRACT_ERROR, f"add task {short(task_id, 80)} failed: {told}"
                     )
             await asyncio.sleep(self._policy.delay(min(attempt, 8), None))
 
@@ -569,11 +586,11 @@ class ParticipantClient:
             except UnsafeUrl as exc:
                 # A refused target (R-4.1) will not become safe by retrying.
                 await observe(timing.attempt(operation, attempt, None, exc, "final"))
-                raise CallFailed("wrong_url", f"{operation}: {exc.reason}") from None
+                raise CallFailed(FailureKind.WRONG_URL, f"{operation}: {exc.reason}") from None
             except BodyRejected as exc:
                 # Too large or undecodable: a contract violation, final at once (R-4.9).
                 await observe(timing.rejected(operation, attempt, exc))
-                raise CallFailed("contract_error", exc.reason) from None
+                raise CallFailed(FailureKind.CONTRACT_ERROR, exc.reason) from None
             except httpx.HTTPError as exc:
                 await observe(timing.attempt(operation, attempt, None, exc, again))
                 last = f"network error: {type(exc).__name__}"
@@ -589,14 +606,16 @@ class ParticipantClient:
                     raise CallFailed(kind, f"{operation}: {reason}")
                 if status not in retryable:
                     await observe(timing.attempt(operation, attempt, status, None, "final"))
-                    raise CallFailed("contract_error", f"{operation}: unexpected HTTP {status}")
+                    raise CallFailed(
+                        FailureKind.CONTRACT_ERROR, f"{operation}: unexpected HTTP {status}"
+                    )
                 await observe(timing.attempt(operation, attempt, status, None, again))
                 last = f"HTTP {status}"
                 retry_after = parse_retry_after(answer.headers.get("Retry-After"))
             if attempt < self._policy.max_attempts:
                 await asyncio.sleep(self._policy.delay(attempt, retry_after))
         raise CallFailed(
-            "participant_outage",
+            FailureKind.PARTICIPANT_OUTAGE,
             f"{operation}: no success after {self._policy.max_attempts} attempts (last: {last})",
         )
 
@@ -606,13 +625,15 @@ def status_url(template: str, task_id: str) -> str:
     letters, digits and `-._~`, so it cannot add a path, query, fragment or user), and the
     result a URL httpx accepts; else a contract violation."""
     if not task_id.isprintable():
-        raise CallFailed("contract_error", "add 202 response: task_id holds control characters")
+        raise CallFailed(
+            FailureKind.CONTRACT_ERROR, "add 202 response: task_id holds control characters"
+        )
     url = template.replace("{task_id}", quote(task_id, safe="-._~"))
     try:
         httpx.URL(url)
     except httpx.InvalidURL:
         raise CallFailed(
-            "contract_error", "add 202 response: task_id does not make a valid status URL"
+            FailureKind.CONTRACT_ERROR, "add 202 response: task_id does not make a valid status URL"
         ) from None
     return url
 

@@ -7,7 +7,7 @@ nothing is ever built), checks its sha256 against the pin, and extracts only the
 each checked against its own sha256, into a directory of their own. When that directory
 already holds the pinned files nothing is fetched, so set-up may run it every time.
 
-Used by `aml_runtime.install_punkt` and `aml_runtime.install_model`.
+Used by `aml_runtime.install_punkt` and `aml_devtools.install_model`.
 """
 
 from __future__ import annotations

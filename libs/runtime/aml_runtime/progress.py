@@ -45,28 +45,24 @@ the same guarantee for one database operation less per item and stage (four per 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import UTC, datetime, timedelta
-from typing import Literal
+from datetime import datetime, timedelta
+from typing import Literal, NamedTuple
 
 import structlog
 from pymongo import ReturnDocument
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract.messages import Outcome
+from aml_runtime.clock import MICROSECOND as _MICROSECOND
+from aml_runtime.clock import micros, now_us
 from aml_runtime.db import Document, read_time
+from aml_runtime.documents import ITEM_STAGES as ITEM_STAGES  # re-exported: counters are per stage
+from aml_runtime.documents import STAGE_COLLECTIONS
+from aml_runtime.documents import ItemStage as ItemStage
 from aml_runtime.metrics import ITEMS
 
 log = structlog.get_logger()
 
-ItemStage = Literal["add", "search", "answer", "score"]
-ITEM_STAGES: tuple[ItemStage, ...] = ("add", "search", "answer", "score")
-# Where each stage keeps its per-item documents (the truth the repair backfills from).
-STAGE_COLLECTIONS: dict[ItemStage, str] = {
-    "add": "add_chunks",
-    "search": "searches",
-    "answer": "answers",
-    "score": "scores",
-}
 OUTCOMES: tuple[Outcome, ...] = ("done", "failed")
 
 QUESTIONS_FINAL = "progress.questions_final"
@@ -78,9 +74,6 @@ LAST_US = "progress.last_us"
 REPAIRED_US = "progress.repaired_us"
 # Every document with `at_us` at or under this is in the counters through a repair's recount.
 COUNTED_TO = "progress.counted_to"
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
 
 
 def counter_field(stage: ItemStage, outcome: Outcome) -> str:
@@ -95,11 +88,6 @@ COUNTERS: tuple[str, ...] = (
 
 
 # -- rules (no I/O) -----------------------------------------------------------------------------
-
-
-def micros(moment: datetime) -> int:
-    """An aware datetime as integer microseconds since the epoch (exact, no float rounding)."""
-    return (moment - _EPOCH) // _MICROSECOND
 
 
 def outcome_of(state: object) -> Outcome | None:
@@ -161,6 +149,38 @@ def stage_counts(job: Document, stage: ItemStage) -> tuple[int, int]:
     return _read(job, counter_field(stage, "done")), _read(job, counter_field(stage, "failed"))
 
 
+class Waiting(NamedTuple):
+    """The earliest stage a job still waits on, with how many of the items it waits for are
+    final and how many it waits for."""
+
+    stage: Literal["add", "search", "answer", "score", "aggregate"]
+    final: int
+    expected: int
+
+
+def waiting_stage(job: Document) -> Waiting:
+    """From the job document's totals and counters alone: every Add final; then every question
+    searched (failed counts as final); then an answer for every question searched, and a score
+    for every question answered (a question failed earlier is final there and waits for
+    nothing later); then the aggregation. A job not planned yet waits on its Adds. One rule for
+    the status the API shows and the stall the scheduler reports."""
+    totals = job.get("totals") or {}
+    chunks, questions = int(totals.get("add", 0)), int(totals.get("questions", 0))
+    add_done, add_failed = stage_counts(job, "add")
+    if not totals or add_done + add_failed < chunks:
+        return Waiting("add", add_done + add_failed, chunks)
+    search_done, search_failed = stage_counts(job, "search")
+    if search_done + search_failed < questions:
+        return Waiting("search", search_done + search_failed, questions)
+    answer_done, answer_failed = stage_counts(job, "answer")
+    if answer_done + answer_failed < search_done:
+        return Waiting("answer", answer_done + answer_failed, search_done)
+    score_done, score_failed = stage_counts(job, "score")
+    if score_done + score_failed < answer_done:
+        return Waiting("score", score_done + score_failed, answer_done)
+    return Waiting("aggregate", questions, questions)
+
+
 def questions_final(job: Document) -> int:
     return _read(job, QUESTIONS_FINAL)
 
@@ -191,11 +211,6 @@ def counting_filters(job_id: str, at_us: int) -> tuple[Document, Document]:
 
 
 # -- I/O ----------------------------------------------------------------------------------------
-
-
-def now_us() -> int:
-    """The `at_us` a terminal write stamps on its stage document."""
-    return micros(datetime.now(UTC))
 
 
 async def count_final(

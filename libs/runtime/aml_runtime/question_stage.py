@@ -30,9 +30,11 @@ from aml_contract.messages import (
 )
 from aml_contract.subjects import WorkStage
 from aml_runtime.broker import Exhausted, publish, publish_work, run_delivery
+from aml_runtime.clock import now, now_us
 from aml_runtime.db import Document
-from aml_runtime.jobs import ACTIVE, fail_job, now, record_error
-from aml_runtime.progress import STAGE_COLLECTIONS, count_final, now_us, outcome_of
+from aml_runtime.documents import ACTIVE_JOB_STATES, STAGE_COLLECTIONS, FailureKind
+from aml_runtime.jobs import fail_job, record_error
+from aml_runtime.progress import count_final, outcome_of
 from aml_runtime.settings import CommonSettings
 from aml_runtime.stage_worker import StageCall, WorkItem
 from aml_runtime.telemetry import stage_span
@@ -44,7 +46,13 @@ _NEXT: dict[QuestionStage, WorkStage | None] = {
 }
 # A contract violation stops the whole job; other failures stay with their question.
 _FATAL_KINDS = frozenset(
-    {"contract_error", "authentication_error", "access_denied", "wrong_url", "run_limit_reached"}
+    {
+        FailureKind.CONTRACT_ERROR,
+        FailureKind.AUTHENTICATION_ERROR,
+        FailureKind.ACCESS_DENIED,
+        FailureKind.WRONG_URL,
+        FailureKind.RUN_LIMIT_REACHED,
+    }
 )
 
 # How long an LLM stage reuses a job's state it read (see `QuestionStageWorker._job`).
@@ -81,7 +89,7 @@ class QuestionStageWorker:
         async def attempt() -> None:
             await self._process(work, item)
 
-        async def give_up(kind: str, reason: str) -> None:
+        async def give_up(kind: FailureKind, reason: str) -> None:
             failure = {"state": "failed", "failure_kind": kind, "failure": reason}
             stored = await self.store(work, failure)
             await record_error(self.db, work.job_id, self.stage, kind, work.item_id, reason)
@@ -110,7 +118,7 @@ class QuestionStageWorker:
             return
         # Checked after admission, right before the call: a failed job's work is dropped here.
         job = await self._job(work.job_id)
-        if job is None or job["state"] not in ACTIVE:
+        if job is None or job["state"] not in ACTIVE_JOB_STATES:
             return
         question = await self._question(work)
         fields = await self.compute(work, question, item.call(job))
@@ -146,7 +154,7 @@ class QuestionStageWorker:
             return work.facts.model_dump()
         question = await self.db.questions.find_one({"_id": work.item_id})
         if question is None:
-            raise Exhausted("platform_error", f"question {work.item_id} is not planned")
+            raise Exhausted(FailureKind.PLATFORM_ERROR, f"question {work.item_id} is not planned")
         return question
 
     async def store(self, work: QuestionWork, fields: Document) -> Stored:

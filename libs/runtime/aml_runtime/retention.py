@@ -11,9 +11,9 @@ from datetime import datetime, timedelta
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_runtime.db import Document, read_time
+from aml_runtime.documents import FINISHED_JOB_STATES
 
 RETENTION = timedelta(days=30)
-_FINISHED = ("completed", "failed")
 
 # (collection, fields emptied). Documents stay, so counts and audit metadata survive.
 _PURGED_FIELDS: tuple[tuple[str, Document], ...] = (
@@ -52,7 +52,7 @@ async def purge_expired(
     """Purge every ended job whose retention is over; returns their ids."""
     purged = []
     projection = {"finished_at": 1, "retention_keep_until": 1, "retention_purged_at": 1}
-    async for job in db.jobs.find({"state": {"$in": list(_FINISHED)}}, projection):
+    async for job in db.jobs.find({"state": {"$in": list(FINISHED_JOB_STATES)}}, projection):
         if job.get("retention_purged_at") is not None:
             continue
         finished = read_time(job.get("finished_at"))

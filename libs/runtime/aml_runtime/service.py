@@ -36,7 +36,8 @@ from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_runtime.broker import declare_streams, make_broker
-from aml_runtime.db import Document, connect, ensure_indexes
+from aml_runtime.db import Document, connect
+from aml_runtime.documents import ensure_indexes
 from aml_runtime.logging import configure_logging
 from aml_runtime.metrics import OpsServer, mongo_ready, nats_ready, process_checks, readiness
 from aml_runtime.settings import CommonSettings, LLMSettings

@@ -13,10 +13,12 @@ from aml_contract import subjects
 from aml_contract.messages import AddDone, AddWork, Outcome, message_id
 from aml_runtime.audit import VALID, CallRecorder
 from aml_runtime.broker import Exhausted, publish, run_delivery
+from aml_runtime.clock import now, now_us
 from aml_runtime.db import Document
-from aml_runtime.jobs import Endpoints, job_is_active, now, record_error
+from aml_runtime.documents import FailureKind
+from aml_runtime.jobs import Endpoints, job_is_active, record_error
 from aml_runtime.participants import CallFailed, ParticipantClient
-from aml_runtime.progress import count_final, now_us
+from aml_runtime.progress import count_final
 from aml_runtime.settings import CommonSettings
 from aml_runtime.stage_worker import WorkItem
 from aml_runtime.telemetry import stage_span
@@ -34,7 +36,7 @@ class SendChunk:
         async def attempt() -> None:
             await self.add(work, item)
 
-        async def give_up(kind: str, reason: str) -> None:
+        async def give_up(kind: FailureKind, reason: str) -> None:
             await self.finish(work, "failed", {"failure_kind": kind, "failure": reason})
             await record_error(self.db, work.job_id, "add", kind, work.request_id, reason)
 
@@ -45,7 +47,7 @@ class SendChunk:
     async def add(self, work: AddWork, item: WorkItem) -> None:
         chunk = await self.db.add_chunks.find_one({"_id": work.request_id})
         if chunk is None:
-            raise Exhausted("platform_error", f"chunk {work.request_id} is not planned")
+            raise Exhausted(FailureKind.PLATFORM_ERROR, f"chunk {work.request_id} is not planned")
         if chunk["state"] != "pending":
             # Its writer counted it (or died first: the repair counts it); announce it again.
             await self.announce(work, chunk["state"])
@@ -61,7 +63,7 @@ class SendChunk:
             try:
                 await self.client.add(endpoint, chunk["body"], ids, observe, item.admission)
             except CallFailed as exc:
-                if exc.kind == "contract_error":
+                if exc.kind == FailureKind.CONTRACT_ERROR:
                     await observe.validated(exc.reason)
                 raise Exhausted(exc.kind, exc.reason) from None
             await observe.validated(VALID)

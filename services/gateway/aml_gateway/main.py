@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
-from pymongo import ASCENDING, AsyncMongoClient
+from pymongo import AsyncMongoClient
 
 from aml_gateway import publication
 from aml_gateway.errors import install_error_handlers
@@ -23,8 +23,9 @@ from aml_gateway.routes import access, admin, datasets, jobs, leaderboard, pages
 from aml_gateway.services import Services
 from aml_gateway.settings import GatewaySettings
 from aml_runtime.broker import declare_streams, make_broker
-from aml_runtime.db import Document, connect, ensure_indexes
-from aml_runtime.jobs import now
+from aml_runtime.clock import now
+from aml_runtime.db import Document, connect
+from aml_runtime.documents import GATEWAY_INDEXES, INDEXES, ensure_indexes
 from aml_runtime.logging import configure_logging
 from aml_runtime.metrics import process_checks, readiness
 from aml_runtime.secrets import SecretBox
@@ -130,11 +131,7 @@ def create_app(
         broker = make_broker(settings, tracing)
         await broker.connect()
         await declare_streams(broker)
-        await ensure_indexes(db)
-        await db.jobs.create_index([("run_label_key", ASCENDING)], unique=True)
-        # One submission at a time per team: see routes/jobs.py.
-        await db.jobs.create_index([("submission_key", ASCENDING)], unique=True)
-        await publication.ensure_indexes(db)
+        await ensure_indexes(db, INDEXES + GATEWAY_INDEXES)
         # An approval interrupted between its two writes gets its entry now.
         await publication.repair_entries(db, clock)
         box = SecretBox(settings.secret_keys)

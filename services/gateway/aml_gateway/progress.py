@@ -12,19 +12,18 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract.api.jobs import JobError, JobStatus, StageProgress
 from aml_contract.api.publication import PublicationGate
-from aml_contract.api.vocabulary import STAGES, Stage
+from aml_contract.api.vocabulary import Stage
 from aml_runtime.db import Document, read_time
-from aml_runtime.progress import ITEM_STAGES, stage_counts
+from aml_runtime.documents import FailureKind, JobDocument
+from aml_runtime.progress import ITEM_STAGES, stage_counts, waiting_stage
 
 
-def current_stage(state: str, stages: dict[Stage, StageProgress]) -> Stage | None:
-    if state in ("completed", "failed"):
+def current_stage(job: Document) -> Stage | None:
+    """The stage the job waits on (`aml_runtime.progress.waiting_stage`: the rule the
+    scheduler's stall diagnosis uses too); none once the job ended."""
+    if job["state"] in ("completed", "failed"):
         return None
-    for stage in STAGES:
-        progress = stages[stage]
-        if progress.total == 0 or progress.done + progress.failed < progress.total:
-            return stage
-    return "aggregate"
+    return waiting_stage(job).stage
 
 
 def stage_progress(job: Document) -> dict[Stage, StageProgress]:
@@ -49,7 +48,7 @@ _VERSION_FIELDS = {"system_name": 1, "version_label": 1, "board": 1}
 async def job_status(db: AsyncDatabase[Document], job: Document) -> JobStatus:
     """Bounded: the job document, its version by id and at most 100 errors."""
     job_id = job["_id"]
-    # Bounded: the (job_id, at) index (aml_runtime.db) serves the filter, the order and the limit.
+    # Bounded: the (job_id, at) index (aml_runtime.documents) serves the filter, order and limit.
     errors = [
         JobError(stage=e["stage"], kind=e["kind"], item=e.get("item"), reason=e["reason"])
         async for e in db.job_errors.find({"job_id": job_id}).sort("at", 1).limit(100)
@@ -62,32 +61,31 @@ def status_of(
     job: Document, version: Document | None, errors: list[JobError], now: datetime
 ) -> JobStatus:
     """The status from what `job_status` read (pure)."""
+    stored = JobDocument.model_validate(job)
     stages = stage_progress(job)
     errors = list(errors)
-    if job["state"] == "failed" and not errors:
+    if stored.state == "failed" and not errors:
         errors.append(
             JobError(
-                stage=job.get("failed_stage", "add"),
-                kind="job_failed",
+                stage=stored.failed_stage or "add",
+                kind=FailureKind.JOB_FAILED,
                 item=None,
-                reason=job.get("failure", "the job failed"),
+                reason=stored.failure or "the job failed",
             )
         )
-    started = read_time(job.get("started_at"))
-    finished = read_time(job.get("finished_at"))
+    started, finished = stored.started_at, stored.finished_at
     end = finished or now
-    spec = job.get("spec") or {}
     version = version or {}
     return JobStatus(
-        job_id=job["_id"],
-        state=job["state"],
-        stage=current_stage(job["state"], stages),
-        mode=job["mode"],
-        track=job["track"],
-        version_id=job["version_id"],
-        run_label=job["run_label"],
-        datasets=job["datasets"],
-        created_at=read_time(job["created_at"]),
+        job_id=stored.id,
+        state=stored.state,
+        stage=current_stage(job),
+        mode=stored.mode,
+        track=stored.track,
+        version_id=stored.version_id,
+        run_label=stored.run_label,
+        datasets=stored.datasets,
+        created_at=stored.created_at,
         started_at=started,
         finished_at=finished,
         elapsed_seconds=round((end - started).total_seconds(), 3) if started else 0.0,
@@ -96,18 +94,18 @@ def status_of(
         ),
         stages=stages,
         errors=errors,
-        spec=spec,
-        spec_hash=job.get("spec_hash"),
-        dataset_bundle_hash=job.get("dataset_bundle_hash"),
-        dataset_bundles=job.get("dataset_bundles", {}),
-        code_hash=job.get("code_hash"),
-        answer_model=spec.get("answer_model"),
+        spec=stored.spec,
+        spec_hash=stored.spec_hash,
+        dataset_bundle_hash=stored.dataset_bundle_hash,
+        dataset_bundles=stored.dataset_bundles,
+        code_hash=stored.code_hash,
+        answer_model=stored.spec.get("answer_model"),
         system_name=version.get("system_name"),
         version_label=version.get("version_label"),
         board=version.get("board"),
-        review_state=job.get("review_state"),
+        review_state=stored.review_state,
         gate=stored_gate(job),
-        review_reason=job.get("review_reason"),
+        review_reason=stored.review_reason,
     )
 
 

@@ -22,7 +22,6 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 
 import structlog
-from pymongo import ASCENDING
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
@@ -42,14 +41,6 @@ LIST_LIMIT = 500
 PUBLIC_FIELDS = tuple(LeaderboardEntry.model_fields)
 # What an entry copies from its job; a job without them cannot be published.
 _JOB_HASHES = ("spec_hash", "code_hash", "dataset_bundle_hash")
-
-
-async def ensure_indexes(db: AsyncDatabase[Document]) -> None:
-    # One entry per job, whatever races: the second insert is refused.
-    await db.leaderboard.create_index([("job_id", ASCENDING)], unique=True)
-    await db.leaderboard.create_index([("track", ASCENDING), ("board", ASCENDING)])
-    await db.leaderboard.create_index([("system_name", ASCENDING)])
-    await db.jobs.create_index([("review_state", ASCENDING)])
 
 
 async def _job(db: AsyncDatabase[Document], job_id: str) -> Document:

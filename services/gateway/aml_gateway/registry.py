@@ -22,6 +22,7 @@ from aml_contract.api.vocabulary import AuthMethod, Board, Track
 from aml_gateway.refusals import Conflict, Invalid
 from aml_gateway.services import key_hash
 from aml_runtime.db import Document
+from aml_runtime.documents import VersionDocument
 from aml_runtime.participants import Endpoint, ParticipantClient
 from aml_runtime.secrets import SecretBox
 from aml_runtime.settings import ParticipantCallSettings
@@ -63,7 +64,10 @@ Clock = Callable[[], datetime]
 def version_document(
     version_id: str, team_id: str, spec: VersionSpec, created_at: datetime
 ) -> Document:
-    return {"_id": version_id, "team_id": team_id, **asdict(spec), "created_at": created_at}
+    document = {"_id": version_id, "team_id": team_id, **asdict(spec), "created_at": created_at}
+    # Refused here rather than at the first job: what is stored is what the pipeline reads.
+    VersionDocument.model_validate(document)
+    return document
 
 
 def _name_taken(name: str) -> Conflict:

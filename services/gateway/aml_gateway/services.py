@@ -14,8 +14,8 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_gateway.limits import Limits
 from aml_gateway.settings import GatewaySettings
+from aml_runtime.clock import now
 from aml_runtime.db import Document
-from aml_runtime.jobs import now
 from aml_runtime.secrets import SecretBox
 
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from aml_contract.api.vocabulary import JobState, Mode, Track
 from aml_gateway.refusals import Conflict, Invalid, QuotaExceeded, Refused
-from aml_runtime.jobs import ACTIVE, PLATFORM_ERROR
+from aml_runtime.documents import ACTIVE_JOB_STATES, FailureKind
 
 
 class Season(BaseModel):
@@ -96,17 +96,17 @@ class PriorRun(BaseModel):
     state: JobState
     created_at: datetime
     finished_at: datetime | None = None
-    failure_kind: str | None = None
+    failure_kind: FailureKind | None = None
     # A completed smoke in which no item failed because of the participant.
     passed: bool = False
 
     @property
     def active(self) -> bool:
-        return self.state in ACTIVE
+        return self.state in ACTIVE_JOB_STATES
 
     @property
     def counts_against_quota(self) -> bool:
-        return not (self.state == "failed" and self.failure_kind == PLATFORM_ERROR)
+        return not (self.state == "failed" and self.failure_kind == FailureKind.PLATFORM_ERROR)
 
 
 class Submission(BaseModel):

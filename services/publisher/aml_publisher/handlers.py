@@ -25,17 +25,17 @@ from aml_publisher.gate import (
     run_gate,
 )
 from aml_publisher.settings import PublisherSettings
+from aml_runtime.clock import now
 from aml_runtime.db import Document
-from aml_runtime.jobs import now
+from aml_runtime.documents import FINISHED_JOB_STATES, LEADERBOARD
 from aml_runtime.progress import ITEM_STAGES, error_count, stage_counts
 
 log = structlog.get_logger()
 
-FINISHED = ("completed", "failed")
-# One document per public leaderboard submission record, written when an admin approves a
-# gated job; read here for the duplicate check. Fields the gate uses: `job_id`, `version_id`,
-# `track`, `results_fingerprint`, `disqualified` (the last three default from the job).
-LEADERBOARD = "leaderboard"
+# `leaderboard` holds one document per public leaderboard submission record, written when an
+# admin approves a gated job; read here for the duplicate check. Fields the gate uses: `job_id`,
+# `version_id`, `track`, `results_fingerprint`, `disqualified` (the last three default from the
+# job).
 
 
 @dataclass
@@ -49,7 +49,7 @@ class GateFinishedJobs:
     async def reconcile(self) -> None:
         """Gate every finished job that has no outcome yet (an event that ran out of deliveries,
         or jobs that finished before the publisher was deployed)."""
-        ungated = {"state": {"$in": list(FINISHED)}, "gate": {"$exists": False}}
+        ungated = {"state": {"$in": list(FINISHED_JOB_STATES)}, "gate": {"$exists": False}}
         async for job in self.db.jobs.find(ungated, {"_id": 1}):
             try:
                 await self.gate_job(job["_id"])
@@ -60,7 +60,7 @@ class GateFinishedJobs:
         """Gate one finished job; False when there was nothing to do (unknown, still running, or
         already gated: the stored outcome stands)."""
         job = await self.db.jobs.find_one({"_id": job_id})
-        if job is None or job.get("state") not in FINISHED:
+        if job is None or job.get("state") not in FINISHED_JOB_STATES:
             log.warning("gate.skipped", job_id=job_id, state=(job or {}).get("state"))
             return False
         if job.get("gate") is not None:

@@ -11,6 +11,7 @@ from aml_contract.messages import JobFinished
 from aml_publisher.handlers import GateFinishedJobs
 from aml_publisher.settings import PublisherSettings
 from aml_runtime.broker import FastStreamDelivery, consume, run_delivery
+from aml_runtime.documents import FailureKind
 from aml_runtime.service import Periodic, open_runtime, serve
 from aml_runtime.telemetry import stage_span
 
@@ -30,7 +31,7 @@ def create_app(settings: PublisherSettings | None = None) -> FastStream:
 
     @consume(rt.broker, settings, subjects.JOB_FINISHED, DURABLE, settings.consumer_concurrency)
     async def on_job_finished(event: JobFinished, msg: NatsMessage) -> None:
-        async def gave_up(kind: str, reason: str) -> None:
+        async def gave_up(kind: FailureKind, reason: str) -> None:
             # Nothing is lost: the periodic reconciliation gates every finished job left ungated.
             log.warning("gate.gave_up", job_id=event.job_id, kind=kind, reason=reason)
 

@@ -32,13 +32,25 @@ from aml_evaluation.datasets import (
 )
 from aml_evaluation.spec import EvaluationSpec
 from aml_runtime.broker import publish_work
+from aml_runtime.clock import now
 from aml_runtime.db import Document, read_time
+from aml_runtime.documents import (
+    ACTIVE_JOB_STATES,
+    ADD_CHUNKS,
+    ANSWERS,
+    QUESTION_RELEASES,
+    QUESTIONS,
+    SEARCHES,
+    WRITTEN_TEXTS,
+    AddChunkDocument,
+    FailureKind,
+    JobDocument,
+    ScoreDocument,
+    StageRecord,
+)
 from aml_runtime.jobs import (
-    PLATFORM_ERROR,
-    RUN_LIMIT_REACHED,
     fail_job,
     load_endpoint,
-    now,
     publish_finished,
     record_error,
     run_overdue,
@@ -55,12 +67,10 @@ from aml_scheduler.planning import (
     plan_written_texts,
 )
 from aml_scheduler.settings import SchedulerSettings
-from aml_scheduler.watchdog import JOB_STALLED, diagnose, stall_limit_seconds
+from aml_scheduler.watchdog import diagnose, stall_limit_seconds
 
 log = structlog.get_logger()
 _DUPLICATE_KEY = 11000
-# The error-summary kind of a job whose dataset files cannot be read or fail their hashes.
-DATASET_MISSING = "dataset_missing"
 
 
 @dataclass
@@ -80,12 +90,12 @@ class ScheduleJobs:
 
     async def on_job_submitted(self, event: JobSubmitted) -> None:
         job = await self.db.jobs.find_one({"_id": event.job_id})
-        if job is None or job["state"] not in ("queued", "running"):
+        if job is None or job["state"] not in ACTIVE_JOB_STATES:
             return
         if not job.get("planned"):
             if not await self._participant_healthy(job):
                 reason = "the participant's Health endpoint did not answer 2xx before the start"
-                kind = "participant_outage"
+                kind = FailureKind.PARTICIPANT_OUTAGE
                 await record_error(self.db, job["_id"], "add", kind, None, reason)
                 await fail_job(self.db, self.broker, job["_id"], "add", kind, reason)
                 return
@@ -95,24 +105,29 @@ class ScheduleJobs:
                 # Not transient: retrying (every event, every reconciliation) would leave the job
                 # queued for good. The platform's failure, so the team's quota is not charged.
                 reason = f"dataset files missing or altered: {exc}"
-                await record_error(self.db, job["_id"], "add", DATASET_MISSING, None, reason)
-                await fail_job(self.db, self.broker, job["_id"], "add", PLATFORM_ERROR, reason)
+                await record_error(
+                    self.db, job["_id"], "add", FailureKind.DATASET_MISSING, None, reason
+                )
+                await fail_job(
+                    self.db, self.broker, job["_id"], "add", FailureKind.PLATFORM_ERROR, reason
+                )
                 log.error("job.dataset_missing", job_id=job["_id"], reason=str(exc))
                 return
         await self.release(event.job_id)
 
     async def on_add_done(self, event: AddDone) -> None:
-        chunk = await self.db.add_chunks.find_one({"_id": event.request_id})
-        if chunk is None:
+        stored = await self.db.add_chunks.find_one({"_id": event.request_id})
+        if stored is None:
             return
+        chunk = AddChunkDocument.model_validate(stored)
         if event.outcome == "failed":
-            reason = chunk.get("failure", "an Add request failed")
-            kind = chunk.get("failure_kind", PLATFORM_ERROR)
+            reason = chunk.failure or "an Add request failed"
+            kind = chunk.failure_kind or FailureKind.PLATFORM_ERROR
             await fail_job(
                 self.db, self.broker, event.job_id, "add", kind, f"{event.request_id}: {reason}"
             )
             return
-        await self.release(event.job_id, chunk["user_id"])
+        await self.release(event.job_id, chunk.user_id)
 
     async def on_question_done(self, event: QuestionDone) -> None:
         await self.complete_if_done(event.job_id)
@@ -129,7 +144,7 @@ class ScheduleJobs:
         A running job's progress counters are repaired (`aml_runtime.progress`) only once they
         have been still for a few intervals: a lost increment shows as a job that stops moving,
         and a moving job is not re-read every interval."""
-        active = {"state": {"$in": ["queued", "running"]}}
+        active = {"state": {"$in": list(ACTIVE_JOB_STATES)}}
         fields = {"_id": 1, "version_id": 1, "started_at": 1, "planned": 1, "progress": 1,
                   "state": 1, "totals": 1, "created_at": 1}  # fmt: skip
         stale_after = timedelta(seconds=3 * self.settings.reconcile_interval_seconds)
@@ -156,8 +171,9 @@ class ScheduleJobs:
         reason = run_overdue(version, read_time(job.get("started_at")), now())
         if reason is None:
             return False
-        await record_error(self.db, job["_id"], "add", RUN_LIMIT_REACHED, None, reason)
-        await fail_job(self.db, self.broker, job["_id"], "add", RUN_LIMIT_REACHED, reason)
+        kind = FailureKind.RUN_LIMIT_REACHED
+        await record_error(self.db, job["_id"], "add", kind, None, reason)
+        await fail_job(self.db, self.broker, job["_id"], "add", kind, reason)
         return True
 
     async def _fail_if_stalled(self, job: Document, version: Document) -> bool:
@@ -173,7 +189,8 @@ class ScheduleJobs:
             return False
         log.warning("job.stalled", job_id=job["_id"], stage=stall.stage, cause=stall.cause,
                     reason=stall.reason)  # fmt: skip
-        await record_error(self.db, job["_id"], stall.stage, JOB_STALLED, None, stall.reason)
+        stalled = FailureKind.JOB_STALLED
+        await record_error(self.db, job["_id"], stall.stage, stalled, None, stall.reason)
         await fail_job(self.db, self.broker, job["_id"], stall.stage, stall.kind, stall.reason)
         return True
 
@@ -196,9 +213,9 @@ class ScheduleJobs:
             f1_variants[dataset_id] = dataset.f1_variant
             chunks += plan_chunks(job_id, dataset)
             questions += plan_questions(job_id, dataset, self.spec.top_k)
-        await _insert_once(self.db, "add_chunks", chunks)
-        await _insert_once(self.db, "written_texts", plan_written_texts(job_id, chunks))
-        await _insert_once(self.db, "questions", questions)
+        await _insert_once(self.db, ADD_CHUNKS, chunks)
+        await _insert_once(self.db, WRITTEN_TEXTS, plan_written_texts(job_id, chunks))
+        await _insert_once(self.db, QUESTIONS, questions)
         spec_hash = self.spec.content_hash
         await self.db.specs.update_one(
             {"_id": spec_hash},
@@ -267,16 +284,19 @@ class ScheduleJobs:
             with item_trace("aml.release", question["_id"], stage="search", **ids):
                 await publish_work(self.broker, "search", work, question["_id"])
         # Written only after every publish went out: a crash before it re-publishes (harmless).
-        await _insert_once(self.db, "question_releases", [{"_id": marker, "job_id": job_id}])
+        await _insert_once(self.db, QUESTION_RELEASES, [{"_id": marker, "job_id": job_id}])
 
     async def complete_if_done(self, job_id: str) -> None:
-        job = await self.db.jobs.find_one({"_id": job_id})
-        if job is None or job["state"] != "running" or not job.get("planned"):
+        stored = await self.db.jobs.find_one({"_id": job_id})
+        if stored is None:
+            return
+        job = JobDocument.model_validate(stored)
+        if job.state != "running" or not job.planned or job.totals is None:
             return
         # O(1): the job's own counter of questions that reached their terminal state (scored, or
         # failed in search or answer). It can lag after a crash (then the reconciliation's repair
         # catches up), never lead, so a job is never completed with a question still open.
-        if questions_final(job) < job["totals"]["questions"]:
+        if questions_final(stored) < job.totals.questions:
             return
         # Once per job, like the aggregation below: make the stored counters exact (a lost
         # increment of an Add or an error entry does not hold completion back but would show
@@ -286,8 +306,8 @@ class ScheduleJobs:
             job_id,
             "completed",
             await self.outcomes(job_id),
-            job.get("excluded_categories", {}),
-            job.get("f1_variants", {}),
+            job.excluded_categories,
+            job.f1_variants,
         )
         updated = await self.db.jobs.update_one(
             {"_id": job_id, "state": "running"},
@@ -305,36 +325,46 @@ class ScheduleJobs:
 
     async def outcomes(self, job_id: str) -> list[QuestionOutcome]:
         """Each question's final record: its score, or the stage where it failed and why."""
-        final: dict[str, Document] = {}
-        for collection in ("searches", "answers"):
+        final: dict[str, StageRecord] = {}
+        for collection in (SEARCHES, ANSWERS):
             async for doc in self.db[collection].find({"job_id": job_id, "state": "failed"}):
-                final.setdefault(doc["_id"], doc)
+                final.setdefault(doc["_id"], StageRecord.model_validate(doc))
         async for doc in self.db.scores.find({"job_id": job_id}):
-            final.setdefault(doc["_id"], doc)
+            final.setdefault(doc["_id"], ScoreDocument.model_validate(doc))
         outcomes = []
         async for question in self.db.questions.find(
             {"job_id": job_id}, {"dataset_id": 1, "category_name": 1, "question_id": 1}
         ):
-            record = final.get(question["_id"], {})
-            outcomes.append(question_outcome(question, record))
+            outcomes.append(question_outcome(question, final.get(question["_id"])))
         return outcomes
 
 
-def question_outcome(question: Document, record: Document) -> QuestionOutcome:
-    """A question's outcome from its final stage record (a score, or a failed stage)."""
-    scored = record.get("state") == "done" and "category_name" in record
+def question_outcome(question: Document, record: StageRecord | None) -> QuestionOutcome:
+    """A question's outcome from its final stage record: scored when it is a `done` score
+    document (whatever the verdict); otherwise failed where its record says, or, with no
+    record, by the platform."""
+    score = record if isinstance(record, ScoreDocument) and record.state == "done" else None
+    if score is None:
+        kind = record.failure_kind if record is not None else None
+        return QuestionOutcome(
+            question_id=question.get("question_id"),
+            dataset_id=question["dataset_id"],
+            category_name=question["category_name"],
+            scored=False,
+            failure_kind=kind or FailureKind.PLATFORM_ERROR,
+            multiple_choice=isinstance(record, ScoreDocument) and record.multiple_choice,
+        )
     return QuestionOutcome(
         question_id=question.get("question_id"),
         dataset_id=question["dataset_id"],
         category_name=question["category_name"],
-        scored=scored,
-        failure_kind=None if scored else record.get("failure_kind", PLATFORM_ERROR),
-        judge_label=record.get("judge_label") if scored else None,
-        judge_labels=record.get("judge_labels", []) if scored else [],
-        f1=record.get("f1") if scored else None,
-        bleu1=record.get("bleu1") if scored else None,
-        multiple_choice=bool(record.get("multiple_choice")),
-        choice_correct=record.get("choice_correct") if scored else None,
+        scored=True,
+        judge_label=score.judge_label,
+        judge_labels=score.judge_labels,
+        f1=score.f1,
+        bleu1=score.bleu1,
+        multiple_choice=score.multiple_choice,
+        choice_correct=score.choice_correct,
     )
 
 

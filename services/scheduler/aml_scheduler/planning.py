@@ -8,7 +8,7 @@ from typing import Any
 from aml_contract.participant import AddRequest, SearchRequest, encode, memory_user_id
 from aml_evaluation.chunker import plan_adds
 from aml_evaluation.datasets import Dataset
-from aml_runtime.isolation import content_text, owners_of_texts
+from aml_evaluation.isolation import content_text, owners_of_texts
 from aml_runtime.telemetry import item_trace_hex
 
 Document = dict[str, Any]

@@ -42,16 +42,16 @@ from pymongo import DESCENDING
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract.api.vocabulary import Stage
+from aml_runtime.clock import micros
 from aml_runtime.db import Document, read_time
-from aml_runtime.jobs import PLATFORM_ERROR, version_capacity
-from aml_runtime.progress import LAST_US, micros, stage_counts
+from aml_runtime.documents import FailureKind
+from aml_runtime.jobs import version_capacity
+from aml_runtime.progress import LAST_US, waiting_stage
 
 # A stall is never shorter than this many of the version's declared request periods.
 STALL_PERIODS = 10
 # ... nor than this many participant call timeouts (one slow call and its retry).
 STALL_TIMEOUTS = 2
-# The failure kind of a job the participant left without progress.
-JOB_STALLED = "job_stalled"
 
 Cause = Literal["participant", "platform"]
 
@@ -65,8 +65,10 @@ class Stall:
     detail: str
 
     @property
-    def kind(self) -> str:
-        return JOB_STALLED if self.cause == "participant" else PLATFORM_ERROR
+    def kind(self) -> FailureKind:
+        if self.cause == "participant":
+            return FailureKind.JOB_STALLED
+        return FailureKind.PLATFORM_ERROR
 
     @property
     def reason(self) -> str:
@@ -95,23 +97,20 @@ def last_moved_us(job: Document) -> int | None:
     return max(marks) if marks else None
 
 
+_FIGURES = {
+    "add": "{final} of {expected} Add requests final",
+    "search": "{final} of {expected} questions searched",
+    "answer": "{final} of {expected} answered",
+    "score": "{final} of {expected} scored",
+    "aggregate": "all {expected} questions final, job not completed",
+}
+
+
 def stuck_stage(job: Document) -> tuple[Stage, str]:
-    """The stage a running job waits on, and its figures, from the counters and totals."""
-    totals = job.get("totals") or {}
-    chunks, questions = int(totals.get("add", 0)), int(totals.get("questions", 0))
-    add_done, add_failed = stage_counts(job, "add")
-    if add_done + add_failed < chunks:
-        return "add", f"{add_done + add_failed} of {chunks} Add requests final"
-    search_done, search_failed = stage_counts(job, "search")
-    if search_done + search_failed < questions:
-        return "search", f"{search_done + search_failed} of {questions} questions searched"
-    answer_done, answer_failed = stage_counts(job, "answer")
-    if answer_done + answer_failed < search_done:
-        return "answer", f"{answer_done + answer_failed} of {search_done} answered"
-    score_done, score_failed = stage_counts(job, "score")
-    if score_done + score_failed < answer_done:
-        return "score", f"{score_done + score_failed} of {answer_done} scored"
-    return "aggregate", f"all {questions} questions final, job not completed"
+    """The stage a running job waits on (`aml_runtime.progress.waiting_stage`, the rule the
+    status shows too), and its figures."""
+    waiting = waiting_stage(job)
+    return waiting.stage, _FIGURES[waiting.stage].format(**waiting._asdict())
 
 
 async def diagnose(
@@ -153,7 +152,9 @@ async def _participant_or_platform(
         {"job_id": job_id, "at_us": {"$gte": since_us}}, sort=[("at_us", DESCENDING)]
     )
     if error is not None:
-        cause: Cause = "platform" if error.get("kind") == PLATFORM_ERROR else "participant"
+        cause: Cause = (
+            "platform" if error.get("kind") == FailureKind.PLATFORM_ERROR else "participant"
+        )
         return cause, f"last error {error.get('kind')}: {error.get('reason')}"
     call = await db.calls.find_one(
         {"job_id": job_id, "stage": stage}, sort=[("started_at", DESCENDING)]

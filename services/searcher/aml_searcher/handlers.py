@@ -10,10 +10,11 @@ import bson
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract.messages import QuestionWork
+from aml_evaluation.isolation import content_text, find_leaks, text_digest
 from aml_runtime.audit import VALID, CallRecorder
 from aml_runtime.broker import Exhausted
 from aml_runtime.db import Document
-from aml_runtime.isolation import content_text, find_leaks, text_digest
+from aml_runtime.documents import FailureKind
 from aml_runtime.jobs import Endpoints, record_error
 from aml_runtime.participants import CallFailed, ParticipantClient
 from aml_runtime.stage_worker import StageCall
@@ -79,7 +80,7 @@ class SearchQuestion:
     async def __call__(self, work: QuestionWork, question: Document, item: StageCall) -> Document:
         job = item.job or await self.db.jobs.find_one({"_id": work.job_id}, {"top_k": 1})
         if job is None:
-            raise Exhausted("platform_error", f"job {work.job_id} is missing")
+            raise Exhausted(FailureKind.PLATFORM_ERROR, f"job {work.job_id} is missing")
         async with CallRecorder(
             self.db, work.job_id, "search", work.item_id, item.delivered, work.version_id
         ) as observe:
@@ -102,7 +103,7 @@ class SearchQuestion:
                 endpoint, question["search_body"], job["top_k"], observe, item.admission
             )
         except CallFailed as exc:
-            if exc.kind == "contract_error":
+            if exc.kind == FailureKind.CONTRACT_ERROR:
                 await observe.validated(exc.reason)
             raise Exhausted(exc.kind, exc.reason) from None
         candidates = [item.model_dump(mode="json", exclude_none=True) for item in items]
@@ -115,7 +116,7 @@ class SearchQuestion:
                 f"{MAX_STORED_CANDIDATES_BYTES}"
             )
             await observe.validated(reason)
-            raise Exhausted("contract_error", reason)
+            raise Exhausted(FailureKind.CONTRACT_ERROR, reason)
         await observe.validated(VALID)
         return candidates
 
@@ -135,7 +136,7 @@ class SearchQuestion:
                 f"{', '.join(leak.written_for)}"
             )
             await record_error(
-                self.db, work.job_id, "search", "isolation_violation",
+                self.db, work.job_id, "search", FailureKind.ISOLATION_VIOLATION,
                 f"{work.item_id}#{leak.rank}", reason,
             )  # fmt: skip
         return len(found)

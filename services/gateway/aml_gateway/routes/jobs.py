@@ -26,7 +26,7 @@ from aml_gateway.services import Services
 from aml_gateway.submissions import PriorRun, Submission, check_submission
 from aml_runtime.broker import publish
 from aml_runtime.db import Document, read_time
-from aml_runtime.jobs import PLATFORM_ERROR
+from aml_runtime.documents import FailureKind
 
 router = APIRouter(
     route_class=GuardedRoute, prefix="/v1/jobs", tags=["jobs"], responses=error_responses(429)
@@ -82,7 +82,8 @@ async def _prior_runs(svc: Services, team_id: str) -> tuple[list[PriorRun], int]
     flawed = {
         error["job_id"]
         async for error in svc.db.job_errors.find(
-            {"job_id": {"$in": completed_smokes}, "kind": {"$ne": PLATFORM_ERROR}}, {"job_id": 1}
+            {"job_id": {"$in": completed_smokes}, "kind": {"$ne": FailureKind.PLATFORM_ERROR}},
+            {"job_id": 1},
         )
     }
     runs = [

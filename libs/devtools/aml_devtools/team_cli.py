@@ -113,7 +113,7 @@ def _reason(response: httpx.Response) -> str:
 
 
 def add_arguments(team: argparse.ArgumentParser) -> None:
-    """The `team` subcommands, on the parser `aml_runtime.cli` gives them."""
+    """The `team` subcommands, on the parser `aml_devtools.cli` gives them."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--api-url", help=f"the gateway (default: ${API_URL_ENV}, else {DEFAULT_API_URL})"
@@ -471,9 +471,9 @@ def _duration(seconds: float) -> str:
 
 
 def print_results(api: Api, job_id: str, out: TextIO) -> None:
-    # The same table as `aml demo` and `aml rescore` (imported here: aml_runtime.cli imports
+    # The same table as `aml demo` and `aml rescore` (imported here: aml_devtools.cli imports
     # this module).
-    from aml_runtime.cli import category_numbers, render_results
+    from aml_devtools.cli import category_numbers, render_results
 
     results = api.call("GET", f"/v1/jobs/{job_id}/results")
     print(render_results(results, category_numbers(results["datasets"])), file=out)

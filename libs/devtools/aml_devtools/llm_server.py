@@ -2,9 +2,9 @@
 
 Serves SmolLM2-135M-Instruct through ``xllamacpp``, which runs llama.cpp's HTTP
 server inside this process. The gguf file is installed at set-up time by
-``python -m aml_runtime.install_model`` (dev.py runs it), pinned by sha256. The
-process is meant to be launched by :class:`aml_runtime.processes.ManagedProcess`
-as ``python -m aml_runtime.llm_server --port PORT``.
+``python -m aml_devtools.install_model`` (dev.py runs it), pinned by sha256. The
+process is meant to be launched by :class:`aml_devtools.processes.ManagedProcess`
+as ``python -m aml_devtools.llm_server --port PORT``.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import threading
 import types
 from pathlib import Path
 
-from aml_runtime.install_model import INSTALL_COMMAND, model_file
+from aml_devtools.install_model import INSTALL_COMMAND, model_file
 
 MODEL_ALIAS = "smollm2"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m aml_runtime.llm_server",
+        prog="python -m aml_devtools.llm_server",
         description="Serve SmolLM2-135M-Instruct over an OpenAI-compatible API.",
     )
     parser.add_argument("--host", default="127.0.0.1")

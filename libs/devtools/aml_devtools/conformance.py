@@ -35,7 +35,7 @@ from aml_contract.participant import (
     memory_session_id,
     memory_user_id,
 )
-from aml_runtime.isolation import content_text, find_leaks, owners_of_texts
+from aml_evaluation.isolation import content_text, find_leaks, owners_of_texts
 from aml_runtime.participants import (
     Attempt,
     BodyRejected,

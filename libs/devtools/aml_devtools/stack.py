@@ -31,9 +31,9 @@ from typing import Self
 
 from pydantic import BaseModel, Field
 
-from aml_runtime.install_model import INSTALL_COMMAND as MODEL_INSTALL_COMMAND
-from aml_runtime.install_model import model_file
-from aml_runtime.processes import (
+from aml_devtools.install_model import INSTALL_COMMAND as MODEL_INSTALL_COMMAND
+from aml_devtools.install_model import model_file
+from aml_devtools.processes import (
     ManagedProcess,
     MissingBinaryError,
     ProcessError,
@@ -308,7 +308,7 @@ class EmbeddedStack:
                     f"`{MODEL_INSTALL_COMMAND}` (python3 dev.py does this)"
                 )
             argv = [
-                sys.executable, "-m", "aml_runtime.llm_server",
+                sys.executable, "-m", "aml_devtools.llm_server",
                 "--host", HOST,
                 "--port", str(self.llm_port),
                 "--parallel", str(cfg.llm_parallel),

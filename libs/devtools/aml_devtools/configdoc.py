@@ -1,6 +1,6 @@
 """The configuration reference, generated from the settings classes themselves:
 
-    python -m aml_runtime.configdoc > docs/configuration.md
+    python -m aml_devtools.configdoc > docs/configuration.md
 
 Every field of every service's settings class becomes one row (environment variable, type and
 bounds, default, the services that read it, and its meaning taken from the comment written above
@@ -38,7 +38,7 @@ SERVICES: dict[str, tuple[str, str]] = {
 HEADER = """\
 # Configuration reference
 
-Generated from the settings classes by `python -m aml_runtime.configdoc > docs/configuration.md`
+Generated from the settings classes by `python -m aml_devtools.configdoc > docs/configuration.md`
 (do not edit by hand: `tests/unit/test_configdoc.py` fails when this file and the code differ).
 
 Every service reads `AML_*` environment variables (case-insensitive; pydantic-settings).

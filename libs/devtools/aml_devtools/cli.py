@@ -3,7 +3,7 @@
 aml up     start NATS, MongoDB (wire server), the local LLM and every service; wait
 aml demo   the same plus the reference memory system; run one smoke job on the synthetic
            dataset, show its progress and print the results table (exit 1 if it failed)
-aml rescore  score a predictions file against a dataset offline (see aml_runtime.rescore)
+aml rescore  score a predictions file against a dataset offline (see aml_devtools.rescore)
 aml trace  print the span tree of every trace of one request_id (from the stack's span files)
 aml check  check a memory system's Add/Search/Health endpoints against the participant contract
 aml baseline  print this deployment's release baseline (spec, code and dataset bundle hashes,
@@ -11,7 +11,7 @@ aml baseline  print this deployment's release baseline (spec, code and dataset b
            AML_RELEASE_BASELINE
 aml team   a team's client of the gateway API (AML_API_URL, AML_API_KEY): request access,
            follow the request, list versions and datasets, submit, watch a job, results,
-           errors, audit (see aml_runtime.team_cli)
+           errors, audit (see aml_devtools.team_cli)
 """
 
 from __future__ import annotations
@@ -29,6 +29,14 @@ from typing import Any
 
 import httpx
 
+from aml_devtools import conformance, rescore, team_cli, tracefiles
+from aml_devtools.platform import (
+    PlatformConfig,
+    register_memory_server,
+    start_memory_server,
+    start_platform,
+)
+from aml_devtools.stack import DataDirBusyError, EmbeddedStack, StackConfig
 from aml_evaluation.datasets import (
     MANIFESTS_DIR,
     DatasetFileError,
@@ -40,17 +48,9 @@ from aml_evaluation.datasets import (
 from aml_evaluation.prompts import load_prompt
 from aml_evaluation.punkt import PunktDataError, require_punkt_tab
 from aml_evaluation.scoring import BLEU_VERSION, F1_VARIANTS
-from aml_runtime import conformance, rescore, team_cli, tracefiles
 from aml_runtime.evaluation_spec import build_spec
 from aml_runtime.llm import complete, make_llm_client
-from aml_runtime.platform import (
-    PlatformConfig,
-    register_memory_server,
-    start_memory_server,
-    start_platform,
-)
 from aml_runtime.settings import LLMSettings, SpecSettings
-from aml_runtime.stack import DataDirBusyError, EmbeddedStack, StackConfig
 
 DEFAULT_DATASETS_ROOT = Path(__file__).resolve().parents[4] / "shared" / "datasets"
 

@@ -14,9 +14,9 @@ import httpx
 from pydantic import BaseModel
 
 from aml_contract.api.publication import ReleaseBaseline
-from aml_runtime.processes import free_port, http_ready
+from aml_devtools.processes import free_port, http_ready
+from aml_devtools.stack import HOST, EmbeddedStack
 from aml_runtime.secrets import SecretBox
-from aml_runtime.stack import HOST, EmbeddedStack
 
 WORKERS = ("scheduler", "adder", "searcher", "answerer", "scorer", "publisher")
 GATEWAY = "gateway"

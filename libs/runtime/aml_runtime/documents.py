@@ -1,0 +1,335 @@
+"""What the platform keeps in MongoDB: the collections' names, which collection holds each
+stage's items, the states a job and an item pass through, the failure kinds the pipeline
+records, every index, and models of the documents whose fields several services share.
+
+The models describe documents as they are stored (field names included, `_id` as `id`), so
+existing data reads unchanged; they allow fields they do not name, and a field added by a later
+writer is optional, since documents written before it lack it."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal, NamedTuple
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pymongo import ASCENDING
+from pymongo.asynchronous.database import AsyncDatabase
+
+from aml_contract.api.publication import ReviewState
+from aml_contract.api.vocabulary import AuthMethod, Board, JobState, Mode, Stage, Track
+from aml_runtime.db import Document, read_time
+
+# -- collections --------------------------------------------------------------------------------
+
+JOBS = "jobs"
+ADD_CHUNKS = "add_chunks"
+QUESTIONS = "questions"
+QUESTION_RELEASES = "question_releases"
+SEARCHES = "searches"
+ANSWERS = "answers"
+SCORES = "scores"
+WRITTEN_TEXTS = "written_texts"
+CALLS = "calls"
+JOB_ERRORS = "job_errors"
+VERSIONS = "versions"
+TEAMS = "teams"
+SECRETS = "secrets"
+SYSTEM_NAMES = "system_names"
+SPECS = "specs"
+LEADERBOARD = "leaderboard"
+ACCESS_REQUESTS = "access_requests"
+CAPACITY_SLOTS = "capacity_slots"
+RUN_USAGE = "run_usage"
+
+ItemStage = Literal["add", "search", "answer", "score"]
+ITEM_STAGES: tuple[ItemStage, ...] = ("add", "search", "answer", "score")
+# Where each stage keeps its per-item documents (the truth the progress repair backfills from).
+STAGE_COLLECTIONS: dict[ItemStage, str] = {
+    "add": ADD_CHUNKS,
+    "search": SEARCHES,
+    "answer": ANSWERS,
+    "score": SCORES,
+}
+
+# -- states -------------------------------------------------------------------------------------
+
+# A job still to plan or running: work for it may still be released, called and counted.
+ACTIVE_JOB_STATES: tuple[JobState, ...] = ("queued", "running")
+FINISHED_JOB_STATES: tuple[JobState, ...] = ("completed", "failed")
+# An Add chunk is `pending` until its call ends; a question stage's document is written once,
+# terminal. `done` and `failed` are the outcomes the progress counters count.
+ItemState = Literal["pending", "done", "failed"]
+TERMINAL_ITEM_STATES: tuple[ItemState, ...] = ("done", "failed")
+
+
+class FailureKind(StrEnum):
+    """Why an item or a job failed, as stored (`failure_kind` of jobs and items, `kind` of
+    `job_errors`). Only `PLATFORM_ERROR` is the platform's: it does not charge a team's quota
+    nor hold a smoke run against the participant."""
+
+    CONTRACT_ERROR = "contract_error"
+    AUTHENTICATION_ERROR = "authentication_error"
+    ACCESS_DENIED = "access_denied"
+    WRONG_URL = "wrong_url"
+    PARTICIPANT_OUTAGE = "participant_outage"
+    RUN_LIMIT_REACHED = "run_limit_reached"
+    ISOLATION_VIOLATION = "isolation_violation"
+    JOB_STALLED = "job_stalled"
+    # Recorded in the error summary; the job itself fails as `PLATFORM_ERROR`.
+    DATASET_MISSING = "dataset_missing"
+    PLATFORM_ERROR = "platform_error"
+    # Not stored: what the status shows for a failed job with no error entry of its own.
+    JOB_FAILED = "job_failed"
+
+
+# -- indexes ------------------------------------------------------------------------------------
+
+
+class Index(NamedTuple):
+    collection: str
+    keys: tuple[tuple[str, int], ...]
+    unique: bool = False
+
+
+def _index(collection: str, *fields: str, unique: bool = False) -> Index:
+    return Index(collection, tuple((name, ASCENDING) for name in fields), unique)
+
+
+# Natural keys are the documents' `_id`s (unique by construction); these are the lookups.
+# nx-27017 (measured, 0.8.1) serves an equality filter only from a single-field index, not from
+# a compound index's prefix, hence the separate `job_id` indexes: without them reading one
+# job's stage documents scans the collection (the progress repair, the final aggregation).
+INDEXES: tuple[Index, ...] = (
+    _index(JOBS, "team_id", "created_at"),
+    _index(ADD_CHUNKS, "job_id", "user_id", "seq"),
+    _index(ADD_CHUNKS, "job_id", "state"),
+    _index(ADD_CHUNKS, "job_id"),
+    _index(QUESTIONS, "job_id", "conversation_id"),
+    _index(QUESTIONS, "job_id"),
+    *(_index(name, "job_id", "state") for name in (SEARCHES, ANSWERS, SCORES)),
+    *(_index(name, "job_id") for name in (SEARCHES, ANSWERS, SCORES)),
+    _index(CALLS, "job_id", "request_id", "attempt"),
+    # The status shows a job's first errors by time: with (job_id, at) nx-27017 reads only those
+    # (with job_id alone it sorts all of the job's errors; without an index, the collection).
+    _index(JOB_ERRORS, "job_id"),
+    _index(JOB_ERRORS, "job_id", "at"),
+    _index(VERSIONS, "team_id"),
+    # The searcher reads a job's written texts at once (retention deletes them the same way).
+    _index(WRITTEN_TEXTS, "job_id"),
+    _index(TEAMS, "key_hash", unique=True),
+)
+# Created by the gateway, the only writer of these documents: the unique keys settle races
+# between its own writes, and a job inserted by anything else (a test's fixture) lacks them.
+GATEWAY_INDEXES: tuple[Index, ...] = (
+    _index(JOBS, "run_label_key", unique=True),
+    # One submission at a time per team: see the gateway's routes/jobs.py.
+    _index(JOBS, "submission_key", unique=True),
+    _index(JOBS, "review_state"),
+    # One entry per job, whatever races: the second insert is refused.
+    _index(LEADERBOARD, "job_id", unique=True),
+    _index(LEADERBOARD, "track", "board"),
+    _index(LEADERBOARD, "system_name"),
+)
+
+
+async def ensure_indexes(db: AsyncDatabase[Document], indexes: tuple[Index, ...] = INDEXES) -> None:
+    for index in indexes:
+        await db[index.collection].create_index(list(index.keys), unique=index.unique)
+
+
+# -- documents ----------------------------------------------------------------------------------
+
+# nx-27017 keeps a datetime written through `$set` as a naive ISO string (`read_time`).
+StoredTime = Annotated[datetime, BeforeValidator(read_time)]
+
+
+class Stored(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    id: str = Field(alias="_id")
+
+
+class JobTotals(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    add: int
+    questions: int
+
+
+class JobDocument(Stored):
+    """A job (`jobs`): inserted `queued` by the gateway's submission, planned and completed by
+    the scheduler, failed by `aml_runtime.jobs.fail_job`, counted by `aml_runtime.progress`
+    (`progress`, read through its helpers), gated by the publisher, reviewed and published by
+    the gateway."""
+
+    team_id: str
+    version_id: str
+    mode: Mode
+    track: Track
+    run_label: str
+    run_label_key: str | None = None
+    submission_seq: int = 0
+    submission_key: str | None = None
+    datasets: list[str]
+    state: JobState
+    planned: bool = False
+    created_at: StoredTime
+    # Written by the plan.
+    started_at: StoredTime | None = None
+    top_k: int | None = None
+    spec: dict[str, Any] = Field(default_factory=dict)
+    spec_hash: str | None = None
+    code_hash: str | None = None
+    dataset_bundles: dict[str, str] = Field(default_factory=dict)
+    dataset_bundle_hash: str | None = None
+    users: list[str] = Field(default_factory=list)
+    excluded_categories: dict[str, list[str]] = Field(default_factory=dict)
+    f1_variants: dict[str, str] = Field(default_factory=dict)
+    totals: JobTotals | None = None
+    progress: dict[str, Any] = Field(default_factory=dict)
+    # Written when the job ends.
+    finished_at: StoredTime | None = None
+    failed_stage: Stage | None = None
+    failure_kind: FailureKind | None = None
+    failure: str | None = None
+    results: dict[str, Any] | None = None
+    # Written by the publisher's gate and the gateway's review.
+    gate: dict[str, Any] | None = None
+    review_state: ReviewState | None = None
+    review_reason: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_JOB_STATES
+
+
+class AddChunkDocument(Stored):
+    """One Add request of a job (`add_chunks`): planned `pending` by the scheduler, finished
+    once by the adder's guarded update. `body` is emptied by retention."""
+
+    job_id: str
+    dataset_id: str
+    conversation_id: str
+    user_id: str
+    session_id: str
+    seq: int
+    messages: int
+    body: bytes | None
+    state: ItemState
+    trace_id: str | None = None
+    finished_at: StoredTime | None = None
+    at_us: int | None = None
+    failure_kind: FailureKind | None = None
+    failure: str | None = None
+
+
+class QuestionDocument(Stored):
+    """A planned question (`questions`, written by the scheduler's plan). `search_body` is
+    emptied by retention."""
+
+    job_id: str
+    dataset_id: str
+    question_id: str
+    conversation_id: str
+    user_id: str
+    question: str
+    category: int
+    category_name: str
+    # None: the conversation does not contain the answer (the scorer judges an abstention).
+    gold_answer: str | None
+    options: list[str] | None = None
+    f1_variant: str
+    search_body: bytes | None = None
+    trace_id: str | None = None
+
+
+class StageRecord(Stored):
+    """A question's document at one stage (`searches`, `answers`, `scores`), inserted once by
+    `aml_runtime.question_stage`: `done` with the stage's fields, or `failed` with why."""
+
+    job_id: str
+    state: Literal["done", "failed"]
+    finished_at: StoredTime | None = None
+    at_us: int | None = None
+    failure_kind: FailureKind | None = None
+    failure: str | None = None
+
+
+class SearchDocument(StageRecord):
+    candidates: list[dict[str, Any]] = Field(default_factory=list)
+    n_candidates: int = 0
+    # Candidates holding another user's text (R-4.11).
+    leaks: int = 0
+
+
+class AnswerDocument(StageRecord):
+    answer: str | None = None
+    model: str | None = None
+    prompt: str | None = None
+    prompt_sha256: str | None = None
+    candidates_returned: int | None = None
+    candidates_used: int | None = None
+    context_tokens: int | None = None
+    token_counter: str | None = None
+
+
+class ScoreDocument(StageRecord):
+    """A question's score (`scores`); a `done` one is the question scored, whatever the
+    verdict. An open question carries the judge's and the metrics' fields, a multiple-choice
+    one the chosen option."""
+
+    dataset_id: str | None = None
+    category: int | None = None
+    category_name: str | None = None
+    judge_label: Literal["CORRECT", "WRONG"] | None = None
+    judge_labels: list[Literal["CORRECT", "WRONG"] | None] = Field(default_factory=list)
+    judge_replies: list[Any] = Field(default_factory=list)
+    judge_calls: int | None = None
+    judge_model: str | None = None
+    judge_prompt: str | None = None
+    judge_prompt_sha256: str | None = None
+    f1: float | None = None
+    f1_version: str | None = None
+    bleu1: float | None = None
+    bleu1_version: str | None = None
+    multiple_choice: bool = False
+    chosen_option: int | str | None = None
+    choice_correct: bool | None = None
+    mc_version: str | None = None
+
+
+class DeclaredCapacity(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    max_concurrency: int = 4
+    max_rps: float = 10.0
+
+
+class RunLimits(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    max_run_hours: float | None = None
+    max_requests_per_run: int | None = None
+
+
+class VersionDocument(Stored):
+    """A participant's system version (`versions`), written by the gateway's registry (admin
+    shortcut or approved access request), read by every stage that calls the participant. The
+    Memory System Key is stored apart, sealed (`secret_ref` into `secrets`)."""
+
+    team_id: str
+    system_name: str
+    version_label: str
+    tracks: list[Track]
+    board: Board
+    add_url: str
+    search_url: str
+    health_url: str
+    auth_method: AuthMethod
+    secret_ref: str | None = None
+    capacity: DeclaredCapacity = Field(default_factory=DeclaredCapacity)
+    add_status_url_template: str | None = None
+    run_limits: RunLimits = Field(default_factory=RunLimits)
+    declaration: dict[str, Any] = Field(default_factory=dict)
+    created_at: StoredTime | None = None
