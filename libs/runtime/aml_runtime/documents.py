@@ -313,12 +313,12 @@ class RunLimits(BaseModel):
     max_requests_per_run: int | None = None
 
 
-class VersionDocument(Stored):
-    """A participant's system version (`versions`), written by the gateway's registry (admin
-    shortcut or approved access request), read by every stage that calls the participant. The
-    Memory System Key is stored apart, sealed (`secret_ref` into `secrets`)."""
+class VersionSpec(BaseModel):
+    """Everything a version document holds besides its id, team and creation time. Stored as
+    is on a pending access request, so approval creates the version without re-entry (R-3.2)."""
 
-    team_id: str
+    model_config = ConfigDict(extra="allow")
+
     system_name: str
     version_label: str
     tracks: list[Track]
@@ -327,9 +327,20 @@ class VersionDocument(Stored):
     search_url: str
     health_url: str
     auth_method: AuthMethod
+    # An opaque reference into `secrets`; the key itself is only ever stored sealed (R-7.2).
     secret_ref: str | None = None
     capacity: DeclaredCapacity = Field(default_factory=DeclaredCapacity)
     add_status_url_template: str | None = None
     run_limits: RunLimits = Field(default_factory=RunLimits)
+    # Repository, source disclosure and declared models: shown on the leaderboard (R-2.2) and
+    # kept for integrity checks (R-3.9).
     declaration: dict[str, Any] = Field(default_factory=dict)
+
+
+class VersionDocument(Stored, VersionSpec):
+    """A participant's system version (`versions`), written by the gateway's registry (admin
+    shortcut or approved access request), read by every stage that calls the participant. The
+    Memory System Key is stored apart, sealed (`secret_ref` into `secrets`)."""
+
+    team_id: str
     created_at: StoredTime | None = None

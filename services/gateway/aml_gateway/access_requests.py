@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from dataclasses import asdict, replace
 from typing import Any
 
 import structlog
@@ -38,7 +37,6 @@ from aml_contract.api.access_requests import (
 from aml_gateway.refusals import Conflict, NotFound
 from aml_gateway.registry import (
     SAMPLE_TASK_ID,
-    VersionSpec,
     check_health,
     check_participant_urls,
     check_system_name,
@@ -51,6 +49,7 @@ from aml_gateway.registry import (
 )
 from aml_gateway.services import Services, key_hash
 from aml_runtime.db import Document, read_time
+from aml_runtime.documents import VersionSpec
 
 log = structlog.get_logger()
 
@@ -121,7 +120,7 @@ async def submit(svc: Services, body: AccessRequest, team_id: str | None) -> Acc
         "state": "pending",
         "team_id": team_id,
         "contact": body.contact.model_dump(),
-        "spec": asdict(replace(spec, secret_ref=secret_ref)),
+        "spec": spec.model_copy(update={"secret_ref": secret_ref}).model_dump(),
         "health_check": {"ok": healthy, "checked_at": at},
         "warnings": warnings,
         "created_at": at,
@@ -149,7 +148,7 @@ async def list_requests(
 
 async def approve(svc: Services, request_id: str) -> AccessApproved:
     document = await _pending(svc.db, request_id)
-    spec = VersionSpec(**document["spec"])
+    spec = VersionSpec.model_validate(document["spec"])
     new_key = None
     if document["kind"] == "new_key":
         # Refused before a team is created when another team took the name meanwhile.

@@ -10,7 +10,6 @@ from __future__ import annotations
 import secrets
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
 import structlog
@@ -18,11 +17,10 @@ from pydantic import SecretStr
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
-from aml_contract.api.vocabulary import AuthMethod, Board, Track
 from aml_gateway.refusals import Conflict, Invalid
 from aml_gateway.services import key_hash
 from aml_runtime.db import Document
-from aml_runtime.documents import VersionDocument
+from aml_runtime.documents import VersionSpec
 from aml_runtime.participants import Endpoint, ParticipantClient
 from aml_runtime.secrets import SecretBox
 from aml_runtime.settings import ParticipantCallSettings
@@ -35,39 +33,14 @@ log = structlog.get_logger()
 SAMPLE_TASK_ID = "task-id"
 
 
-@dataclass(frozen=True)
-class VersionSpec:
-    """Everything a version document holds besides its id, team and creation time. Stored as
-    is on a pending access request, so approval creates the version without re-entry (R-3.2)."""
-
-    system_name: str
-    version_label: str
-    tracks: list[Track]
-    board: Board
-    add_url: str
-    search_url: str
-    health_url: str
-    auth_method: AuthMethod
-    # An opaque reference into `secrets`; the key itself is only ever stored sealed (R-7.2).
-    secret_ref: str | None
-    capacity: Document
-    add_status_url_template: str | None = None
-    run_limits: Document = field(default_factory=dict)
-    # Repository, source disclosure and declared models: shown on the leaderboard (R-2.2) and
-    # kept for integrity checks (R-3.9).
-    declaration: Document = field(default_factory=dict)
-
-
 Clock = Callable[[], datetime]
 
 
 def version_document(
     version_id: str, team_id: str, spec: VersionSpec, created_at: datetime
 ) -> Document:
-    document = {"_id": version_id, "team_id": team_id, **asdict(spec), "created_at": created_at}
-    # Refused here rather than at the first job: what is stored is what the pipeline reads.
-    VersionDocument.model_validate(document)
-    return document
+    # The spec is a validated model: what is stored is what the pipeline reads.
+    return {"_id": version_id, "team_id": team_id, **spec.model_dump(), "created_at": created_at}
 
 
 def _name_taken(name: str) -> Conflict:

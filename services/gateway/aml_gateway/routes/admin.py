@@ -20,7 +20,6 @@ from aml_gateway.deps import AdminDep, GuardedRoute, ServicesDep
 from aml_gateway.errors import error_responses
 from aml_gateway.refusals import Conflict, Invalid, NotFound
 from aml_gateway.registry import (
-    VersionSpec,
     check_participant_urls,
     check_system_name,
     create_team,
@@ -28,6 +27,7 @@ from aml_gateway.registry import (
     insert_version,
     store_secret,
 )
+from aml_runtime.documents import VersionSpec
 
 # Every admin route answers 403 to anyone without the admin token.
 router = APIRouter(
