@@ -17,6 +17,10 @@ from pymongo import ASCENDING
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract.api.publication import ReviewState
+
+# The stored capacity and run limits are what registration validated: the same models.
+from aml_contract.api.versions import Capacity as DeclaredCapacity
+from aml_contract.api.versions import RunLimits
 from aml_contract.api.vocabulary import AuthMethod, Board, JobState, Mode, Stage, Track
 from aml_runtime.db import Document, read_time
 
@@ -297,20 +301,6 @@ class ScoreDocument(StageRecord):
     chosen_option: int | str | None = None
     choice_correct: bool | None = None
     mc_version: str | None = None
-
-
-class DeclaredCapacity(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    max_concurrency: int = 4
-    max_rps: float = 10.0
-
-
-class RunLimits(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    max_run_hours: float | None = None
-    max_requests_per_run: int | None = None
 
 
 class VersionSpec(BaseModel):

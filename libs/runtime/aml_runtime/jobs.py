@@ -12,13 +12,15 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
 from aml_contract import subjects
+from aml_contract.api.versions import Capacity as DeclaredCapacity
+from aml_contract.api.versions import RunLimits
 from aml_contract.api.vocabulary import Stage
 from aml_contract.messages import JobFinished, message_id
 from aml_runtime.broker import publish
 from aml_runtime.capacity import Capacity
 from aml_runtime.clock import micros, now
 from aml_runtime.db import Document
-from aml_runtime.documents import ACTIVE_JOB_STATES, DeclaredCapacity, FailureKind, RunLimits
+from aml_runtime.documents import ACTIVE_JOB_STATES, FailureKind
 from aml_runtime.participants import Endpoint
 from aml_runtime.progress import count_error
 from aml_runtime.secrets import SecretBox
