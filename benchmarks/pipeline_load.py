@@ -64,10 +64,10 @@ from aml_devtools.processes import ManagedProcess, free_port, http_ready
 from aml_devtools.stack import HOST, MONGO, NATS, EmbeddedStack, StackConfig
 from aml_llm_standin import max_in_window
 from aml_participant_simulator import (
-    CapacitySpec,
     EndpointScript,
     RequestRecord,
     Script,
+    ScriptedCapacity,
     SimulatorSnapshot,
 )
 
@@ -242,7 +242,7 @@ def simulator_script() -> Script:
         add=EndpointScript(latency=ADD_LATENCY),
         search=EndpointScript(latency=SEARCH_LATENCY),
         # 429 at once beyond the declared concurrency: over-sending must show, not queue.
-        capacity=CapacitySpec(max_concurrency=DECLARED_CONCURRENCY, on_excess="reject_429"),
+        capacity=ScriptedCapacity(max_concurrency=DECLARED_CONCURRENCY, on_excess="reject_429"),
     )
 
 
@@ -421,8 +421,46 @@ def max_in_declared_window(arrivals: Sequence[float], max_rps: float) -> tuple[i
     return max_in_window(arrivals, window), allowed, window
 
 
+def add_departures(bench: Bench, job_ids: Iterable[str]) -> dict[str, list[datetime]]:
+    """Per Add request_id, when each of its attempts left, as the platform's audit says (the
+    moment its headers started going out)."""
+    client: MongoClient[dict[str, Any]] = MongoClient(bench.stack.mongo_url, tz_aware=True)
+    try:
+        departures: dict[str, list[datetime]] = defaultdict(list)
+        calls = client["aml"].calls.find(
+            {"job_id": {"$in": list(job_ids)}, "operation": "add"},
+            {"item_id": 1, "started_at": 1},
+        )
+        for call in calls:
+            # An Add chunk's item id is its request_id.
+            departures[str(call["item_id"])].append(call["started_at"])
+        return {key: sorted(times) for key, times in departures.items()}
+    finally:
+        client.close()
+
+
+def arrival_lags(
+    adds: Sequence[RequestRecord], departures: dict[str, list[datetime]]
+) -> dict[str, float]:
+    """Each Add's arrival at the participant's clock minus its departure in the platform's
+    audit (the n-th arrival of a request_id against its n-th attempt), in ms: how late the
+    receiver saw what was sent. A rate window the participant saw exceeded although the
+    departures kept it shows as a window-opening request with a lag beyond the margin."""
+    arrived: dict[str, list[RequestRecord]] = defaultdict(list)
+    for record in sorted(adds, key=lambda r: r.arrived_at):
+        arrived[str(_body(record).get("request_id"))].append(record)
+    lags = {}
+    for request_id, records in arrived.items():
+        for record, left in zip(records, departures.get(request_id, []), strict=False):
+            lags[f"{request_id}#{record.seq}"] = (record.arrived_at - left).total_seconds() * 1000
+    return lags
+
+
 def participant_figures(
-    team: Team, records: Sequence[RequestRecord], planned: Counter[bytes]
+    team: Team,
+    records: Sequence[RequestRecord],
+    planned: Counter[bytes],
+    departures: dict[str, list[datetime]] | None = None,
 ) -> dict[str, Any]:
     adds = [r for r in records if r.endpoint == "add"]
     searches = [r for r in records if r.endpoint == "search"]
@@ -435,6 +473,8 @@ def participant_figures(
     in_window, allowed, window = max_in_declared_window(arrivals, team.max_rps)
     max_concurrency = max((r.total_concurrency_at_arrival for r in records), default=0)
     request_ids: Counter[str] = Counter(dict.fromkeys(first_of_request, 1))
+    lags = arrival_lags(adds, departures or {})
+    ordered_lags = sorted(lags.values())
     return {
         "declared": {"max_concurrency": team.max_concurrency, "max_rps": team.max_rps},
         "requests": {"add": len(adds), "search": len(searches)},
@@ -451,13 +491,26 @@ def participant_figures(
             "add": duplicate_calls(adds, lambda r: str(_body(r).get("request_id")), request_ids),
             "search": duplicate_calls(searches, lambda r: r.body, planned),
         },
-        "busiest_1s": busiest_window(records),
+        "busiest_1s": busiest_window(records, lags=lags),
+        "add_arrival_lag_ms": {
+            "matched": len(ordered_lags),
+            "p50": round(_quantile(ordered_lags, 0.5), 1),
+            "p99": round(_quantile(ordered_lags, 0.99), 1),
+            "max": round(ordered_lags[-1], 1) if ordered_lags else 0.0,
+        },
     }
 
 
-def busiest_window(records: Sequence[RequestRecord], window: float = 1.0) -> list[str]:
+def _quantile(ordered: Sequence[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+def busiest_window(
+    records: Sequence[RequestRecord], window: float = 1.0, lags: dict[str, float] | None = None
+) -> list[str]:
     """The arrivals of the first window [t, t + window) holding the most, as "+seconds endpoint
-    status" from its first arrival: to see how a rate was exceeded, when it was."""
+    status" from its first arrival, with an Add's arrival lag (`arrival_lags`) when known: to
+    see how a rate was exceeded, when it was."""
     ordered = sorted(records, key=lambda r: r.arrived_monotonic)
     best: tuple[int, int] = (0, 0)  # (count, start index)
     start = 0
@@ -467,8 +520,14 @@ def busiest_window(records: Sequence[RequestRecord], window: float = 1.0) -> lis
         best = max(best, (end - start + 1, -start))
     count, first = best[0], -best[1]
     t0 = ordered[first].arrived_monotonic if ordered else 0.0
+    known = lags or {}
+
+    def lag(record: RequestRecord) -> str:
+        key = f"{_body(record).get('request_id')}#{record.seq}"
+        return f" (lag {known[key]:.0f} ms)" if key in known else ""
+
     return [
-        f"+{r.arrived_monotonic - t0:.3f} {r.endpoint} {r.status}"
+        f"+{r.arrived_monotonic - t0:.3f} {r.endpoint} {r.status}{lag(r)}"
         for r in ordered[first : first + count]
     ]
 
@@ -528,9 +587,10 @@ def collect(
     for job_id, team in jobs.items():
         by_team[team.name].append(job_id)
     planned = planned_searches(bench, jobs)
+    departures = add_departures(bench, jobs)
     participants = {
         name: participant_figures(
-            bench.teams[name], simulator_records(bench.teams[name], job_ids), planned
+            bench.teams[name], simulator_records(bench.teams[name], job_ids), planned, departures
         )
         for name, job_ids in by_team.items()
     }
@@ -739,6 +799,16 @@ def _limit_lines(f: dict[str, Any]) -> list[str]:
     lines.append(
         _limit_row("llm", llm | {"requests": llm["calls"]}, f"{llm['capacity']}", ("", ""))
     )
+    lags = ", ".join(
+        f"{name} p50 {lag['p50']:.0f} p99 {lag['p99']:.0f} max {lag['max']:.0f}"
+        for name, p in f["participants"].items()
+        if (lag := p.get("add_arrival_lag_ms")) and lag["matched"]
+    )
+    if lags:
+        lines.append(f"  Add arrival after its audited departure (ms): {lags}")
+    for name, p in f["participants"].items():
+        if not p["within_declared"] and p.get("busiest_1s"):
+            lines.append(f"  {name} busiest 1 s: " + "; ".join(p["busiest_1s"]))
     return lines
 
 

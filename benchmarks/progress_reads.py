@@ -2,7 +2,7 @@
 `GET /v1/jobs/{id}` (the job read plus `job_status`) and the scheduler's per-event
 `complete_if_done`, for one job alone in the database, then for the same job with `--others`
 unrelated stage documents (and some error entries) of other jobs.
-Each is measured as now (the job's counters, `aml_runtime.progress`) and as before (the
+Each is measured as now (the job's counters, `aml_pipeline.progress`) and as before (the
 `count_documents` queries it replaced, reproduced here). Prints the median of a few runs.
 
     .venv/bin/python benchmarks/progress_reads.py [--others 100000]
@@ -24,11 +24,11 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_devtools.stack import EmbeddedStack, StackConfig
 from aml_gateway.progress import job_status
+from aml_pipeline.jobs import record_error
+from aml_pipeline.progress import ItemStage, count_final, outcome_of, repair_counters
 from aml_runtime.clock import micros, now, now_us
 from aml_runtime.db import Document
 from aml_runtime.documents import ensure_indexes
-from aml_runtime.jobs import record_error
-from aml_runtime.progress import ItemStage, count_final, outcome_of, repair_counters
 from aml_scheduler.handlers import ScheduleJobs
 from aml_scheduler.settings import SchedulerSettings
 

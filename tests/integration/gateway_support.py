@@ -22,10 +22,10 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_gateway.main import create_app
 from aml_gateway.settings import GatewaySettings
-from aml_runtime.audit import CallRecorder
+from aml_pipeline.audit import CallRecorder
+from aml_pipeline.participants import Attempt
 from aml_runtime.clock import now
 from aml_runtime.db import Document
-from aml_runtime.participants import Attempt
 from aml_runtime.secrets import SecretBox
 
 ADMIN_TOKEN = "x" * 32
@@ -201,10 +201,10 @@ def serve_in_thread(app: Any) -> tuple[uvicorn.Server, threading.Thread, str]:
 async def record_calls(
     db: AsyncDatabase[Document], job_id: str, calls: Iterable[tuple[str, str, list[int]]]
 ) -> None:
-    """Participant attempts (stage, request id, HTTP statuses in order) written by the same
+    """Participant attempts (stage, item id, HTTP statuses in order) written by the same
     recorder the adder and searcher use, each call's last answer validated."""
-    for stage, request_id, statuses in calls:
-        record = CallRecorder(db, job_id, stage, request_id, delivery=1)
+    for stage, item_id, statuses in calls:
+        record = CallRecorder(db, job_id, stage, item_id, delivery=1)
         for number, status in enumerate(statuses, start=1):
             await record(
                 Attempt(

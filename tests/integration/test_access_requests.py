@@ -20,8 +20,8 @@ from pymongo import AsyncMongoClient
 from aml_gateway import access_requests
 from aml_gateway.main import UnsafeConfiguration, create_app
 from aml_gateway.settings import GatewaySettings
+from aml_pipeline.jobs import load_endpoint
 from aml_runtime.db import Document
-from aml_runtime.jobs import load_endpoint
 from aml_runtime.secrets import SecretBox
 
 pytestmark = pytest.mark.integration

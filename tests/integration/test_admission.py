@@ -1,4 +1,4 @@
-"""Admission before dequeue (aml_runtime.stage_worker) on a real nats-server and nx-27017: a
+"""Admission before dequeue (aml_pipeline.stage_worker) on a real nats-server and nx-27017: a
 version's work is fetched only under its capacity, one version's limits never hold another's
 work, nothing waits un-acknowledged, and a failed job's queued work never reaches a handler."""
 
@@ -18,17 +18,17 @@ from pymongo import AsyncMongoClient
 
 from aml_contract import subjects
 from aml_contract.messages import QuestionWork
-from aml_runtime.broker import declare_streams, make_broker, publish_work
-from aml_runtime.capacity import Admission, Capacity, CapacityLimiter, Refused
-from aml_runtime.jobs import fail_job
-from aml_runtime.settings import CommonSettings, LLMSettings
-from aml_runtime.stage_worker import (
+from aml_pipeline.capacity import Admission, Capacity, CapacityLimiter, Refused
+from aml_pipeline.jobs import fail_job
+from aml_pipeline.stage_worker import (
     REUSE_LIMIT,
     StageWorker,
     WorkItem,
     llm_lanes,
     participant_lanes,
 )
+from aml_runtime.broker import declare_streams, make_broker, publish_work
+from aml_runtime.settings import CommonSettings, LLMSettings
 
 pytestmark = pytest.mark.integration
 
@@ -296,7 +296,7 @@ async def test_stages_sharing_the_llm_budget_take_turns(env: Any) -> None:
         await item.delivery.ack()
 
     async def freed(key: str) -> None:
-        # As the services announce a freed slot (aml_runtime.stage_worker.capacity_limiter).
+        # As the services announce a freed slot (aml_pipeline.stage_worker.capacity_limiter).
         await broker.connection.publish(subjects.CAPACITY_FREED, key.encode())
 
     items = 60

@@ -1,4 +1,4 @@
-"""The audit trail of participant calls (aml_runtime.audit) on nx-27017: one document per
+"""The audit trail of participant calls (aml_pipeline.audit) on nx-27017: one document per
 attempt, in the order made, the answered one written once with its validation."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from pymongo import ASCENDING, AsyncMongoClient, monitoring
 
-from aml_runtime.audit import VALID, CallRecorder
-from aml_runtime.participants import Attempt
+from aml_pipeline.audit import VALID, CallRecorder
+from aml_pipeline.participants import Attempt
 
 pytestmark = pytest.mark.integration
 
@@ -56,6 +56,8 @@ async def test_the_answered_attempt_is_written_once_with_its_validation(audit: A
         (1, 503, None),
         (2, 200, VALID),
     ]
+    # Keyed to the work item, a question here; only an Add has a (contract) request_id.
+    assert all(c["item_id"] == "j1/q0001" and "request_id" not in c for c in calls)
     # One insert per attempt, no update: the validation went in with the answered attempt.
     assert writes.sent == ["insert", "insert"]
 

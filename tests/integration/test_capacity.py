@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pymongo import AsyncMongoClient, monitoring
 
-from aml_runtime.capacity import Admission, Capacity, CapacityLimiter, Refused
+from aml_pipeline.capacity import Admission, Capacity, CapacityLimiter, Refused
 
 pytestmark = pytest.mark.integration
 
@@ -172,3 +172,33 @@ async def test_a_second_request_of_an_item_never_waits_on_its_own_unwritten_stam
     await admission.release()
     await client.close()
     assert 1.0 <= departures[1] - departures[0] < 5.0
+
+
+async def test_the_next_items_rate_slot_is_waited_for_only_within_patience(
+    mongo_url: str,
+) -> None:
+    """A busy lane's admission serves its next item once the next rate slot frees, if that is
+    within its patience, keeping its concurrency slot; a wait beyond it gives up at once."""
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_url)
+    limiter = CapacityLimiter(client["aml_capacity"], rate_margin_seconds=0.0)
+    capacity = Capacity(key="v-patient", max_concurrency=1, max_rps=4.0)
+    admission = await limiter.try_admit(capacity)
+    assert isinstance(admission, Admission)
+    departures = []
+    for served in range(8):
+        if served:
+            assert await admission.next_rate_slot(patience=1.5)
+        async with admission.request() as departure:
+            await departure.trace("http11.send_request_headers.started", {})
+            assert departure.at is not None
+            departures.append(departure.at)
+    # Four slots a second: each of the second four waited for a slot of the first four.
+    assert all(departures[i + 4] - departures[i] >= 1.0 for i in range(4))
+    assert departures[7] - departures[0] < 1.5
+    # The next slot frees more than 0.1 s from now: no wait, no slot, the stamps written.
+    assert not await admission.next_rate_slot(patience=0.1)
+    assert admission.rate_slot is None
+    await admission.release()
+    # The concurrency slot was held throughout (one admission); free now for the next one.
+    assert await limiter.try_admit(capacity) == Refused("rate")
+    await client.close()

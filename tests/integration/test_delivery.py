@@ -13,10 +13,10 @@ from pymongo import AsyncMongoClient
 
 from aml_contract import subjects
 from aml_contract.messages import QuestionWork
-from aml_runtime.broker import Exhausted, declare_streams, publish_work, run_delivery
-from aml_runtime.capacity import CapacityLimiter
+from aml_pipeline.capacity import CapacityLimiter
+from aml_pipeline.stage_worker import StageWorker, WorkItem, participant_lanes
+from aml_runtime.broker import FinalFailure, declare_streams, publish_work, run_delivery
 from aml_runtime.settings import CommonSettings
-from aml_runtime.stage_worker import StageWorker, WorkItem, participant_lanes
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +38,7 @@ async def _run(
         async def attempt() -> None:
             failures = behaviour[work.item_id]
             if failures == -2:
-                raise Exhausted("contract_error", "search item 1: id must be a non-empty string")
+                raise FinalFailure("contract_error", "search item 1: id must be a non-empty string")
             if failures == -1 or item.delivered <= failures:
                 raise ConnectionError("participant unreachable")
 

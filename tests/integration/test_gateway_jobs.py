@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -219,23 +219,60 @@ async def test_audit_records_are_paginated_and_filtered(
             break
     records = [r for page in pages for r in page["records"]]
     assert [len(p["records"]) for p in pages] == [2, 2, 2]
-    assert [(r["request_id"], r["attempt"], r["status"]) for r in records] == [
+    assert [(r["item_id"], r["attempt"], r["status"]) for r in records] == [
         ("r1", 1, 503), ("r1", 2, 200), ("r2", 1, 200),
         ("q1", 1, 500), ("q1", 2, 500), ("q1", 3, 200),
     ]  # fmt: skip
+    # Only an Add has a contract request_id; a Search's item is its question.
+    assert [r["request_id"] for r in records] == ["r1", "r1", "r2", None, None, None]
     assert [r["validation"] for r in records if r["status"] == 200] == ["valid"] * 3
 
     search = await gateway.client.get(url, params={"stage": "search"}, headers=team.auth)
     assert [r["attempt"] for r in search.json()["records"]] == [1, 2, 3]
-    one = await gateway.client.get(url, params={"request_id": "r1"}, headers=team.auth)
+    one = await gateway.client.get(url, params={"item_id": "r1"}, headers=team.auth)
     assert [r["status"] for r in one.json()["records"]] == [503, 200]
     assert one.json()["next_cursor"] is None
+    question = await gateway.client.get(url, params={"item_id": "q1"}, headers=team.auth)
+    assert [r["status"] for r in question.json()["records"]] == [500, 500, 200]
+    # `request_id`, the filter's older name, still finds an Add, and only an Add.
+    for request_id, statuses in (("r1", [503, 200]), ("q1", [])):
+        alias = await gateway.client.get(url, params={"request_id": request_id}, headers=team.auth)
+        assert [r["status"] for r in alias.json()["records"]] == statuses
     refusal(await gateway.client.get(url, params={"stage": "answer"}, headers=team.auth), 422)
     refusal(await gateway.client.get(url, params={"cursor": "zz"}, headers=team.auth), 422)
 
     candidates = await gateway.client.get(f"{url}/searches/q1", headers=team.auth)
+    assert candidates.json()["item_id"] == "q1"
     assert [c["id"] for c in candidates.json()["candidates"]] == ["m2", "m1"]
     refusal(await gateway.client.get(f"{url}/searches/q9", headers=team.auth), 404)
+
+
+async def test_audit_records_written_before_item_id_are_read(
+    gateway: Gateway, participant: str, db: Any
+) -> None:
+    """Records of a database written before the rename name the work item `request_id`, for
+    an Add and for a Search alike."""
+    team = await new_team(gateway, participant, "legacy")
+    job_id = await started(gateway, team, "legacy-1")
+    await db.calls.insert_many(
+        [
+            {"job_id": job_id, "stage": stage, "request_id": item, "delivery": 1,
+             "operation": stage, "attempt": 1, "started_at": datetime.now(UTC),
+             "latency_ms": 3.0, "status": 200, "error_class": None, "outcome": "ok"}
+            for stage, item in (("add", "r1"), ("search", "q1"))
+        ]
+    )  # fmt: skip
+    url = f"/v1/jobs/{job_id}/audit"
+    records = (await gateway.client.get(url, headers=team.auth)).json()["records"]
+    assert [(r["item_id"], r["request_id"]) for r in records] == [("r1", "r1"), ("q1", None)]
+    for params, items in (
+        ({"item_id": "q1"}, ["q1"]),
+        ({"item_id": "r1"}, ["r1"]),
+        ({"request_id": "r1"}, ["r1"]),
+        ({"request_id": "q1"}, []),
+    ):
+        found = (await gateway.client.get(url, params=params, headers=team.auth)).json()
+        assert [r["item_id"] for r in found["records"]] == items, params
 
 
 async def test_another_team_sees_nothing_of_the_first(

@@ -310,7 +310,7 @@ def test_a_search_is_read_by_its_real_item_id(
         for path in (base + item_id, base + quote(item_id, safe="")):
             found = client.get(path, headers=team)
             assert found.status_code == 200, (path, found.text)
-            assert found.json()["request_id"] == item_id
+            assert found.json()["item_id"] == item_id
             assert found.json()["candidates"] == candidates
         missing = client.get(base + item_id + "x", headers=team)
         assert missing.status_code == 404

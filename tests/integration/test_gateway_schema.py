@@ -85,7 +85,7 @@ def _known_path_parameters(path: str) -> Callable[[Any], Any]:
         for name in replaced:
             key = name
             if name == "request_id" and "/access-requests/" in path:
-                # An access request's id there; a search's id under a job's audit (not known).
+                # An access request's id (a job's audit names a search by `item_id`: not known).
                 key = "access_request_id"
             if key in KNOWN:
                 replaced[name] = KNOWN[key]

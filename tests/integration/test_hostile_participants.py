@@ -33,12 +33,12 @@ from aml_contract.participant import (
     SearchRequest,
     encode,
 )
-from aml_runtime.broker import Exhausted
-from aml_runtime.jobs import Endpoints
-from aml_runtime.participants import Attempt, CallFailed, Endpoint, ParticipantClient
+from aml_pipeline.jobs import Endpoints
+from aml_pipeline.participants import Attempt, CallFailed, Endpoint, ParticipantClient
+from aml_pipeline.stage_worker import StageCall, WorkItem
+from aml_runtime.broker import FinalFailure
 from aml_runtime.secrets import SecretBox
 from aml_runtime.settings import CommonSettings, ParticipantCallSettings
-from aml_runtime.stage_worker import StageCall, WorkItem
 from aml_searcher.handlers import SearchQuestion, WrittenTexts
 
 pytestmark = pytest.mark.integration
@@ -436,18 +436,18 @@ async def test_the_adder_fails_a_malformed_add_as_a_contract_error_after_one_req
     handler = SendChunk(CommonSettings(), db, cast(Any, None), client, _endpoints(db))
     item = cast(WorkItem, SimpleNamespace(delivered=1, admission=None))
     work = AddWork(job_id=JOB, version_id="v", request_id=request_id)
-    with pytest.raises(Exhausted) as exhausted:
+    with pytest.raises(FinalFailure) as failed:
         await handler.add(work, item)
-    assert exhausted.value.kind == "contract_error"
-    assert exhausted.value.reason.startswith(reason)
+    assert failed.value.kind == "contract_error"
+    assert failed.value.reason.startswith(reason)
     assert server.hits[path] - before == 1
-    (call,) = await db.calls.find({"request_id": request_id}).to_list()
+    (call,) = await db.calls.find({"item_id": request_id}).to_list()
     assert (call["operation"], call["status"], call["outcome"]) == (
         "add",
         200 if path == "/add-deep" else 202,
         "ok",
     )
-    assert call["validation"] == exhausted.value.reason
+    assert call["validation"] == failed.value.reason
     assert call["response_bytes"] > 0
 
 
@@ -466,14 +466,14 @@ async def test_the_searcher_fails_an_oversized_search_as_a_contract_error(
     question = {"_id": f"{JOB}/{path}", "user_id": IDS[1], "search_body": _search_body()}
     work = QuestionWork(job_id=JOB, version_id="v", item_id=question["_id"])
     search = SearchQuestion(db, client, _endpoints(db), WrittenTexts(db))
-    with PeakRss() as rss, pytest.raises(Exhausted) as exhausted:
+    with PeakRss() as rss, pytest.raises(FinalFailure) as failed:
         await search(work, question, StageCall(delivered=1))
     print(f"searcher {path}: peak RSS growth {rss.growth / MB:.1f} MB")
     assert rss.growth < GROWTH_LIMIT + (40 * MB if path == "/search-swelling" else 0)
-    assert exhausted.value.kind == "contract_error"
-    assert exhausted.value.reason.startswith(reason)
+    assert failed.value.kind == "contract_error"
+    assert failed.value.reason.startswith(reason)
     assert server.hits[path] - before == 1
-    (call,) = await db.calls.find({"request_id": question["_id"]}).to_list()
+    (call,) = await db.calls.find({"item_id": question["_id"]}).to_list()
     assert (call["status"], call["outcome"]) == (200, outcome)
-    assert call["validation"] == exhausted.value.reason
+    assert call["validation"] == failed.value.reason
     assert call["response_bytes"] > 3 * MB

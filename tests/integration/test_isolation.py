@@ -13,13 +13,13 @@ from pymongo import AsyncMongoClient
 
 from aml_contract.messages import QuestionWork
 from aml_contract.participant import AddRequest, Message, SearchRequest, encode
-from aml_participant_simulator import LeakSpec, Script, Simulator, running_simulator
+from aml_participant_simulator import Script, ScriptedLeak, Simulator, running_simulator
 from aml_participant_simulator.script import EndpointScript
-from aml_runtime.jobs import Endpoints
-from aml_runtime.participants import ParticipantClient
+from aml_pipeline.jobs import Endpoints
+from aml_pipeline.participants import ParticipantClient
+from aml_pipeline.stage_worker import StageCall
 from aml_runtime.secrets import SecretBox
 from aml_runtime.settings import ParticipantCallSettings
-from aml_runtime.stage_worker import StageCall
 from aml_scheduler.planning import plan_written_texts
 from aml_searcher.handlers import SearchQuestion, WrittenTexts
 
@@ -55,7 +55,7 @@ async def test_search_records_another_users_text_as_a_leak(db: Any) -> None:
     chunks = [{"body": encode(request)} for request in writes]
     await db.written_texts.insert_many(plan_written_texts(JOB, chunks))
 
-    simulator = Simulator(Script(search=EndpointScript(leak=LeakSpec(count=1))))
+    simulator = Simulator(Script(search=EndpointScript(leak=ScriptedLeak(count=1))))
     settings = ParticipantCallSettings(allow_loopback_targets=True, participant_max_attempts=1)
     client = ParticipantClient.from_settings(settings)
     with running_simulator(simulator) as url:

@@ -19,14 +19,14 @@ from aml_contract import subjects
 from aml_devtools.processes import free_port
 from aml_gateway.main import create_app
 from aml_gateway.settings import GatewaySettings
-from aml_runtime.audit import CallRecorder
+from aml_pipeline.audit import CallRecorder
+from aml_pipeline.llm import complete
+from aml_pipeline.participants import Attempt
+from aml_pipeline.progress import count_final
 from aml_runtime.broker import declare_streams, make_broker
 from aml_runtime.clock import now_us
 from aml_runtime.db import Document
-from aml_runtime.llm import complete
 from aml_runtime.metrics import OpsServer, observe_backlog, process_checks
-from aml_runtime.participants import Attempt
-from aml_runtime.progress import count_final
 from aml_runtime.secrets import SecretBox
 from aml_runtime.service import open_runtime, serve
 from aml_runtime.settings import CommonSettings

@@ -37,10 +37,10 @@ from pymongo import AsyncMongoClient, MongoClient
 
 from aml_gateway.main import create_app
 from aml_gateway.settings import GatewaySettings
+from aml_pipeline.progress import ItemStage, count_final
 from aml_runtime.clock import now_us
 from aml_runtime.db import Document
 from aml_runtime.documents import STAGE_COLLECTIONS
-from aml_runtime.progress import ItemStage, count_final
 from aml_runtime.secrets import SecretBox
 
 pytestmark = pytest.mark.integration

@@ -22,7 +22,7 @@ from pydantic import SecretStr
 
 from aml_contract.participant import AddRequest, Message, SearchRequest, encode
 from aml_participant_simulator import RequestRecord, Script, Simulator
-from aml_runtime.participants import (
+from aml_pipeline.participants import (
     Attempt,
     CallFailed,
     Endpoint,

@@ -28,7 +28,7 @@ from aml_participant_simulator import (
 )
 from aml_participant_simulator.latency import LatencySampler
 from aml_participant_simulator.script import LognormalLatency
-from aml_runtime.participants import CallFailed, validate_add_response, validate_search_response
+from aml_pipeline.participants import CallFailed, validate_add_response, validate_search_response
 
 JSON = {"Content-Type": "application/json"}
 

@@ -216,14 +216,14 @@ async def _assert_exactly_once(db: Any, job_id: str) -> None:
     chunks = await db.add_chunks.find({"job_id": job_id}).to_list()
     assert len(chunks) == n_chunks and all(c["state"] == "done" for c in chunks)
     ok_adds = await db.calls.find({"job_id": job_id, "stage": "add", "outcome": "ok"}).to_list()
-    assert Counter(c["request_id"] for c in ok_adds) == Counter(c["_id"] for c in chunks)
+    assert Counter(c["item_id"] for c in ok_adds) == Counter(c["_id"] for c in chunks)
     assert all(c["validation"] == "valid" for c in ok_adds)
 
     # ...and per user the calls ran in chunk order, each after the previous one had returned.
     seq = {c["_id"]: (c["user_id"], c["seq"]) for c in chunks}
     by_user: dict[str, list[tuple[int, Any, float]]] = defaultdict(list)
     for call in ok_adds:
-        user, n = seq[call["request_id"]]
+        user, n = seq[call["item_id"]]
         by_user[user].append((n, read_time(call["started_at"]), call["latency_ms"]))
     assert len(by_user) == 3
     for calls in by_user.values():
@@ -237,7 +237,7 @@ async def _assert_exactly_once(db: Any, job_id: str) -> None:
         {"job_id": job_id, "stage": "search", "outcome": "ok"}
     ).to_list()
     questions = await db.questions.find({"job_id": job_id}).to_list()
-    assert Counter(c["request_id"] for c in ok_searches) == Counter(q["_id"] for q in questions)
+    assert Counter(c["item_id"] for c in ok_searches) == Counter(q["_id"] for q in questions)
     for stage in ("searches", "answers", "scores"):
         docs = await db[stage].find({"job_id": job_id}).to_list()
         assert sorted(d["_id"] for d in docs) == sorted(q["_id"] for q in questions), stage
@@ -246,13 +246,13 @@ async def _assert_exactly_once(db: Any, job_id: str) -> None:
     # Questions were searched only after all Adds of their conversation had succeeded.
     last_add = {}
     for call in ok_adds:
-        user = seq[call["request_id"]][0]
+        user = seq[call["item_id"]][0]
         last_add[user] = max(
             last_add.get(user, read_time(call["started_at"])), read_time(call["started_at"])
         )
     user_of = {q["_id"]: q["user_id"] for q in questions}
     for call in ok_searches:
-        assert read_time(call["started_at"]) > last_add[user_of[call["request_id"]]]
+        assert read_time(call["started_at"]) > last_add[user_of[call["item_id"]]]
 
 
 async def _assert_results_recompute(db: Any, job_id: str, results: dict[str, Any]) -> None:
@@ -292,9 +292,9 @@ async def test_job_runs_every_stage_exactly_once(
     assert status["spec"]["chunker"] == "chunk-v1"
     # Every job names what it was evaluated with (R-6.4).
     job = await db.jobs.find_one({"_id": baseline["job_id"]})
-    spec = await db.specs.find_one({"_id": status["spec_hash"]})
-    assert spec is not None and status["spec"]["spec_hash"] == status["spec_hash"]
-    assert spec["spec"]["context"]["counter"].startswith("context-v1/llama.cpp-tokenize")
+    evaluation_spec = await db.specs.find_one({"_id": status["spec_hash"]})
+    assert evaluation_spec is not None and status["spec"]["spec_hash"] == status["spec_hash"]
+    assert evaluation_spec["spec"]["context"]["counter"].startswith("context-v1/llama.cpp-tokenize")
     assert len(status["code_hash"]) == len(status["dataset_bundle_hash"]) == 64
     assert list(status["dataset_bundles"]) == ["synthetic"] == list(job["dataset_bundles"])
     # The context each answer used: within the token budget unless one candidate is over it.
@@ -511,7 +511,7 @@ async def test_search_contract_violation_fails_the_job_with_its_reason(
     accepted = await db.calls.find({"job_id": job_id, "stage": "add", "outcome": "ok"}).to_list()
     assert accepted and all(c["validation"] == "valid" for c in accepted)
     for call in accepted:
-        assert len(adds[call["request_id"]]) == 3
+        assert len(adds[call["item_id"]]) == 3
     assert all(len(set(bodies)) == 1 for bodies in adds.values())
     judged = await db.calls.find({"job_id": job_id, "stage": "search", "outcome": "ok"}).to_list()
     assert judged and all(c.get("validation") in reasons for c in judged)
@@ -570,17 +570,15 @@ async def test_add_resent_byte_identical_after_the_adder_is_killed(platform: Pla
 STAGE_SPANS = {"aml.release", "aml.add", "aml.search", "aml.answer", "aml.score"}
 
 
-def _spans_of(
-    platform: Platform, request_id: str, services: set[str]
-) -> dict[str, list[TraceSpan]]:
-    """The traces of a request_id, once spans from `services` are in the files (each service
+def _spans_of(platform: Platform, item_id: str, services: set[str]) -> dict[str, list[TraceSpan]]:
+    """The traces of a work item, once spans from `services` are in the files (each service
     exports in batches every half second)."""
     deadline = time.monotonic() + 30
     while True:
-        found = traces_of(read_spans(platform.stack.data_dir / "traces"), request_id)
+        found = traces_of(read_spans(platform.stack.data_dir / "traces"), item_id)
         if services <= {s.service for spans in found.values() for s in spans}:
             return found
-        assert time.monotonic() < deadline, f"spans of {request_id} missing: {found}"
+        assert time.monotonic() < deadline, f"spans of {item_id} missing: {found}"
         time.sleep(1)
 
 
@@ -619,7 +617,10 @@ async def test_each_item_is_one_trace_across_the_services(
         assert http and http[0].attributes.get("http.response.status_code", 200) == 200
         ours = [s for s in spans if s.name in STAGE_SPANS]
         assert ours and all(s.attributes.get("aml.job_id") == job_id for s in ours)
-        assert all(s.attributes.get("aml.request_id") == item["_id"] for s in ours)
+        assert all(s.attributes.get("aml.item_id") == item["_id"] for s in ours)
+        # Only an Add's spans name a contract request_id (the same id).
+        request_ids = {s.attributes.get("aml.request_id") for s in ours}
+        assert request_ids == ({item["_id"]} if item is chunk else {None})
 
     # `aml trace` prints the tree of the Add's trace.
     assert main(["trace", chunk["_id"], "--data-dir", str(platform.stack.data_dir)]) == 0
@@ -627,3 +628,8 @@ async def test_each_item_is_one_trace_across_the_services(
     assert printed[0] == f"trace {chunk['trace_id']}"
     assert any("aml.release  [scheduler]" in line for line in printed)
     assert any("participant.add  [adder]" in line for line in printed)
+    # ...and, by the question's item id, the question's.
+    assert main(["trace", question["_id"], "--data-dir", str(platform.stack.data_dir)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == f"trace {question['trace_id']}"
+    assert any("aml.score  [scorer]" in line for line in printed)

@@ -1,4 +1,4 @@
-"""Job progress counters (`aml_runtime.progress`) on the real nx-27017 MongoDB wire server (and
+"""Job progress counters (`aml_pipeline.progress`) on the real nx-27017 MongoDB wire server (and
 a real nats-server for the scheduler's completion): an item's terminal outcome is counted
 exactly once by the stage writers themselves however often and however concurrently they store
 it, a crash between the stage document and its increment is repaired, the writer that makes
@@ -20,13 +20,13 @@ from pymongo.asynchronous.database import AsyncDatabase
 from aml_adder.handlers import SendChunk
 from aml_contract.messages import AddWork, QuestionStage, QuestionWork
 from aml_gateway.progress import job_status
+from aml_pipeline.evaluation_spec import build_evaluation_spec
+from aml_pipeline.jobs import record_error
+from aml_pipeline.progress import ItemStage, _count, count_final, counters_of, repair_counters
+from aml_pipeline.question_stage import QuestionStageWorker
 from aml_runtime.clock import micros, now_us
 from aml_runtime.db import Document
 from aml_runtime.documents import ensure_indexes
-from aml_runtime.evaluation_spec import build_spec
-from aml_runtime.jobs import record_error
-from aml_runtime.progress import ItemStage, _count, count_final, counters_of, repair_counters
-from aml_runtime.question_stage import QuestionStageWorker
 from aml_runtime.settings import CommonSettings
 from aml_scheduler.handlers import ScheduleJobs
 from aml_scheduler.settings import SchedulerSettings
@@ -218,7 +218,9 @@ def scheduler(db: AsyncDatabase[Document], broker: NatsBroker) -> ScheduleJobs:
     settings = SchedulerSettings(reconcile_interval_seconds=20)
     # The participant client and the secrets are used only to plan and release, not here.
     unused = cast(Any, None)
-    return ScheduleJobs(settings, db, broker, unused, unused, build_spec(settings), "code")
+    return ScheduleJobs(
+        settings, db, broker, unused, unused, build_evaluation_spec(settings), "code"
+    )
 
 
 async def question(db: AsyncDatabase[Document], job_id: str, i: int) -> str:

@@ -21,14 +21,14 @@ from aml_contract import subjects
 from aml_contract.api.publication import ReleaseBaseline
 from aml_contract.messages import JobFinished
 from aml_evaluation.aggregate import QuestionOutcome, aggregate
+from aml_pipeline.jobs import publish_finished, record_error
+from aml_pipeline.progress import ItemStage, count_final
 from aml_publisher.handlers import GateFinishedJobs
 from aml_publisher.main import DURABLE
 from aml_publisher.settings import PublisherSettings
 from aml_runtime.broker import publish
 from aml_runtime.clock import now_us
 from aml_runtime.db import Document
-from aml_runtime.jobs import publish_finished, record_error
-from aml_runtime.progress import ItemStage, count_final
 
 pytestmark = pytest.mark.integration
 

@@ -15,9 +15,9 @@ from pymongo import AsyncMongoClient
 from aml_contract.api.publication import ReleaseBaseline
 from aml_devtools.cli import main as aml
 from aml_devtools.platform import own_release_baseline
+from aml_pipeline.evaluation_spec import build_evaluation_spec
 from aml_runtime.codehash import code_hash
 from aml_runtime.db import Document
-from aml_runtime.evaluation_spec import build_spec
 from aml_scheduler.baseline import release_baseline
 from aml_scheduler.handlers import ScheduleJobs
 from aml_scheduler.settings import SchedulerSettings
@@ -26,13 +26,14 @@ pytestmark = pytest.mark.integration
 
 
 async def _planned_job(settings: SchedulerSettings, datasets: list[str]) -> Document:
-    """A job planned by the scheduler's own `_plan` (it needs only the database, the spec and
-    the code hash: broker, participant client and keys are not touched while planning)."""
+    """A job planned by the scheduler's own `_plan` (it needs only the database, the evaluation
+    spec and the code hash: broker, participant client and keys are not touched while
+    planning)."""
     client: AsyncMongoClient[Document] = AsyncMongoClient(settings.mongo_url)
     db = client[settings.mongo_db]
     unused: Any = None
     scheduler = ScheduleJobs(
-        settings, db, unused, unused, unused, build_spec(settings), code_hash()
+        settings, db, unused, unused, unused, build_evaluation_spec(settings), code_hash()
     )
     job_id = f"j{uuid.uuid4().hex[:12]}"
     job = {"_id": job_id, "planned": False, "state": "queued", "datasets": datasets}

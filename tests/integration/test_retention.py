@@ -11,8 +11,8 @@ import pytest
 from gateway_support import ADMIN, Gateway, open_gateway
 from pymongo import AsyncMongoClient
 
+from aml_pipeline.retention import purge_due, purge_expired
 from aml_runtime.db import Document
-from aml_runtime.retention import purge_due, purge_expired
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +51,7 @@ async def _seed(db: Any, job_id: str, finished_days_ago: float) -> None:
          "judge_replies": ['{"label": "CORRECT"}']}
     )  # fmt: skip
     await db.written_texts.insert_one({"_id": f"{job_id}/d", "job_id": job_id, "users": ["u"]})
-    await db.calls.insert_one({"job_id": job_id, "request_id": f"{job_id}/a", "status": 200})
+    await db.calls.insert_one({"job_id": job_id, "item_id": f"{job_id}/a", "status": 200})
 
 
 async def test_old_runs_lose_their_data_and_keep_their_results(gateway: Gateway) -> None:

@@ -13,9 +13,9 @@ from pymongo import AsyncMongoClient
 
 from aml_contract.participant import SearchRequest, encode
 from aml_participant_simulator import Outcome, Script, Simulator, running_simulator
-from aml_participant_simulator.script import AuthSpec, EndpointScript
-from aml_runtime.capacity import Capacity, CapacityLimiter
-from aml_runtime.participants import Attempt, CallFailed, Endpoint, ParticipantClient
+from aml_participant_simulator.script import EndpointScript, ScriptedAuth
+from aml_pipeline.capacity import Capacity, CapacityLimiter
+from aml_pipeline.participants import Attempt, CallFailed, Endpoint, ParticipantClient
 from aml_runtime.settings import ParticipantCallSettings
 
 pytestmark = pytest.mark.integration
@@ -67,7 +67,7 @@ def search(query: str) -> bytes:
 async def test_a_run_stops_at_its_declared_request_limit(clients: list[ParticipantClient]) -> None:
     # The first query is answered 503 once: its retry is a request and counts.
     script = Script(
-        auth=AuthSpec(method="bearer", key=KEY),
+        auth=ScriptedAuth(method="bearer", key=KEY),
         search=EndpointScript(by_key={"q1": [Outcome(status=503)]}),
     )
     simulator = Simulator(script)
@@ -94,7 +94,7 @@ async def test_audited_latency_is_the_participants_time_only(
 ) -> None:
     """R-7.3: a participant answering in 0.2 s is audited at about 0.2 s even when the platform
     had to wait a second for its declared rate; that wait is recorded apart as queued_ms."""
-    script = Script(auth=AuthSpec(method="bearer", key=KEY), search=EndpointScript(latency=0.2))
+    script = Script(auth=ScriptedAuth(method="bearer", key=KEY), search=EndpointScript(latency=0.2))
     simulator = Simulator(script)
     attempts: list[Attempt] = []
 

@@ -24,10 +24,10 @@ from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract.messages import JobSubmitted
+from aml_pipeline.evaluation_spec import build_evaluation_spec
 from aml_runtime.clock import micros
 from aml_runtime.db import Document
 from aml_runtime.documents import STAGE_COLLECTIONS, FailureKind, ensure_indexes
-from aml_runtime.evaluation_spec import build_spec
 from aml_runtime.secrets import SecretBox
 from aml_scheduler.handlers import ScheduleJobs
 from aml_scheduler.settings import SchedulerSettings
@@ -69,7 +69,9 @@ def scheduler(
         datasets_root=root,
     )
     unused = cast(Any, None)
-    run = ScheduleJobs(settings, db, broker, unused, unused, build_spec(settings), "code", clock)
+    run = ScheduleJobs(
+        settings, db, broker, unused, unused, build_evaluation_spec(settings), "code", clock
+    )
 
     async def healthy(job: Document) -> bool:
         return True
@@ -142,7 +144,7 @@ async def test_a_job_the_participant_stalls_fails_naming_the_stage_and_the_parti
         {
             "job_id": "jw1",
             "stage": "search",
-            "request_id": "jw1/q2",
+            "item_id": "jw1/q2",
             "operation": "search",
             "attempt": 3,
             "started_at": T0 + timedelta(seconds=40),

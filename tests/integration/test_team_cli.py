@@ -36,9 +36,9 @@ from aml_devtools.cli import main
 from aml_devtools.team_cli import progress_bar
 from aml_gateway.main import create_app
 from aml_gateway.settings import GatewaySettings
+from aml_pipeline.jobs import record_error
+from aml_pipeline.progress import counter_field
 from aml_runtime.db import Document
-from aml_runtime.jobs import record_error
-from aml_runtime.progress import counter_field
 from aml_runtime.secrets import SecretBox
 
 pytestmark = pytest.mark.integration
@@ -252,12 +252,16 @@ async def test_submit_watch_results_errors_and_audit(
     await record_calls(live.db, job_id, [("add", "r1", [503, 200]), ("search", "q1", [200])])
     code, out, _ = run(capsys, "audit", job_id, "--limit", "2")
     assert code == 0 and "audit, page 1 (2 records)" in out
+    assert re.search(r"stage\s+op\s+item\s+try", out), out
     assert re.search(r"add\s+add\s+r1\s+1\.1\s+503\s+12\s+retry", out), out
     assert f"more: aml team audit {job_id} --page 2" in out
     code, out, _ = run(capsys, "audit", job_id, "--limit", "2", "--page", "2")
     assert code == 0 and "page 2 (1 records)" in out and "search" in out and "more:" not in out
     code, _, err = run(capsys, "audit", job_id, "--limit", "2", "--page", "3")
     assert code == 2 and "has only 2 audit page(s)" in err
+    code, out, _ = run(capsys, "audit", job_id, "--item-id", "q1")
+    assert code == 0 and "(1 records)" in out
+    assert re.search(r"search\s+search\s+q1\s+1\.1\s+200", out), out
 
     # A failed job: watch exits 1 with the error summary.
     live.clock.advance(timedelta(hours=1))

@@ -26,9 +26,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from aml_runtime.participants import CallFailed, Endpoint, ParticipantClient
+from aml_pipeline.participants import CallFailed, Endpoint, ParticipantClient
+from aml_pipeline.urlsafety import SafeTransport, UnsafeUrl
 from aml_runtime.settings import ParticipantCallSettings
-from aml_runtime.urlsafety import SafeTransport, UnsafeUrl
 
 NAME = "participant.test"
 

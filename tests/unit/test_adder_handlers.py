@@ -19,11 +19,11 @@ from aml_adder.handlers import SendChunk
 from aml_adder.settings import AdderSettings
 from aml_contract import subjects
 from aml_contract.messages import AddWork, message_id
+from aml_pipeline.capacity import Admission
+from aml_pipeline.jobs import Endpoints
+from aml_pipeline.participants import CallFailed, Endpoint, Observer, ParticipantClient
+from aml_pipeline.stage_worker import WorkItem
 from aml_runtime.broker import FetchedDelivery
-from aml_runtime.capacity import Admission
-from aml_runtime.jobs import Endpoints
-from aml_runtime.participants import CallFailed, Endpoint, Observer, ParticipantClient
-from aml_runtime.stage_worker import WorkItem
 
 JOB = "job-1"
 VERSION = "ver-1"

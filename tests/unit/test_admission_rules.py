@@ -8,8 +8,8 @@ import time
 import pytest
 
 from aml_contract import subjects
-from aml_runtime.capacity import Capacity, Departure
-from aml_runtime.stage_worker import Lanes
+from aml_pipeline.capacity import Capacity, Departure
+from aml_pipeline.stage_worker import Lanes
 
 
 async def _capacity(lane: str) -> Capacity:
@@ -95,3 +95,19 @@ async def test_a_request_that_opened_its_connection_departs_when_answered() -> N
     await departure.trace("http11.receive_response_headers.complete", {})
     assert departure.at is not None and departure.at > sent
     assert departure.opened_connection
+
+
+async def test_the_audit_times_a_request_from_its_headers_whatever_its_connection() -> None:
+    """The rate stamp of a fresh connection's request moves to its answer; when it left (what
+    the audit records as its start) does not."""
+    departure = Departure()
+    await departure.trace("connection.connect_tcp.started", {})
+    await departure.trace("http11.send_request_headers.started", {})
+    sent_at = departure.sent_at
+    assert sent_at is not None and departure.sent_monotonic is not None
+    time.sleep(0.01)
+    # The client may resend on another connection (a kept-alive one the server had closed).
+    await departure.trace("http11.send_request_headers.started", {})
+    await departure.trace("http11.receive_response_headers.complete", {})
+    assert departure.sent_at == sent_at
+    assert departure.at is not None and departure.at > sent_at

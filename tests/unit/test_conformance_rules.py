@@ -23,7 +23,7 @@ from aml_devtools.conformance import (
     unauthenticated_rule,
     url_rules,
 )
-from aml_runtime.participants import CallFailed, validate_search_response
+from aml_pipeline.participants import CallFailed, validate_search_response
 
 
 def item(id_: str, content: str) -> SearchItem:

@@ -8,12 +8,12 @@ import pytest
 
 from aml_evaluation.prompts import load_prompt
 from aml_evaluation.spec import EvaluationSpec, ModelCall
-from aml_runtime.evaluation_spec import build_spec
-from aml_runtime.settings import SpecSettings
+from aml_pipeline.evaluation_spec import build_evaluation_spec
+from aml_runtime.settings import EvaluationSettings
 
 
 def _spec(**overrides: object) -> EvaluationSpec:
-    return build_spec(SpecSettings(**overrides))  # type: ignore[arg-type]
+    return build_evaluation_spec(EvaluationSettings(**overrides))  # type: ignore[arg-type]
 
 
 def test_the_same_settings_give_the_same_hash() -> None:

@@ -71,7 +71,7 @@ def test_all_item_stages_final_is_aggregate() -> None:
 
 
 def test_the_watchdog_reports_the_same_stage() -> None:
-    """The stall diagnosis and the status share the rule (aml_runtime.progress.waiting_stage)."""
+    """The stall diagnosis and the status share the rule (aml_pipeline.progress.waiting_stage)."""
     jobs = [
         _job_at(add=(9, 0)),
         _job_at(questions=4, search=(3, 0)),

@@ -15,7 +15,7 @@ import pytest
 from pydantic import PrivateAttr, SecretStr, ValidationError
 
 from aml_contract.participant import AddRequest, Message, SearchRequest, encode
-from aml_runtime.participants import (
+from aml_pipeline.participants import (
     ADD_RETRYABLE,
     SEARCH_RETRYABLE,
     Attempt,

@@ -17,7 +17,7 @@ import aml_memory_server.store as store
 from aml_contract.examples import EXAMPLES, markdown
 from aml_contract.participant import AddAccepted, AddRequest, SearchRequest, encode
 from aml_memory_server.__main__ import build_parser
-from aml_runtime.participants import (
+from aml_pipeline.participants import (
     ADD_RETRYABLE,
     SEARCH_RETRYABLE,
     validate_add_response,

@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from aml_contract.participant import MAX_JSON_DEPTH, MAX_TASK_ID_LENGTH, AddAccepted
-from aml_runtime.participants import (
+from aml_pipeline.participants import (
     BodyRejected,
     CallFailed,
     _Decoder,
@@ -178,7 +178,7 @@ def test_the_documented_limits_are_the_clients() -> None:
     from pathlib import Path
 
     from aml_contract.participant import MAX_RESPONSE_BYTES
-    from aml_runtime.participants import CONNECT_TIMEOUT_SECONDS, HEALTH_TIMEOUT_SECONDS
+    from aml_pipeline.participants import CONNECT_TIMEOUT_SECONDS, HEALTH_TIMEOUT_SECONDS
 
     doc = (Path(__file__).parents[2] / "docs" / "participants.md").read_text()
     rows = {

@@ -1,4 +1,4 @@
-"""The rules of `aml_runtime.progress`: which counters a terminal outcome bumps, how the
+"""The rules of `aml_pipeline.progress`: which counters a terminal outcome bumps, how the
 counters are recounted and read, and when a repair is due."""
 
 from __future__ import annotations
@@ -8,8 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from aml_contract.messages import Outcome
-from aml_runtime.clock import micros
-from aml_runtime.progress import (
+from aml_pipeline.progress import (
     COUNTERS,
     ERRORS,
     QUESTIONS_FINAL,
@@ -27,6 +26,7 @@ from aml_runtime.progress import (
     stage_counts,
     tally,
 )
+from aml_runtime.clock import micros
 
 ITEM = "job-1/synthetic/s1:q0"
 

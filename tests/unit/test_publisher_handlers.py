@@ -19,12 +19,12 @@ from aml_contract import subjects
 from aml_contract.api.publication import ReleaseBaseline
 from aml_contract.messages import JobFinished
 from aml_evaluation.aggregate import QuestionOutcome, aggregate
+from aml_pipeline.evaluation_spec import build_evaluation_spec
+from aml_pipeline.jobs import publish_finished
 from aml_publisher.gate import CHECK_NAMES
 from aml_publisher.handlers import GateFinishedJobs
 from aml_publisher.settings import PublisherSettings
 from aml_runtime.broker import publish
-from aml_runtime.evaluation_spec import build_spec
-from aml_runtime.jobs import publish_finished
 from aml_scheduler.handlers import ScheduleJobs
 from aml_scheduler.settings import SchedulerSettings
 
@@ -143,8 +143,10 @@ async def test_a_job_the_scheduler_completes_is_gated_once(rig: Rig) -> None:
         }
     settings = SchedulerSettings()
     unused = cast(Any, None)
-    spec = build_spec(settings)
-    scheduler = ScheduleJobs(settings, rig.db.typed(), rig.broker, unused, unused, spec, "c")
+    evaluation_spec = build_evaluation_spec(settings)
+    scheduler = ScheduleJobs(
+        settings, rig.db.typed(), rig.broker, unused, unused, evaluation_spec, "c"
+    )
 
     await scheduler.complete_if_done("j1")
     stored = rig.db.jobs.documents["j1"]

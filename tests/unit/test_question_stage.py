@@ -7,7 +7,7 @@ from typing import Any, cast
 import pytest
 
 from aml_contract.messages import QuestionFacts, QuestionWork
-from aml_runtime.question_stage import QuestionStageWorker
+from aml_pipeline.question_stage import QuestionStageWorker
 from aml_runtime.settings import CommonSettings
 
 PLANNED = {

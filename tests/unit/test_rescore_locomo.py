@@ -18,8 +18,8 @@ from aml_devtools.cli import main
 from aml_evaluation.datasets import bundle_hash, load_dataset, manifest_path, read_manifest
 from aml_evaluation.punkt import MODEL_ID as PUNKT_MODEL_ID
 from aml_evaluation.scoring import bleu1, f1_locomo_category
-from aml_runtime.evaluation_spec import build_spec
-from aml_runtime.settings import SpecSettings
+from aml_pipeline.evaluation_spec import build_evaluation_spec
+from aml_runtime.settings import EvaluationSettings
 
 ZEP = Path("zep-locomo-grades") / "zep_locomo_grades.json"
 
@@ -79,11 +79,12 @@ def test_rescoring_zep_predictions_recomputes_the_published_figures(
         "(dataset)",
     ]  # fmt: skip
     results = json.loads(results_path.read_text())
-    # What produced the numbers: every scorer version, nltk, spec, bundle and label source.
+    # What produced the numbers: every scorer version, nltk, evaluation spec, bundle and label
+    # source.
     origin = results["provenance"]
     manifest = read_manifest(manifest_path("locomo"))
     assert origin["bundle_hash"] == bundle_hash(manifest)
-    assert origin["spec_hash"] == build_spec(SpecSettings()).content_hash
+    assert origin["spec_hash"] == build_evaluation_spec(EvaluationSettings()).content_hash
     assert origin["f1_variant"] == origin["f1_variant_declared"] == "f1-locomo-category-v1"
     assert origin["scorers"] == {
         "f1": "f1-locomo-category-v1", "abstention": "abstention-phrase-v1",

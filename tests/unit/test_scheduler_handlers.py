@@ -21,8 +21,8 @@ from faststream.nats import JStream, NatsBroker, NatsMessage, TestNatsBroker
 from aml_contract import subjects
 from aml_contract.messages import AddDone, QuestionDone, message_id
 from aml_evaluation.datasets import load_dataset
+from aml_pipeline.evaluation_spec import build_evaluation_spec
 from aml_runtime.broker import publish
-from aml_runtime.evaluation_spec import build_spec
 from aml_scheduler.handlers import ScheduleJobs
 from aml_scheduler.planning import plan_chunks, plan_questions
 from aml_scheduler.settings import SchedulerSettings
@@ -70,7 +70,7 @@ async def rig() -> AsyncIterator[Rig]:
     # The participant client and the secrets serve planning only, which these tests skip.
     unused = cast(Any, None)
     scheduler = ScheduleJobs(
-        settings, db.typed(), broker, unused, unused, build_spec(settings), "c"
+        settings, db.typed(), broker, unused, unused, build_evaluation_spec(settings), "c"
     )
     sent: list[Sent] = []
 

@@ -16,7 +16,7 @@ from aml_gateway.submissions import (
     Submission,
     check_submission,
 )
-from aml_runtime.jobs import run_overdue
+from aml_pipeline.jobs import run_overdue
 
 T0 = datetime(2027, 3, 1, 12, 0, tzinfo=UTC)
 SECOND = timedelta(seconds=1)

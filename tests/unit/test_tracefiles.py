@@ -25,16 +25,17 @@ def _provider(directory: Path, service: str) -> TracerProvider:
     return provider
 
 
-def test_a_request_ids_trace_is_read_back_as_a_tree(tmp_path: Path) -> None:
+def test_an_items_trace_is_read_back_as_a_tree(tmp_path: Path) -> None:
     scheduler = _provider(tmp_path, "scheduler").get_tracer("t")
     adder = _provider(tmp_path, "adder").get_tracer("t")
+    add = {"aml.item_id": "r1", "aml.request_id": "r1"}
     with (
-        scheduler.start_as_current_span("aml.release", attributes={"aml.request_id": "r1"}),
-        adder.start_as_current_span("aml.add", attributes={"aml.request_id": "r1"}),
+        scheduler.start_as_current_span("aml.release", attributes=add),
+        adder.start_as_current_span("aml.add", attributes=add),
         adder.start_as_current_span("participant.add", attributes={"aml.attempt": 1}),
     ):
         pass
-    with scheduler.start_as_current_span("aml.release", attributes={"aml.request_id": "r2"}):
+    with scheduler.start_as_current_span("aml.release", attributes={"aml.item_id": "r2"}):
         pass
 
     lines = [json.loads(x) for p in tmp_path.glob("*.jsonl") for x in p.read_text().splitlines()]
@@ -56,15 +57,28 @@ def test_a_request_ids_trace_is_read_back_as_a_tree(tmp_path: Path) -> None:
     assert traces_of(read_spans(tmp_path), "nope") == {}
 
 
+def test_a_question_is_found_by_its_item_id_also_in_old_span_files(tmp_path: Path) -> None:
+    searcher = _provider(tmp_path, "searcher").get_tracer("t")
+    with searcher.start_as_current_span("aml.search", attributes={"aml.item_id": "j/q1"}):
+        pass
+    # Written before spans carried `aml.item_id`: a question's id was its `aml.request_id`.
+    with searcher.start_as_current_span("aml.search", attributes={"aml.request_id": "j/q0"}):
+        pass
+    spans = list(read_spans(tmp_path))
+    for item_id in ("j/q1", "j/q0"):
+        [(_, found)] = traces_of(spans, item_id).items()
+        assert [s.name for s in found] == ["aml.search"], item_id
+
+
 def test_every_release_of_an_item_is_in_the_items_trace(tmp_path: Path) -> None:
     # The global provider can be set once per process; whichever SDK provider holds it records.
     trace.set_tracer_provider(_provider(tmp_path, "scheduler"))
     trace_id, root_id = item_trace_ids("job/item-1")
-    with item_trace("aml.release", "job/item-1", request_id="item-1") as first:
+    with item_trace("aml.release", "job/item-1", item_id="item-1") as first:
         ids = current_trace_ids()
     assert ids, "spans are recorded"
     assert ids["trace_id"] == format(trace_id, "032x")
-    with item_trace("aml.release", "job/item-1", request_id="item-1") as again:
+    with item_trace("aml.release", "job/item-1", item_id="item-1") as again:
         assert current_trace_ids()["trace_id"] == ids["trace_id"]
     for span in (first, again):
         assert span.parent is not None and span.parent.span_id == root_id  # type: ignore[attr-defined]

@@ -22,8 +22,8 @@ from pydantic import SecretStr
 from aml_gateway.deps import Services
 from aml_gateway.routes import admin
 from aml_gateway.settings import GatewaySettings
-from aml_runtime.participants import Attempt, CallFailed, Endpoint, ParticipantClient, RetryPolicy
-from aml_runtime.urlsafety import (
+from aml_pipeline.participants import Attempt, CallFailed, Endpoint, ParticipantClient, RetryPolicy
+from aml_pipeline.urlsafety import (
     SafeTransport,
     UnresolvableHost,
     UnsafeUrl,

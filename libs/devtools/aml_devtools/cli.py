@@ -4,10 +4,10 @@ aml up     start NATS, MongoDB (wire server), the local LLM and every service; w
 aml demo   the same plus the reference memory system; run one smoke job on the synthetic
            dataset, show its progress and print the results table (exit 1 if it failed)
 aml rescore  score a predictions file against a dataset offline (see aml_devtools.rescore)
-aml trace  print the span tree of every trace of one request_id (from the stack's span files)
+aml trace  print the span tree of every trace of one work item (from the stack's span files)
 aml check  check a memory system's Add/Search/Health endpoints against the participant contract
-aml baseline  print this deployment's release baseline (spec, code and dataset bundle hashes,
-           questions per dataset) from its AML_* settings; --json/--store: the JSON of
+aml baseline  print this deployment's release baseline (evaluation spec, code and dataset bundle
+           hashes, questions per dataset) from its AML_* settings; --json/--store: the JSON of
            AML_RELEASE_BASELINE
 aml team   a team's client of the gateway API (AML_API_URL, AML_API_KEY): request access,
            follow the request, list versions and datasets, submit, watch a job, results,
@@ -48,9 +48,9 @@ from aml_evaluation.datasets import (
 from aml_evaluation.prompts import load_prompt
 from aml_evaluation.punkt import PunktDataError, require_punkt_tab
 from aml_evaluation.scoring import BLEU_VERSION, F1_VARIANTS
-from aml_runtime.evaluation_spec import build_spec
-from aml_runtime.llm import complete, make_llm_client
-from aml_runtime.settings import LLMSettings, SpecSettings
+from aml_pipeline.evaluation_spec import build_evaluation_spec
+from aml_pipeline.llm import complete, make_llm_client
+from aml_runtime.settings import EvaluationSettings, LLMSettings
 
 DEFAULT_DATASETS_ROOT = Path(__file__).resolve().parents[4] / "shared" / "datasets"
 
@@ -88,7 +88,9 @@ def _parser() -> argparse.ArgumentParser:
     verdicts = rescore.add_mutually_exclusive_group()
     verdicts.add_argument("--judge-labels", type=Path, help="JSONL of existing judge labels")
     verdicts.add_argument(
-        "--judge", action="store_true", help="ask the spec's LLM judge (AML_LLM_* settings)"
+        "--judge",
+        action="store_true",
+        help="ask the evaluation spec's LLM judge (AML_LLM_* settings)",
     )
     rescore.add_argument(
         "--f1-variant",
@@ -97,8 +99,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     rescore.add_argument("--rows", type=Path, help="write one JSON line per question here")
     rescore.add_argument("--json", type=Path, help="write the results document here")
-    trace_cmd = sub.add_parser("trace", help="the span tree of one request_id")
-    trace_cmd.add_argument("request_id", help="an Add request_id or a question item id")
+    trace_cmd = sub.add_parser("trace", help="the span tree of one work item")
+    trace_cmd.add_argument("item_id", help="an Add request_id or a question item id")
     trace_cmd.add_argument("--data-dir", type=Path, default=Path(".aml") / "demo")
     conformance.add_arguments(
         sub.add_parser("check", help="check a memory system against the participant contract")
@@ -132,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "check":
         return conformance.main_from_args(args)
     if args.command == "trace":
-        return _trace(args.request_id, args.data_dir / "traces")
+        return _trace(args.item_id, args.data_dir / "traces")
     if args.command == "baseline":
         return _baseline(args)
     if args.command == "team":
@@ -217,7 +219,7 @@ def _demo(platform: Any, stack: EmbeddedStack, dataset: str, timeout: float) -> 
     print()
     print(render_results(results, category_numbers(results["datasets"])))
     for record in first["records"]:
-        print(f"\nfollow one request: aml trace {record['request_id']} --data-dir {stack.data_dir}")
+        print(f"\nfollow one request: aml trace {record['item_id']} --data-dir {stack.data_dir}")
     return 0
 
 
@@ -249,13 +251,13 @@ def _baseline(args: argparse.Namespace) -> int:
     return 0
 
 
-def _trace(request_id: str, trace_dir: Path) -> int:
+def _trace(item_id: str, trace_dir: Path) -> int:
     if not trace_dir.is_dir():
         print(f"aml trace: no span files in {trace_dir}", file=sys.stderr)
         return 2
-    found = tracefiles.traces_of(tracefiles.read_spans(trace_dir), request_id)
+    found = tracefiles.traces_of(tracefiles.read_spans(trace_dir), item_id)
     if not found:
-        print(f"aml trace: no trace of {request_id} in {trace_dir}", file=sys.stderr)
+        print(f"aml trace: no trace of {item_id} in {trace_dir}", file=sys.stderr)
         return 1
     for trace_id, spans in found.items():
         print("\n".join(tracefiles.render_tree(trace_id, spans)))
@@ -358,7 +360,7 @@ async def _rescore(args: argparse.Namespace) -> int:
         return 2
     variant = args.f1_variant or dataset.f1_variant
     known = {q.question_id for q in dataset.questions}
-    settings = LLMSettings() if args.judge else SpecSettings()
+    settings = LLMSettings() if args.judge else EvaluationSettings()
     llm = None
     try:
         predictions = rescore.read_predictions(args.predictions, known)
@@ -399,10 +401,9 @@ async def _rescore(args: argparse.Namespace) -> int:
             await llm.close()
     results = rescore.results_of(dataset, rows, variant)
     bundle = bundle_hash(read_manifest(manifest_path(dataset.dataset_id)))
-    origin = rescore.provenance(
-        dataset, bundle, build_spec(settings).content_hash, args.predictions, variant, source
-    )
-    print(f"dataset {dataset.dataset_id} bundle {bundle}; spec {origin.spec_hash}")
+    spec_hash = build_evaluation_spec(settings).content_hash
+    origin = rescore.provenance(dataset, bundle, spec_hash, args.predictions, variant, source)
+    print(f"dataset {dataset.dataset_id} bundle {bundle}; evaluation spec {origin.spec_hash}")
     judged_by = {
         "labels": f"labels from {args.judge_labels}",
         "llm": f"LLM {settings.judge_model}",

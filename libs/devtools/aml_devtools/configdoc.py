@@ -45,7 +45,7 @@ Every service reads `AML_*` environment variables (case-insensitive; pydantic-se
 Structured values (lists, `AML_QUOTAS`, `AML_RELEASE_BASELINE`) are JSON. Secrets are shown
 without a default: set them from a secret store (compose `${VAR:?…}`, Kubernetes `secretKeyRef`),
 never in a file. The services column names who reads a setting; one deployment-wide value (the
-spec, the LLM budget) must be the same for all of them.
+evaluation spec, the LLM budget) must be the same for all of them.
 """
 
 

@@ -36,7 +36,7 @@ from aml_contract.participant import (
     memory_user_id,
 )
 from aml_evaluation.isolation import content_text, find_leaks, owners_of_texts
-from aml_runtime.participants import (
+from aml_pipeline.participants import (
     Attempt,
     BodyRejected,
     CallFailed,
@@ -45,7 +45,7 @@ from aml_runtime.participants import (
     RetryPolicy,
     read_capped,
 )
-from aml_runtime.urlsafety import SafeTransport, UnsafeUrl, check_url
+from aml_pipeline.urlsafety import SafeTransport, UnsafeUrl, check_url
 
 Status = Literal["pass", "warn", "fail", "skip"]
 Operation = Literal["add", "add_status", "search", "health"]

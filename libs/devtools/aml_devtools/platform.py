@@ -32,7 +32,8 @@ class PlatformConfig(BaseModel):
     llm_concurrency: int = 1
     participant_max_attempts: int = 5
     # The local model is small and slow on CPU: a shorter context and answer keep a smoke run
-    # at a few seconds per question. Production uses the release's spec defaults.
+    # at a few seconds per question. Production uses the evaluation spec's defaults
+    # (EvaluationSettings).
     answer_context_tokens: int = 200
     # The local model at temperature 0 with a fixed seed gives the same reply when asked
     # again: re-asking an unreadable judge reply would only cost time.

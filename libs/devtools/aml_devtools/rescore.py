@@ -13,9 +13,9 @@ Input files are JSON Lines:
 A question id given twice in either file is an error, never "the last one wins"; so is an id
 the dataset does not have (with a hint when it only lacks the zero padding).
 
-Open questions take their verdict from the labels file when one is given, from the LLM judge
-of the spec with `--judge`, or from no judge at all: F1 (the dataset's declared variant, or the
-one asked for) and BLEU-1 are computed for every answered open question either way. A question
+Open questions take their verdict from the labels file when one is given, from the evaluation
+spec's LLM judge with `--judge`, or from no judge at all: F1 (the dataset's declared variant, or
+the one asked for) and BLEU-1 are computed for every answered open question either way. A question
 that the labels file does not label keeps its F1 and BLEU-1 and is counted as unjudged (not
 correct, not wrong, not failed); a label of null is a judge failure. A question without a
 prediction is counted as failed (`no_prediction`), never as wrong.
@@ -268,8 +268,8 @@ def llm_judge(
     runs: int,
     retries: int,
 ) -> Judge:
-    """The spec's judge over any completion function, with the prompts the scorer uses: the
-    abstention prompt for a question without a gold answer."""
+    """The evaluation spec's judge over any completion function, with the prompts the scorer
+    uses: the abstention prompt for a question without a gold answer."""
 
     async def verdict(question: Question, answer: str) -> JudgeVerdict:
         _, text = judge_prompt_for(

@@ -187,7 +187,9 @@ def add_arguments(team: argparse.ArgumentParser) -> None:
     audit.add_argument("--page", type=int, default=1, help="1 is the oldest records")
     audit.add_argument("--limit", type=int, default=50, help="records per page (at most 500)")
     audit.add_argument("--stage", choices=("add", "search"))
-    audit.add_argument("--request-id")
+    audit.add_argument(
+        "--item-id", "--request-id", help="one work item: an Add's request_id or a question id"
+    )
 
 
 def _watch_options(parser: argparse.ArgumentParser) -> None:
@@ -518,8 +520,8 @@ def _audit(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     params: dict[str, Any] = {"limit": args.limit}
     if args.stage:
         params["stage"] = args.stage
-    if args.request_id:
-        params["request_id"] = args.request_id
+    if args.item_id:
+        params["item_id"] = args.item_id
     page: dict[str, Any] = {"records": [], "next_cursor": None}
     for number in range(1, args.page + 1):
         page = api.call("GET", f"/v1/jobs/{args.job_id}/audit", params=params)
@@ -532,7 +534,7 @@ def _audit(api: Api, args: argparse.Namespace, out: TextIO) -> int:
             r["started_at"],
             r["stage"],
             r["operation"],
-            r["request_id"],
+            r["item_id"],
             f"{r['delivery']}.{r['attempt']}",
             "-" if r["status"] is None else str(r["status"]),
             f"{r['latency_ms']:.0f}",
@@ -541,7 +543,7 @@ def _audit(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         ]
         for r in page["records"]
     ]
-    header = ["started", "stage", "op", "request_id", "try", "http", "ms", "outcome", "detail"]
+    header = ["started", "stage", "op", "item", "try", "http", "ms", "outcome", "detail"]
     print(f"job {args.job_id} audit, page {args.page} ({len(rows)} records)", file=out)
     print(_table(header, rows), file=out)
     if page["next_cursor"]:

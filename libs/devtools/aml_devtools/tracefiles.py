@@ -1,5 +1,6 @@
-"""Reading the OTLP-JSON span files of the embedded stack (`aml trace REQUEST_ID`): every trace
-that touched a request_id, printed as a tree with service, duration and status."""
+"""Reading the OTLP-JSON span files of the embedded stack (`aml trace ITEM_ID`): every trace
+that touched a work item (an Add's request_id or a question's id), printed as a tree with
+service, duration and status."""
 
 from __future__ import annotations
 
@@ -66,16 +67,23 @@ def read_spans(directory: Path) -> Iterator[TraceSpan]:
                         )
 
 
-def traces_of(spans: Iterable[TraceSpan], request_id: str) -> dict[str, list[TraceSpan]]:
-    """Every trace holding a span with `aml.request_id` = request_id, with all its spans."""
+def traces_of(spans: Iterable[TraceSpan], item_id: str) -> dict[str, list[TraceSpan]]:
+    """Every trace holding a span of the work item `item_id` (an Add's request_id or a
+    question's id), with all its spans."""
     by_trace: dict[str, list[TraceSpan]] = defaultdict(list)
     for span in spans:
         by_trace[span.trace_id].append(span)
     return {
         trace_id: sorted(members, key=lambda s: s.start_ns)
         for trace_id, members in by_trace.items()
-        if any(s.attributes.get("aml.request_id") == request_id for s in members)
+        if any(_item_of(s) == item_id for s in members)
     }
+
+
+def _item_of(span: TraceSpan) -> Any:
+    """The work item a span belongs to: `aml.item_id`; span files written before spans carried
+    it name the item `aml.request_id` (a question's id too)."""
+    return span.attributes.get("aml.item_id", span.attributes.get("aml.request_id"))
 
 
 def render_tree(trace_id: str, spans: list[TraceSpan]) -> list[str]:

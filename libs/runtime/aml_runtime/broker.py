@@ -155,8 +155,9 @@ async def publish_work(
     )
 
 
-class Exhausted(Exception):
-    """Raised by a handler to give up on an item at once (e.g. a contract violation)."""
+class FinalFailure(Exception):
+    """Raised by a handler to fail the item at once, without retry, with a FailureKind and
+    reason (e.g. a contract violation): no later delivery could end it differently."""
 
     def __init__(self, kind: FailureKind, reason: str) -> None:
         super().__init__(reason)
@@ -249,7 +250,7 @@ async def run_delivery(
     """At-least-once processing of one delivery.
 
     `work` must be idempotent. A transient failure is NACKed with a growing delay and comes back;
-    the last allowed delivery (or an `Exhausted` error) calls `give_up` with a kind and reason,
+    the last allowed delivery (or a `FinalFailure`) calls `give_up` with a kind and reason,
     which records the item as failed, so a job never waits on a message that will not come back.
     While `work` runs, progress heartbeats keep the broker from redelivering a long call elsewhere.
     """
@@ -262,7 +263,7 @@ async def run_delivery(
     heartbeat = asyncio.create_task(_heartbeat(delivery, settings.ack_wait_seconds / 3))
     try:
         await work()
-    except Exhausted as exc:
+    except FinalFailure as exc:
         await give_up(exc.kind, exc.reason)
     except Exception as exc:
         reason = f"{type(exc).__name__}: {exc}"

@@ -12,6 +12,7 @@ PIPELINE_PACKAGES = (
     "aml_contract",
     "aml_evaluation",
     "aml_runtime",
+    "aml_pipeline",
     "aml_scheduler",
     "aml_adder",
     "aml_searcher",

@@ -40,7 +40,8 @@ VERSIONS = "versions"
 TEAMS = "teams"
 SECRETS = "secrets"
 SYSTEM_NAMES = "system_names"
-SPECS = "specs"
+# Evaluation spec documents by content hash (aml_evaluation.spec.EvaluationSpec).
+EVALUATION_SPECS = "specs"
 LEADERBOARD = "leaderboard"
 ACCESS_REQUESTS = "access_requests"
 CAPACITY_SLOTS = "capacity_slots"
@@ -113,7 +114,7 @@ INDEXES: tuple[Index, ...] = (
     _index(QUESTIONS, "job_id"),
     *(_index(name, "job_id", "state") for name in (SEARCHES, ANSWERS, SCORES)),
     *(_index(name, "job_id") for name in (SEARCHES, ANSWERS, SCORES)),
-    _index(CALLS, "job_id", "request_id", "attempt"),
+    _index(CALLS, "job_id", "item_id", "attempt"),
     # The status shows a job's first errors by time: with (job_id, at) nx-27017 reads only those
     # (with job_id alone it sorts all of the job's errors; without an index, the collection).
     _index(JOB_ERRORS, "job_id"),
@@ -163,7 +164,7 @@ class JobTotals(BaseModel):
 
 class JobDocument(Stored):
     """A job (`jobs`): inserted `queued` by the gateway's submission, planned and completed by
-    the scheduler, failed by `aml_runtime.jobs.fail_job`, counted by `aml_runtime.progress`
+    the scheduler, failed by `aml_pipeline.jobs.fail_job`, counted by `aml_pipeline.progress`
     (`progress`, read through its helpers), gated by the publisher, reviewed and published by
     the gateway."""
 
@@ -182,6 +183,8 @@ class JobDocument(Stored):
     # Written by the plan.
     started_at: StoredTime | None = None
     top_k: int | None = None
+    # The evaluation spec the job ran with: its summary (`EvaluationSpec.summary`) and the hash
+    # of the whole document in `specs`.
     spec: dict[str, Any] = Field(default_factory=dict)
     spec_hash: str | None = None
     code_hash: str | None = None
@@ -250,7 +253,7 @@ class QuestionDocument(Stored):
 
 class StageRecord(Stored):
     """A question's document at one stage (`searches`, `answers`, `scores`), inserted once by
-    `aml_runtime.question_stage`: `done` with the stage's fields, or `failed` with why."""
+    `aml_pipeline.question_stage`: `done` with the stage's fields, or `failed` with why."""
 
     job_id: str
     state: Literal["done", "failed"]
@@ -303,9 +306,10 @@ class ScoreDocument(StageRecord):
     mc_version: str | None = None
 
 
-class VersionSpec(BaseModel):
-    """Everything a version document holds besides its id, team and creation time. Stored as
-    is on a pending access request, so approval creates the version without re-entry (R-3.2)."""
+class VersionFields(BaseModel):
+    """Everything a version document holds besides its id, team and creation time: what a team
+    registers for a participant version. Stored as is on a pending access request (its `spec`
+    field), so approval creates the version without re-entry (R-3.2)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -327,7 +331,7 @@ class VersionSpec(BaseModel):
     declaration: dict[str, Any] = Field(default_factory=dict)
 
 
-class VersionDocument(Stored, VersionSpec):
+class VersionDocument(Stored, VersionFields):
     """A participant's system version (`versions`), written by the gateway's registry (admin
     shortcut or approved access request), read by every stage that calls the participant. The
     Memory System Key is stored apart, sealed (`secret_ref` into `secrets`)."""

@@ -31,7 +31,7 @@ class CommonSettings(BaseSettings):
     ack_wait_seconds: float = Field(default=15.0, gt=0)
     # Delay before a NACKed message is redelivered (doubles per delivery).
     redelivery_delay_seconds: float = Field(default=1.0, ge=0)
-    # Added to every rate slot's period (aml_runtime.capacity): covers the way from the socket
+    # Added to every rate slot's period (aml_pipeline.capacity): covers the way from the socket
     # to the receiver's clock, so a declared rate holds as the participant or LLM measures it.
     rate_margin_seconds: float = Field(default=0.05, ge=0, le=5)
     # Worker processes serve /health, /ready and Prometheus /metrics on this port (0: off; the
@@ -51,8 +51,9 @@ class CommonSettings(BaseSettings):
     stack_pid: int | None = None
 
 
-class SpecSettings(CommonSettings):
-    """What a release holds constant for every job (recorded on each job, SPEC R-6.4)."""
+class EvaluationSettings(CommonSettings):
+    """The settings the evaluation spec is built from (`build_evaluation_spec`): what a release
+    holds constant for every job (recorded on each job, SPEC R-6.4)."""
 
     # Candidates asked of every Search.
     top_k: int = Field(default=100, ge=1)
@@ -83,7 +84,7 @@ class SpecSettings(CommonSettings):
     judge_retries: int = Field(default=1, ge=0, le=5)
 
 
-class LLMSettings(SpecSettings):
+class LLMSettings(EvaluationSettings):
     # Any OpenAI-compatible endpoint serving the answer and judge models.
     llm_base_url: str = "https://api.openai.com/v1"
     # The endpoint's API key (a secret: from the secret store only).

@@ -11,16 +11,16 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract import subjects
 from aml_contract.messages import AddDone, AddWork, Outcome, message_id
-from aml_runtime.audit import VALID, CallRecorder
-from aml_runtime.broker import Exhausted, publish, run_delivery
+from aml_pipeline.audit import VALID, CallRecorder
+from aml_pipeline.jobs import Endpoints, job_is_active, record_error
+from aml_pipeline.participants import CallFailed, ParticipantClient
+from aml_pipeline.progress import count_final
+from aml_pipeline.stage_worker import WorkItem
+from aml_runtime.broker import FinalFailure, publish, run_delivery
 from aml_runtime.clock import now, now_us
 from aml_runtime.db import Document
 from aml_runtime.documents import FailureKind
-from aml_runtime.jobs import Endpoints, job_is_active, record_error
-from aml_runtime.participants import CallFailed, ParticipantClient
-from aml_runtime.progress import count_final
 from aml_runtime.settings import CommonSettings
-from aml_runtime.stage_worker import WorkItem
 from aml_runtime.telemetry import stage_span
 
 
@@ -40,14 +40,23 @@ class SendChunk:
             await self.finish(work, "failed", {"failure_kind": kind, "failure": reason})
             await record_error(self.db, work.job_id, "add", kind, work.request_id, reason)
 
-        ids = {"job_id": work.job_id, "request_id": work.request_id, "stage": "add"}
+        # An Add chunk's item id is its request_id: both attributes, so `aml trace` finds Adds
+        # and questions alike by `aml.item_id`.
+        ids = {
+            "job_id": work.job_id,
+            "item_id": work.request_id,
+            "request_id": work.request_id,
+            "stage": "add",
+        }
         with stage_span("aml.add", delivery=item.delivered, **ids):
             await run_delivery(item.delivery, self.settings, attempt, give_up)
 
     async def add(self, work: AddWork, item: WorkItem) -> None:
         chunk = await self.db.add_chunks.find_one({"_id": work.request_id})
         if chunk is None:
-            raise Exhausted(FailureKind.PLATFORM_ERROR, f"chunk {work.request_id} is not planned")
+            raise FinalFailure(
+                FailureKind.PLATFORM_ERROR, f"chunk {work.request_id} is not planned"
+            )
         if chunk["state"] != "pending":
             # Its writer counted it (or died first: the repair counts it); announce it again.
             await self.announce(work, chunk["state"])
@@ -65,7 +74,7 @@ class SendChunk:
             except CallFailed as exc:
                 if exc.kind == FailureKind.CONTRACT_ERROR:
                     await observe.validated(exc.reason)
-                raise Exhausted(exc.kind, exc.reason) from None
+                raise FinalFailure(exc.kind, exc.reason) from None
             await observe.validated(VALID)
         await self.finish(work, "done", {})
 

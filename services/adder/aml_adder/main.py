@@ -7,11 +7,11 @@ from faststream import FastStream
 from aml_adder.handlers import SendChunk
 from aml_adder.settings import AdderSettings
 from aml_contract.messages import AddWork
-from aml_runtime.jobs import Endpoints
-from aml_runtime.participants import ParticipantClient
+from aml_pipeline.jobs import Endpoints
+from aml_pipeline.participants import ParticipantClient
+from aml_pipeline.stage_worker import StageWorker, capacity_limiter, participant_lanes, serve_stage
 from aml_runtime.secrets import SecretBox
 from aml_runtime.service import open_runtime
-from aml_runtime.stage_worker import StageWorker, capacity_limiter, participant_lanes, serve_stage
 
 
 def create_app(settings: AdderSettings | None = None) -> FastStream:

@@ -1,5 +1,4 @@
-import asyncio
-
 from aml_answerer.main import create_app
+from aml_runtime.service import run_service
 
-asyncio.run(create_app().run())
+run_service(create_app)

@@ -11,12 +11,12 @@ from aml_answerer.settings import AnswererSettings
 from aml_contract.messages import QuestionWork
 from aml_evaluation.context import TokenCount, fit_candidates
 from aml_evaluation.prompts import Prompt, format_memories, question_with_options
-from aml_runtime.broker import Exhausted
+from aml_pipeline.evaluation_spec import token_counter_name
+from aml_pipeline.llm import complete
+from aml_pipeline.stage_worker import StageCall
+from aml_runtime.broker import FinalFailure
 from aml_runtime.db import Document
 from aml_runtime.documents import FailureKind
-from aml_runtime.evaluation_spec import token_counter_name
-from aml_runtime.llm import complete
-from aml_runtime.stage_worker import StageCall
 
 
 @dataclass
@@ -30,7 +30,7 @@ class AnswerQuestion:
     async def __call__(self, work: QuestionWork, question: Document, item: StageCall) -> Document:
         search = await self.db.searches.find_one({"_id": work.item_id})
         if search is None or search["state"] != "done":
-            raise Exhausted(FailureKind.PLATFORM_ERROR, f"no search result for {work.item_id}")
+            raise FinalFailure(FailureKind.PLATFORM_ERROR, f"no search result for {work.item_id}")
         context = await fit_candidates(
             search["candidates"], self.settings.answer_context_tokens, self.count_tokens
         )

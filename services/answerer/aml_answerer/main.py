@@ -8,10 +8,10 @@ from faststream import FastStream
 from aml_answerer.handlers import AnswerQuestion
 from aml_answerer.settings import AnswererSettings
 from aml_evaluation.prompts import load_prompt
-from aml_runtime.llm import make_llm_client, make_token_counter
-from aml_runtime.question_stage import QuestionStageWorker
+from aml_pipeline.llm import make_llm_client, make_token_counter
+from aml_pipeline.question_stage import QuestionStageWorker
+from aml_pipeline.stage_worker import llm_stage_worker, serve_stage
 from aml_runtime.service import open_runtime
-from aml_runtime.stage_worker import llm_stage_worker, serve_stage
 
 
 def create_app(settings: AnswererSettings | None = None) -> FastStream:

@@ -1,8 +1,8 @@
 """Evaluation Access Requests (R-3.1, R-3.2): submitted by participants, decided by admins.
 
-A request holds the complete `VersionSpec` of the version it asks for, with the Memory System
-Key already sealed (only its `secret_ref` is kept), so approving it needs no further data entry
-and no secret ever sits unencrypted in the database.
+A request holds the complete `VersionFields` of the version it asks for (stored as its `spec`
+field), with the Memory System Key already sealed (only its `secret_ref` is kept), so approving
+it needs no further data entry and no secret ever sits unencrypted in the database.
 
 **Request token and key delivery.** A `new_key` requester has no key yet, so its request is
 answered with a random request token, shown once and stored only as its hash (like keys). The
@@ -49,14 +49,14 @@ from aml_gateway.registry import (
 )
 from aml_gateway.services import Services, key_hash
 from aml_runtime.db import Document, read_time
-from aml_runtime.documents import VersionSpec
+from aml_runtime.documents import VersionFields
 
 log = structlog.get_logger()
 
 # An admin review list longer than this is paged by narrowing the state filter, not scrolled.
 LIST_LIMIT = 500
-# The parts of a request's VersionSpec shown as they are (the secret reference is not).
-_SHOWN_SPEC_FIELDS = (
+# The parts of a request's VersionFields shown as they are (the secret reference is not).
+_SHOWN_VERSION_FIELDS = (
     "system_name", "version_label", "tracks", "board", "add_url", "search_url", "health_url",
     "add_status_url_template", "auth_method", "capacity", "run_limits",
 )  # fmt: skip
@@ -90,7 +90,7 @@ async def submit(svc: Services, body: AccessRequest, team_id: str | None) -> Acc
     # approval, told to the requester and the reviewer now.
     if await system_name_taken(svc.db, body.system_name, team_id):
         warnings.append(f"system_name: {name_taken_reason(body.system_name)}; not approvable")
-    spec = VersionSpec(
+    version = VersionFields(
         system_name=body.system_name,
         version_label=body.version_label,
         tracks=list(body.tracks),
@@ -107,7 +107,7 @@ async def submit(svc: Services, body: AccessRequest, team_id: str | None) -> Acc
     )
     # An unhealthy system is recorded for the reviewer, not refused: it may be down for a
     # moment, and the Health URL is checked again before every job (R-4.3).
-    healthy = await check_health(svc.settings, spec)
+    healthy = await check_health(svc.settings, version)
     request_id = f"acc-{uuid.uuid4().hex[:12]}"
     token = new_request_token() if body.kind == "new_key" else None
     # Sealed only now, when everything else has been checked, and removed again if the request
@@ -120,7 +120,7 @@ async def submit(svc: Services, body: AccessRequest, team_id: str | None) -> Acc
         "state": "pending",
         "team_id": team_id,
         "contact": body.contact.model_dump(),
-        "spec": spec.model_copy(update={"secret_ref": secret_ref}).model_dump(),
+        "spec": version.model_copy(update={"secret_ref": secret_ref}).model_dump(),
         "health_check": {"ok": healthy, "checked_at": at},
         "warnings": warnings,
         "created_at": at,
@@ -148,11 +148,11 @@ async def list_requests(
 
 async def approve(svc: Services, request_id: str) -> AccessApproved:
     document = await _pending(svc.db, request_id)
-    spec = VersionSpec.model_validate(document["spec"])
+    version = VersionFields.model_validate(document["spec"])
     new_key = None
     if document["kind"] == "new_key":
         # Refused before a team is created when another team took the name meanwhile.
-        await check_system_name(svc.db, spec.system_name, None)
+        await check_system_name(svc.db, version.system_name, None)
         contact = document["contact"]
         team_id, new_key = await create_team(
             svc.db,
@@ -165,7 +165,7 @@ async def approve(svc: Services, request_id: str) -> AccessApproved:
         if await svc.db.teams.find_one({"_id": team_id}) is None:
             raise Conflict("the requesting team no longer exists")
     try:
-        version_id = await insert_version(svc.db, team_id, spec, svc.clock)
+        version_id = await insert_version(svc.db, team_id, version, svc.clock)
     except BaseException:
         if new_key is not None:
             await svc.db.teams.delete_one({"_id": team_id})
@@ -188,7 +188,7 @@ async def approve(svc: Services, request_id: str) -> AccessApproved:
         await svc.db.versions.delete_one({"_id": version_id})
         if new_key is not None:
             await svc.db.teams.delete_one({"_id": team_id})
-            await svc.db.system_names.delete_one({"_id": spec.system_name, "team_id": team_id})
+            await svc.db.system_names.delete_one({"_id": version.system_name, "team_id": team_id})
         raise Conflict(f"access request {request_id} was already decided")
     log.info("access_request_approved", request_id=request_id, version_id=version_id)
     return AccessApproved(
@@ -265,8 +265,8 @@ async def _pending(db: AsyncDatabase[Document], request_id: str) -> Document:
 
 def view(document: Document) -> AccessRequestView:
     """The stored request as the API shows it: the secret reference becomes a yes/no."""
-    spec = document["spec"]
-    declaration = spec.get("declaration") or {}
+    requested = document["spec"]
+    declaration = requested.get("declaration") or {}
     health = document["health_check"]
     fields: dict[str, Any] = {
         "id": document["_id"],
@@ -274,8 +274,8 @@ def view(document: Document) -> AccessRequestView:
         "state": document["state"],
         "team_id": document.get("team_id"),
         "contact": document["contact"],
-        **{name: spec.get(name) for name in _SHOWN_SPEC_FIELDS},
-        "has_memory_system_key": spec.get("secret_ref") is not None,
+        **{name: requested.get(name) for name in _SHOWN_VERSION_FIELDS},
+        "has_memory_system_key": requested.get("secret_ref") is not None,
         "repository_url": declaration.get("repository_url"),
         "source_disclosure": declaration.get("source_disclosure"),
         "declared_models": declaration.get("declared_models"),

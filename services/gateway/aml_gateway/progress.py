@@ -1,5 +1,5 @@
 """A job's progress and status as the API shows it (R-3.6), read from the job document alone:
-the per-stage counters `aml_runtime.progress` keeps exact (each item's terminal stage document
+the per-stage counters `aml_pipeline.progress` keeps exact (each item's terminal stage document
 counted by its one writer), plus the job's first errors through the (job_id, at) index and
 its version by id (system, label, board), so a poll reads a bounded number of documents
 whatever the database holds."""
@@ -13,13 +13,13 @@ from pymongo.asynchronous.database import AsyncDatabase
 from aml_contract.api.jobs import JobError, JobStatus, StageProgress
 from aml_contract.api.publication import PublicationGate
 from aml_contract.api.vocabulary import Stage
+from aml_pipeline.progress import ITEM_STAGES, stage_counts, waiting_stage
 from aml_runtime.db import Document, read_time
 from aml_runtime.documents import FailureKind, JobDocument
-from aml_runtime.progress import ITEM_STAGES, stage_counts, waiting_stage
 
 
 def current_stage(job: Document) -> Stage | None:
-    """The stage the job waits on (`aml_runtime.progress.waiting_stage`: the rule the
+    """The stage the job waits on (`aml_pipeline.progress.waiting_stage`: the rule the
     scheduler's stall diagnosis uses too); none once the job ended."""
     if job["state"] in ("completed", "failed"):
         return None

@@ -60,7 +60,7 @@ async def _owners(db: AsyncDatabase[Document], job: Document) -> tuple[Document,
 
 def review_view(job: Document, version: Document | None, team: Document | None) -> ReviewView:
     results = job.get("results") or {}
-    spec = job.get("spec") or {}
+    evaluation_spec = job.get("spec") or {}
     return ReviewView.model_validate(
         {
             "job_id": job["_id"],
@@ -77,7 +77,7 @@ def review_view(job: Document, version: Document | None, team: Document | None) 
             "team_name": team.get("name") if team else None,
             "finished_at": read_time(job.get("finished_at")),
             "overall": results.get("overall"),
-            "answer_model": spec.get("answer_model"),
+            "answer_model": evaluation_spec.get("answer_model"),
             **{name: job.get(name) for name in _JOB_HASHES},
             "reviewed_at": read_time(job.get("reviewed_at")),
             "reason": job.get("review_reason"),

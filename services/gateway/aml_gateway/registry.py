@@ -2,7 +2,7 @@
 
 Two paths bind a version to a team: the admin shortcut (`POST /v1/admin/versions`) and an
 approved access request. Both go through these functions, so every version document has the
-fields the pipeline reads (`aml_runtime.jobs.load_endpoint`) whichever way it was created.
+fields the pipeline reads (`aml_pipeline.jobs.load_endpoint`) whichever way it was created.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from pymongo.errors import DuplicateKeyError
 
 from aml_gateway.refusals import Conflict, Invalid
 from aml_gateway.services import key_hash
+from aml_pipeline.participants import Endpoint, ParticipantClient
+from aml_pipeline.urlsafety import UnsafeUrl, check_target
 from aml_runtime.db import Document
-from aml_runtime.documents import VersionSpec
-from aml_runtime.participants import Endpoint, ParticipantClient
+from aml_runtime.documents import VersionFields
 from aml_runtime.secrets import SecretBox
 from aml_runtime.settings import ParticipantCallSettings
-from aml_runtime.urlsafety import UnsafeUrl, check_target
 
 log = structlog.get_logger()
 
@@ -37,10 +37,10 @@ Clock = Callable[[], datetime]
 
 
 def version_document(
-    version_id: str, team_id: str, spec: VersionSpec, created_at: datetime
+    version_id: str, team_id: str, version: VersionFields, created_at: datetime
 ) -> Document:
-    # The spec is a validated model: what is stored is what the pipeline reads.
-    return {"_id": version_id, "team_id": team_id, **spec.model_dump(), "created_at": created_at}
+    # The fields are a validated model: what is stored is what the pipeline reads.
+    return {"_id": version_id, "team_id": team_id, **version.model_dump(), "created_at": created_at}
 
 
 def _name_taken(name: str) -> Conflict:
@@ -91,16 +91,16 @@ async def claim_system_name(
 
 
 async def insert_version(
-    db: AsyncDatabase[Document], team_id: str, spec: VersionSpec, clock: Clock
+    db: AsyncDatabase[Document], team_id: str, version: VersionFields, clock: Clock
 ) -> str:
     """Claims the system name for the team first (`Conflict` when another team holds it)."""
-    claimed = await claim_system_name(db, spec.system_name, team_id, clock)
+    claimed = await claim_system_name(db, version.system_name, team_id, clock)
     version_id = f"ver-{uuid.uuid4().hex[:12]}"
     try:
-        await db.versions.insert_one(version_document(version_id, team_id, spec, clock()))
+        await db.versions.insert_one(version_document(version_id, team_id, version, clock()))
     except BaseException:
         if claimed:
-            await db.system_names.delete_one({"_id": spec.system_name, "team_id": team_id})
+            await db.system_names.delete_one({"_id": version.system_name, "team_id": team_id})
         raise
     return version_id
 
@@ -161,16 +161,16 @@ async def check_participant_urls(urls: Mapping[str, str], *, allow_loopback: boo
     return warnings
 
 
-async def check_health(settings: ParticipantCallSettings, spec: VersionSpec) -> bool:
+async def check_health(settings: ParticipantCallSettings, version: VersionFields) -> bool:
     """The unauthenticated Health GET (R-4.3), through the same guarded client the pipeline
     uses, so it obeys the R-4.1 checks and never follows redirects."""
     client = ParticipantClient.from_settings(settings)
     try:
         endpoint = Endpoint(
-            add_url=spec.add_url,
-            search_url=spec.search_url,
-            health_url=spec.health_url,
-            auth_method=spec.auth_method,
+            add_url=version.add_url,
+            search_url=version.search_url,
+            health_url=version.health_url,
+            auth_method=version.auth_method,
         )
         return await client.health(endpoint)
     finally:

@@ -100,7 +100,7 @@ def job_facts(job: Mapping[str, Any], stages: Mapping[str, StageCounts], errors:
     results = job.get("results")
     stored = results.get("datasets") if isinstance(results, Mapping) else None
     datasets: Mapping[str, Any] | None = stored if isinstance(stored, Mapping) else None
-    spec = job.get("spec")
+    evaluation_spec = job.get("spec")
     return JobFacts(
         job_id=job["_id"],
         mode=job.get("mode"),
@@ -108,7 +108,9 @@ def job_facts(job: Mapping[str, Any], stages: Mapping[str, StageCounts], errors:
         failure=job.get("failure"),
         version_id=job.get("version_id"),
         track=job.get("track"),
-        answer_model=spec.get("answer_model") if isinstance(spec, Mapping) else None,
+        answer_model=(
+            evaluation_spec.get("answer_model") if isinstance(evaluation_spec, Mapping) else None
+        ),
         spec_hash=job.get("spec_hash"),
         code_hash=job.get("code_hash"),
         dataset_bundle_hash=job.get("dataset_bundle_hash"),

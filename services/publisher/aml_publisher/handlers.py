@@ -17,6 +17,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from aml_contract.api.publication import GateCheck, ReviewState
 from aml_contract.messages import JobFinished
 from aml_evaluation.aggregate import results_fingerprint
+from aml_pipeline.progress import ITEM_STAGES, error_count, stage_counts
 from aml_publisher.gate import (
     PublishedFacts,
     StageCounts,
@@ -28,7 +29,6 @@ from aml_publisher.settings import PublisherSettings
 from aml_runtime.clock import now
 from aml_runtime.db import Document
 from aml_runtime.documents import FINISHED_JOB_STATES, LEADERBOARD
-from aml_runtime.progress import ITEM_STAGES, error_count, stage_counts
 
 log = structlog.get_logger()
 
@@ -93,7 +93,7 @@ class GateFinishedJobs:
         return True
 
     async def checks(self, job: Document) -> list[GateCheck]:
-        # The job's own counters (aml_runtime.progress), made exact by the scheduler when the
+        # The job's own counters (aml_pipeline.progress), made exact by the scheduler when the
         # job completed: no query over the stage collections.
         stages: dict[str, StageCounts] = {}
         for stage in ITEM_STAGES:

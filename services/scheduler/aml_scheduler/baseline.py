@@ -1,7 +1,8 @@
 """The release baseline of a deployment (`aml baseline`, `aml up`): what every job this
-scheduler plans records — spec hash, code hash, dataset bundle hash — and the questions per
-dataset its results account for, computed by the same functions `ScheduleJobs._plan` calls. Its
-JSON is the `ReleaseBaseline` the publisher's gate compares jobs with (`AML_RELEASE_BASELINE`)."""
+scheduler plans records — evaluation spec hash, code hash, dataset bundle hash — and the
+questions per dataset its results account for, computed by the same functions
+`ScheduleJobs._plan` calls. Its JSON is the `ReleaseBaseline` the publisher's gate compares jobs
+with (`AML_RELEASE_BASELINE`)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from dataclasses import dataclass
 
 from aml_contract.api.publication import ReleaseBaseline
 from aml_evaluation.datasets import DatasetManifest, bundle_hash, load_dataset, manifest_path
+from aml_pipeline.evaluation_spec import build_evaluation_spec
 from aml_runtime.codehash import code_hash
-from aml_runtime.evaluation_spec import build_spec
 from aml_scheduler.planning import bundle_fingerprint
 from aml_scheduler.settings import SchedulerSettings
 
@@ -35,10 +36,10 @@ def release_baseline(settings: SchedulerSettings, datasets: Sequence[str]) -> Ba
         # Every planned question ends in the results (excluded categories included), which is
         # what the gate's `question_counts` check sums.
         counts[dataset_id] = len(dataset.questions)
-    spec = build_spec(settings)
+    evaluation_spec = build_evaluation_spec(settings)
     release = ReleaseBaseline(
-        answer_model=spec.answer.model,
-        spec_hash=spec.content_hash,
+        answer_model=evaluation_spec.answer.model,
+        spec_hash=evaluation_spec.content_hash,
         code_hash=code_hash(),
         dataset_bundle_hash=bundle_fingerprint(bundles),
         question_counts=counts,

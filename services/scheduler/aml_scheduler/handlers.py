@@ -31,6 +31,16 @@ from aml_evaluation.datasets import (
     manifest_path,
 )
 from aml_evaluation.spec import EvaluationSpec
+from aml_pipeline.jobs import (
+    fail_job,
+    load_endpoint,
+    publish_finished,
+    record_error,
+    run_overdue,
+)
+from aml_pipeline.participants import ParticipantClient
+from aml_pipeline.progress import questions_final, repair_counters, repair_due
+from aml_pipeline.retention import purge_expired
 from aml_runtime.broker import publish_work
 from aml_runtime.clock import now
 from aml_runtime.db import Document, read_time
@@ -48,16 +58,6 @@ from aml_runtime.documents import (
     ScoreDocument,
     StageRecord,
 )
-from aml_runtime.jobs import (
-    fail_job,
-    load_endpoint,
-    publish_finished,
-    record_error,
-    run_overdue,
-)
-from aml_runtime.participants import ParticipantClient
-from aml_runtime.progress import questions_final, repair_counters, repair_due
-from aml_runtime.retention import purge_expired
 from aml_runtime.secrets import SecretBox
 from aml_runtime.telemetry import item_trace
 from aml_scheduler.planning import (
@@ -81,7 +81,7 @@ class ScheduleJobs:
     client: ParticipantClient
     box: SecretBox
     # What this deployment evaluates with, recorded on every job it plans (R-6.4).
-    spec: EvaluationSpec
+    evaluation_spec: EvaluationSpec
     code_hash: str
     # The stall watchdog's clock (replaced in tests).
     clock: Callable[[], datetime] = field(default=now)
@@ -141,7 +141,7 @@ class ScheduleJobs:
     async def reconcile(self) -> None:
         """Re-drive every unfinished job from its stored state (after a crash of anything).
 
-        A running job's progress counters are repaired (`aml_runtime.progress`) only once they
+        A running job's progress counters are repaired (`aml_pipeline.progress`) only once they
         have been still for a few intervals: a lost increment shows as a job that stops moving,
         and a moving job is not re-read every interval."""
         active = {"state": {"$in": list(ACTIVE_JOB_STATES)}}
@@ -212,14 +212,16 @@ class ScheduleJobs:
             bundles[dataset_id] = bundle_hash(manifest)
             f1_variants[dataset_id] = dataset.f1_variant
             chunks += plan_chunks(job_id, dataset)
-            questions += plan_questions(job_id, dataset, self.spec.top_k)
+            questions += plan_questions(job_id, dataset, self.evaluation_spec.top_k)
         await _insert_once(self.db, ADD_CHUNKS, chunks)
         await _insert_once(self.db, WRITTEN_TEXTS, plan_written_texts(job_id, chunks))
         await _insert_once(self.db, QUESTIONS, questions)
-        spec_hash = self.spec.content_hash
+        # The whole evaluation spec is stored once per content hash (`specs`); the job records
+        # its hash and summary (`spec_hash`, `spec`).
+        spec_hash = self.evaluation_spec.content_hash
         await self.db.specs.update_one(
             {"_id": spec_hash},
-            {"$setOnInsert": {"spec": self.spec.model_dump(mode="json")}},
+            {"$setOnInsert": {"spec": self.evaluation_spec.model_dump(mode="json")}},
             upsert=True,
         )
         await self.db.jobs.update_one(
@@ -229,8 +231,8 @@ class ScheduleJobs:
                     "planned": True,
                     "state": "running",
                     "started_at": now(),
-                    "top_k": self.spec.top_k,
-                    "spec": self.spec.summary(),
+                    "top_k": self.evaluation_spec.top_k,
+                    "spec": self.evaluation_spec.summary(),
                     "spec_hash": spec_hash,
                     "code_hash": self.code_hash,
                     "dataset_bundles": bundles,
@@ -263,10 +265,12 @@ class ScheduleJobs:
             if pending is None:
                 await self._release_questions(job_id, version_id, user)
             elif pending["state"] == "pending":
-                work = AddWork(job_id=job_id, version_id=version_id, request_id=pending["_id"])
-                ids = {"job_id": job_id, "request_id": pending["_id"], "user_id": user}
-                with item_trace("aml.release", pending["_id"], stage="add", **ids):
-                    await publish_work(self.broker, "add", work, pending["_id"])
+                chunk_id = pending["_id"]
+                work = AddWork(job_id=job_id, version_id=version_id, request_id=chunk_id)
+                # An Add chunk's item id is its request_id: the span carries both names.
+                ids = {"job_id": job_id, "item_id": chunk_id, "request_id": chunk_id}
+                with item_trace("aml.release", chunk_id, stage="add", user_id=user, **ids):
+                    await publish_work(self.broker, "add", work, chunk_id)
 
     async def _release_questions(self, job_id: str, version_id: str, user_id: str) -> None:
         marker = f"{job_id}/{user_id}"
@@ -280,7 +284,7 @@ class ScheduleJobs:
                 facts=QuestionFacts.of(question),
                 search_body=body.decode() if (body := question.get("search_body")) else None,
             )
-            ids = {"job_id": job_id, "request_id": question["_id"], "user_id": user_id}
+            ids = {"job_id": job_id, "item_id": question["_id"], "user_id": user_id}
             with item_trace("aml.release", question["_id"], stage="search", **ids):
                 await publish_work(self.broker, "search", work, question["_id"])
         # Written only after every publish went out: a crash before it re-publishes (harmless).

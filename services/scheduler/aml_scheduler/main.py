@@ -9,11 +9,11 @@ from faststream.nats import NatsMessage
 
 from aml_contract import subjects
 from aml_contract.messages import AddDone, JobSubmitted, QuestionDone
+from aml_pipeline.evaluation_spec import build_evaluation_spec
+from aml_pipeline.participants import ParticipantClient
 from aml_runtime.broker import FastStreamDelivery, Handler, consume, run_delivery
 from aml_runtime.codehash import code_hash
-from aml_runtime.evaluation_spec import build_spec
 from aml_runtime.metrics import observe_backlog
-from aml_runtime.participants import ParticipantClient
 from aml_runtime.secrets import SecretBox
 from aml_runtime.service import Periodic, open_runtime, serve
 from aml_scheduler.handlers import ScheduleJobs
@@ -33,8 +33,8 @@ def create_app(settings: SchedulerSettings | None = None) -> FastStream:
     rt = open_runtime("scheduler", settings)
     client = ParticipantClient.from_settings(settings)
     box = SecretBox(settings.secret_keys)
-    spec = build_spec(settings)
-    scheduler = ScheduleJobs(settings, rt.db, rt.broker, client, box, spec, code_hash())
+    evaluation_spec = build_evaluation_spec(settings)
+    scheduler = ScheduleJobs(settings, rt.db, rt.broker, client, box, evaluation_spec, code_hash())
 
     def events(subject: str) -> Callable[[Handler], Handler]:
         return consume(rt.broker, settings, subject, f"scheduler-{subject.split('.')[-1]}", 4)

@@ -2,10 +2,10 @@ from pathlib import Path
 
 from pydantic import Field
 
-from aml_runtime.settings import ParticipantCallSettings, SpecSettings
+from aml_runtime.settings import EvaluationSettings, ParticipantCallSettings
 
 
-class SchedulerSettings(ParticipantCallSettings, SpecSettings):
+class SchedulerSettings(ParticipantCallSettings, EvaluationSettings):
     # Where the benchmark files named by the bundle manifests live (licences keep them out of
     # the repository); the shipped synthetic dataset needs none.
     datasets_root: Path = Path("../shared/datasets")

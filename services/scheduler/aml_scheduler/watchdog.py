@@ -2,7 +2,7 @@
 long is failed, with a reason naming the stage it is stuck in and whose failure it is.
 
 **The rule.** A job has *moved* when its plan was written (`started_at`) and whenever an item's
-terminal outcome was counted (`progress.last_us`, `aml_runtime.progress`). It is *stalled* when
+terminal outcome was counted (`progress.last_us`, `aml_pipeline.progress`). It is *stalled* when
 it has not moved for
 
     limit = max(AML_JOB_STALL_SECONDS,
@@ -42,11 +42,11 @@ from pymongo import DESCENDING
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract.api.vocabulary import Stage
+from aml_pipeline.jobs import version_capacity
+from aml_pipeline.progress import LAST_US, waiting_stage
 from aml_runtime.clock import micros
 from aml_runtime.db import Document, read_time
 from aml_runtime.documents import FailureKind
-from aml_runtime.jobs import version_capacity
-from aml_runtime.progress import LAST_US, waiting_stage
 
 # A stall is never shorter than this many of the version's declared request periods.
 STALL_PERIODS = 10
@@ -107,7 +107,7 @@ _FIGURES = {
 
 
 def stuck_stage(job: Document) -> tuple[Stage, str]:
-    """The stage a running job waits on (`aml_runtime.progress.waiting_stage`, the rule the
+    """The stage a running job waits on (`aml_pipeline.progress.waiting_stage`, the rule the
     status shows too), and its figures."""
     waiting = waiting_stage(job)
     return waiting.stage, _FIGURES[waiting.stage].format(**waiting._asdict())

@@ -25,11 +25,11 @@ from aml_evaluation.scoring import (
     open_answer_scores,
     score_choice,
 )
-from aml_runtime.broker import Exhausted
+from aml_pipeline.llm import complete
+from aml_pipeline.stage_worker import StageCall
+from aml_runtime.broker import FinalFailure
 from aml_runtime.db import Document
 from aml_runtime.documents import FailureKind
-from aml_runtime.llm import complete
-from aml_runtime.stage_worker import StageCall
 from aml_scorer.settings import ScorerSettings
 
 
@@ -48,7 +48,7 @@ class ScoreAnswer:
             else await self.db.answers.find_one({"_id": work.item_id})
         )
         if answer is None or answer["state"] != "done":
-            raise Exhausted(FailureKind.PLATFORM_ERROR, f"no answer for {work.item_id}")
+            raise FinalFailure(FailureKind.PLATFORM_ERROR, f"no answer for {work.item_id}")
         found = {
             "dataset_id": question["dataset_id"],
             "category": question["category"],

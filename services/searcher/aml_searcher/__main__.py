@@ -1,5 +1,4 @@
-import asyncio
-
+from aml_runtime.service import run_service
 from aml_searcher.main import create_app
 
-asyncio.run(create_app().run())
+run_service(create_app)

@@ -11,13 +11,13 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract.messages import QuestionWork
 from aml_evaluation.isolation import content_text, find_leaks, text_digest
-from aml_runtime.audit import VALID, CallRecorder
-from aml_runtime.broker import Exhausted
+from aml_pipeline.audit import VALID, CallRecorder
+from aml_pipeline.jobs import Endpoints, record_error
+from aml_pipeline.participants import CallFailed, ParticipantClient
+from aml_pipeline.stage_worker import StageCall
+from aml_runtime.broker import FinalFailure
 from aml_runtime.db import Document
 from aml_runtime.documents import FailureKind
-from aml_runtime.jobs import Endpoints, record_error
-from aml_runtime.participants import CallFailed, ParticipantClient
-from aml_runtime.stage_worker import StageCall
 
 # The candidates are kept on the question's document (16 MiB at most in MongoDB, with the
 # question's other fields): a Search answer within its 4 MiB reading limit fits unless its
@@ -80,7 +80,7 @@ class SearchQuestion:
     async def __call__(self, work: QuestionWork, question: Document, item: StageCall) -> Document:
         job = item.job or await self.db.jobs.find_one({"_id": work.job_id}, {"top_k": 1})
         if job is None:
-            raise Exhausted(FailureKind.PLATFORM_ERROR, f"job {work.job_id} is missing")
+            raise FinalFailure(FailureKind.PLATFORM_ERROR, f"job {work.job_id} is missing")
         async with CallRecorder(
             self.db, work.job_id, "search", work.item_id, item.delivered, work.version_id
         ) as observe:
@@ -105,7 +105,7 @@ class SearchQuestion:
         except CallFailed as exc:
             if exc.kind == FailureKind.CONTRACT_ERROR:
                 await observe.validated(exc.reason)
-            raise Exhausted(exc.kind, exc.reason) from None
+            raise FinalFailure(exc.kind, exc.reason) from None
         candidates = [item.model_dump(mode="json", exclude_none=True) for item in items]
         stored = len(bson.encode({"candidates": candidates}))
         if stored > MAX_STORED_CANDIDATES_BYTES:
@@ -116,7 +116,7 @@ class SearchQuestion:
                 f"{MAX_STORED_CANDIDATES_BYTES}"
             )
             await observe.validated(reason)
-            raise Exhausted(FailureKind.CONTRACT_ERROR, reason)
+            raise FinalFailure(FailureKind.CONTRACT_ERROR, reason)
         await observe.validated(VALID)
         return candidates
 

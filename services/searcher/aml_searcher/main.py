@@ -5,12 +5,12 @@ from __future__ import annotations
 from faststream import FastStream
 
 from aml_contract.messages import QuestionWork
-from aml_runtime.jobs import Endpoints
-from aml_runtime.participants import ParticipantClient
-from aml_runtime.question_stage import QuestionStageWorker
+from aml_pipeline.jobs import Endpoints
+from aml_pipeline.participants import ParticipantClient
+from aml_pipeline.question_stage import QuestionStageWorker
+from aml_pipeline.stage_worker import StageWorker, capacity_limiter, participant_lanes, serve_stage
 from aml_runtime.secrets import SecretBox
 from aml_runtime.service import open_runtime
-from aml_runtime.stage_worker import StageWorker, capacity_limiter, participant_lanes, serve_stage
 from aml_searcher.handlers import SearchQuestion, WrittenTexts
 from aml_searcher.settings import SearcherSettings
 

@@ -7,14 +7,14 @@ from .memory import Memory
 from .recording import TOTAL, RequestRecord, SimulatorSnapshot
 from .responses import NOT_JSON_BODY
 from .script import (
-    AuthSpec,
-    CapacitySpec,
     EndpointScript,
     FixedLatency,
-    LeakSpec,
     LognormalLatency,
     Outcome,
     Script,
+    ScriptedAuth,
+    ScriptedCapacity,
+    ScriptedLeak,
     UniformLatency,
 )
 from .simulator import Simulator, running_simulator, serving_simulator
@@ -22,16 +22,16 @@ from .simulator import Simulator, running_simulator, serving_simulator
 __all__ = [
     "NOT_JSON_BODY",
     "TOTAL",
-    "AuthSpec",
-    "CapacitySpec",
     "EndpointScript",
     "FixedLatency",
-    "LeakSpec",
     "LognormalLatency",
     "Memory",
     "Outcome",
     "RequestRecord",
     "Script",
+    "ScriptedAuth",
+    "ScriptedCapacity",
+    "ScriptedLeak",
     "Simulator",
     "SimulatorSnapshot",
     "UniformLatency",

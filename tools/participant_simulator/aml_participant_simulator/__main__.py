@@ -15,7 +15,7 @@ from pydantic import SecretStr, ValidationError
 
 from aml_memory_server.settings import AUTH_METHODS
 
-from .script import AuthSpec, Script
+from .script import Script, ScriptedAuth
 from .server import base_url, bind_loopback, make_server
 from .simulator import Simulator
 
@@ -51,7 +51,7 @@ def script_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Sc
                 "environment variable"
             )
         key = SecretStr(value)
-    return script.model_copy(update={"auth": AuthSpec(method=args.auth_method, key=key)})
+    return script.model_copy(update={"auth": ScriptedAuth(method=args.auth_method, key=key)})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,24 +5,24 @@ from __future__ import annotations
 
 import random
 
-from .script import FixedLatency, LatencySpec, UniformLatency
+from .script import FixedLatency, LatencyDistribution, UniformLatency
 
 
 class LatencySampler:
-    def __init__(self, spec: float | LatencySpec) -> None:
-        self._spec = spec
-        seed = 0 if isinstance(spec, float | int | FixedLatency) else spec.seed
+    def __init__(self, latency: float | LatencyDistribution) -> None:
+        self._latency = latency
+        seed = 0 if isinstance(latency, float | int | FixedLatency) else latency.seed
         # A private generator: the global `random` state is shared with everything else in the
         # process, so draws from it would not be reproducible.
         self._rng = random.Random(seed)
 
     def sample(self) -> float:
-        spec = self._spec
-        if isinstance(spec, float | int):
-            return float(spec)
-        if isinstance(spec, FixedLatency):
-            return spec.seconds
-        if isinstance(spec, UniformLatency):
-            return self._rng.uniform(spec.low, spec.high)
-        value = self._rng.lognormvariate(spec.mu, spec.sigma)
-        return value if spec.max_seconds is None else min(value, spec.max_seconds)
+        latency = self._latency
+        if isinstance(latency, float | int):
+            return float(latency)
+        if isinstance(latency, FixedLatency):
+            return latency.seconds
+        if isinstance(latency, UniformLatency):
+            return self._rng.uniform(latency.low, latency.high)
+        value = self._rng.lognormvariate(latency.mu, latency.sigma)
+        return value if latency.max_seconds is None else min(value, latency.max_seconds)

@@ -84,12 +84,12 @@ class LognormalLatency(BaseModel):
     seed: int = 0
 
 
-LatencySpec = Annotated[
+LatencyDistribution = Annotated[
     FixedLatency | UniformLatency | LognormalLatency, Field(discriminator="kind")
 ]
 
 
-class CapacitySpec(BaseModel):
+class ScriptedCapacity(BaseModel):
     """At most `max_concurrency` requests are served at once; above that a request waits for a
     slot (`queue`) or is turned away at once with 429 (optionally with Retry-After) or 503."""
 
@@ -148,7 +148,7 @@ class Outcome(BaseModel):
         return self
 
 
-class LeakSpec(BaseModel):
+class ScriptedLeak(BaseModel):
     """Cross-user leakage (R-4.11): every normal Search answer puts `count` memories stored under
     another user_id (`from_user_id`, or any other) first in its results."""
 
@@ -163,19 +163,19 @@ class EndpointScript(BaseModel):
     `by_key` gives specific keys their own sequence; once a sequence is used up, `then` applies."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    latency: NonNegative | LatencySpec = 0.0
-    capacity: CapacitySpec | None = None
+    latency: NonNegative | LatencyDistribution = 0.0
+    capacity: ScriptedCapacity | None = None
     responses: list[Outcome] = Field(default_factory=list)
     by_key: dict[str, list[Outcome]] = Field(default_factory=dict)
     then: Outcome = Field(default_factory=Outcome)
     sequence: Literal["default", "global", "user_id"] = "default"
-    leak: LeakSpec | None = None
+    leak: ScriptedLeak | None = None
 
     def outcomes(self) -> list[Outcome]:
         return [*self.responses, *(o for seq in self.by_key.values() for o in seq), self.then]
 
 
-class AuthSpec(BaseModel):
+class ScriptedAuth(BaseModel):
     """What the simulated participant expects (R-4.2); a mismatch answers 401."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -198,8 +198,8 @@ class Script(BaseModel):
     search: EndpointScript = Field(default_factory=EndpointScript)
     health: EndpointScript = Field(default_factory=EndpointScript)
     tasks: EndpointScript = Field(default_factory=EndpointScript)
-    capacity: CapacitySpec | None = None
-    auth: AuthSpec | None = None
+    capacity: ScriptedCapacity | None = None
+    auth: ScriptedAuth | None = None
 
     @model_validator(mode="after")
     def _modes_fit_endpoints(self) -> Self:

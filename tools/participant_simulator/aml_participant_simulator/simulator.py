@@ -36,7 +36,7 @@ from .latency import LatencySampler
 from .memory import InProcessMemoryStore, Memory, item
 from .recording import TOTAL, RequestRecord, SimulatorSnapshot
 from .responses import JSON_TYPE, NOT_JSON_BODY, add_body, add_ok, json_bytes, search_body
-from .script import ENDPOINTS, CapacitySpec, Endpoint, EndpointScript, Outcome, Script
+from .script import ENDPOINTS, Endpoint, EndpointScript, Outcome, Script, ScriptedCapacity
 from .server import serve_in_loop, serve_in_thread
 
 _CONTRACT_ROUTES: dict[tuple[str, str], Endpoint] = {
@@ -73,19 +73,19 @@ class _Gate:
     """One capacity limit. The semaphore is created on first use, inside the serving event loop
     (asyncio primitives belong to one loop; a simulator may be served by several in turn)."""
 
-    def __init__(self, spec: CapacitySpec) -> None:
-        self.spec = spec
+    def __init__(self, capacity: ScriptedCapacity) -> None:
+        self.capacity = capacity
         self._slots: asyncio.Semaphore | None = None
 
     def _semaphore(self) -> asyncio.Semaphore:
         if self._slots is None:
-            self._slots = asyncio.Semaphore(self.spec.max_concurrency)
+            self._slots = asyncio.Semaphore(self.capacity.max_concurrency)
         return self._slots
 
     async def enter(self) -> bool:
         """Take a slot, waiting in queue mode; False when the request is to be rejected."""
         slots = self._semaphore()
-        if slots.locked() and self.spec.on_excess != "queue":
+        if slots.locked() and self.capacity.on_excess != "queue":
             return False
         await slots.acquire()
         return True
@@ -186,9 +186,9 @@ class Simulator:
                 e: LatencySampler(self._script.endpoint(e).latency) for e in ENDPOINTS
             }
             self._gates: dict[str, _Gate] = {
-                e: _Gate(spec)
+                e: _Gate(capacity)
                 for e in ENDPOINTS
-                if (spec := self._script.endpoint(e).capacity) is not None
+                if (capacity := self._script.endpoint(e).capacity) is not None
             }
             if self._script.capacity is not None:
                 self._gates[TOTAL] = _Gate(self._script.capacity)
@@ -375,7 +375,7 @@ class Simulator:
                 )
         for gate in ctx.gates:
             if not await gate.enter():
-                return self._reject(ctx, gate.spec)
+                return self._reject(ctx, gate.capacity)
             ctx.entered.append(gate)
         with self._lock:
             ctx.active = True
@@ -400,11 +400,12 @@ class Simulator:
         return self._apply(ctx, part, outcome, body, task_id)
 
     @staticmethod
-    def _reject(ctx: _Context, spec: CapacitySpec) -> Response:
-        status = 429 if spec.on_excess == "reject_429" else 503
-        ctx.outcome = spec.on_excess
-        headers = {"Retry-After": str(spec.retry_after)} if spec.retry_after is not None else None
-        text = f"over capacity: at most {spec.max_concurrency} concurrent requests"
+    def _reject(ctx: _Context, capacity: ScriptedCapacity) -> Response:
+        status = 429 if capacity.on_excess == "reject_429" else 503
+        ctx.outcome = capacity.on_excess
+        retry_after = capacity.retry_after
+        headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+        text = f"over capacity: at most {capacity.max_concurrency} concurrent requests"
         return _json_response(status, _reason(text), headers)
 
     @staticmethod

@@ -27,7 +27,7 @@ from aml_gateway.registry import (
     insert_version,
     store_secret,
 )
-from aml_runtime.documents import VersionSpec
+from aml_runtime.documents import VersionFields
 
 # Every admin route answers 403 to anyone without the admin token.
 router = APIRouter(
@@ -56,7 +56,7 @@ async def register_version(
     else:
         team_id = team["_id"]
     secret_ref = await store_secret(svc.db, svc.box, body.memory_system_key)
-    spec = VersionSpec(
+    version = VersionFields(
         system_name=body.system_name,
         version_label=body.version_label,
         tracks=[body.track],
@@ -69,7 +69,7 @@ async def register_version(
         capacity=body.capacity.model_dump(),
     )
     try:
-        version_id = await insert_version(svc.db, team_id, spec, svc.clock)
+        version_id = await insert_version(svc.db, team_id, version, svc.clock)
     except BaseException:
         # A name taken meanwhile: nothing of this registration stays.
         await drop_secret(svc.db, secret_ref)

@@ -194,7 +194,22 @@ async def get_audit(
     svc: ServicesDep,
     team: TeamDep,
     stage: AuditStage | None = None,
-    request_id: Annotated[str | None, Query(max_length=200)] = None,
+    item_id: Annotated[
+        str | None,
+        Query(
+            max_length=400,
+            description="Only the attempts for this work item: an Add's request_id or a "
+            "question's id.",
+        ),
+    ] = None,
+    request_id: Annotated[
+        str | None,
+        Query(
+            max_length=200,
+            description="Only the attempts of the Add with this contract request_id (the "
+            "filter's name before `item_id`, kept for clients that use it).",
+        ),
+    ] = None,
     cursor: Annotated[str | None, Query(max_length=24)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> AuditPage:
@@ -203,8 +218,14 @@ async def get_audit(
     query: Document = {"job_id": job_id}
     if stage is not None:
         query["stage"] = stage
+    # Each filter is an `$or` of its own (see _of_item): given both, both must hold.
+    items: list[Document] = []
+    if item_id is not None:
+        items.append(_of_item(item_id))
     if request_id is not None:
-        query["request_id"] = request_id
+        items.append({"stage": "add", **_of_item(request_id)})
+    if items:
+        query["$and"] = items
     if cursor is not None:
         try:
             query["_id"] = {"$gt": ObjectId(cursor)}
@@ -216,11 +237,20 @@ async def get_audit(
     return AuditPage(records=records, next_cursor=records[-1].record_id if more else None)
 
 
+def _of_item(item_id: str) -> Document:
+    # Records written before the audit trail named the work item `item_id` carry it as
+    # `request_id` (also a question's id): an existing database's trail stays readable.
+    return {"$or": [{"item_id": item_id}, {"item_id": {"$exists": False}, "request_id": item_id}]}
+
+
 def _audit_record(call: Document) -> AuditRecord:
+    item_id = call.get("item_id", call.get("request_id"))
     return AuditRecord(
         record_id=str(call["_id"]),
         stage=call["stage"],
-        request_id=call["request_id"],
+        item_id=item_id,
+        # Only an Add has a contract request_id: its item id (the stored record holds no other).
+        request_id=item_id if call["operation"] in ("add", "add_status") else None,
         delivery=call["delivery"],
         operation=call["operation"],
         attempt=call["attempt"],
@@ -235,22 +265,22 @@ def _audit_record(call: Document) -> AuditRecord:
     )
 
 
-@router.get("/{job_id}/audit/searches/{request_id:path}", responses=_ERRORS)
+@router.get("/{job_id}/audit/searches/{item_id:path}", responses=_ERRORS)
 async def get_search_audit(
     job_id: str,
-    request_id: Annotated[str, Path(min_length=1, max_length=400)],
+    item_id: Annotated[str, Path(min_length=1, max_length=400)],
     svc: ServicesDep,
     team: TeamDep,
 ) -> SearchAudit:
-    """The candidates one Search returned, in the participant's order (R-7.3). `request_id`
-    is the question's item id, `<job_id>/<dataset_id>/<question_id>` as the audit records
-    name it: its slashes go into the path as they are (or %2F-encoded)."""
+    """The candidates one Search returned, in the participant's order (R-7.3). `item_id` is
+    the question's item id, `<job_id>/<dataset_id>/<question_id>` as the audit records name
+    it: its slashes go into the path as they are (or %2F-encoded)."""
     await _own_job(svc, team, job_id)
-    search = await svc.db.searches.find_one({"_id": request_id, "job_id": job_id})
+    search = await svc.db.searches.find_one({"_id": item_id, "job_id": job_id})
     if search is None:
-        raise NotFound(f"no search {request_id} in job {job_id}")
+        raise NotFound(f"no search {item_id} in job {job_id}")
     return SearchAudit(
-        request_id=request_id,
+        item_id=item_id,
         state=search["state"],
         candidates=search.get("candidates", []),
         isolation_violations=search.get("leaks", 0),

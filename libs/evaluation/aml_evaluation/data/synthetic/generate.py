@@ -32,8 +32,9 @@ from typing import Any
 OUTPUT = Path(__file__).resolve().parent / "synthetic_v1.json"
 IMAGE_BASE = "https://example.invalid/aml-synthetic/"
 
-# A turn spec: (speaker index 0|1, text) or (speaker index, text, image file, caption).
-TurnSpec = tuple[int, str] | tuple[int, str, str, str]
+# A turn as the conversations below write it, before it becomes a LoCoMo turn: (speaker index
+# 0|1, text) or (speaker index, text, image file, caption).
+ScriptedTurn = tuple[int, str] | tuple[int, str, str, str]
 
 
 def _chapter(part: int, target_words: int) -> str:
@@ -98,9 +99,9 @@ def _chapter(part: int, target_words: int) -> str:
     return " ".join(sentences)
 
 
-def _conv1() -> tuple[tuple[str, str], list[tuple[str, list[TurnSpec]]]]:
+def _conv1() -> tuple[tuple[str, str], list[tuple[str, list[ScriptedTurn]]]]:
     speakers = ("Mira Okafor", "Tomas Reyes")
-    s1: list[TurnSpec] = [
+    s1: list[ScriptedTurn] = [
         (
             0,
             "Morning Tomas! Big family news: my sister Lena moved to Porto in March 2023 to "
@@ -120,7 +121,7 @@ def _conv1() -> tuple[tuple[str, str], list[tuple[str, list[TurnSpec]]]]:
         (0, "I want to finish under two hours. My best so far is two hours and six minutes."),
         (1, "You'll get there. Talk soon!"),
     ]
-    s2: list[TurnSpec] = [
+    s2: list[ScriptedTurn] = [
         (1, "Hey Mira, are we still on for the camping trip?"),
         (0, "Absolutely. Let's go camping at Lake Vilar on the first weekend of May."),
         (1, "Perfect. I bought a green two-person tent for 180 euros yesterday."),
@@ -150,7 +151,7 @@ def _conv1() -> tuple[tuple[str, str], list[tuple[str, list[TurnSpec]]]]:
         (1, "That would be great, thanks."),
         (0, "Then it's settled. See you on the first weekend of May!"),
     ]
-    s3: list[TurnSpec] = [
+    s3: list[ScriptedTurn] = [
         (1, "That camping trip was the best weekend in months."),
         (0, "Agreed! I still can't believe we saw a red fox by the tent at Lake Vilar."),
         (1, "Biscuit was too sleepy to even notice the fox."),
@@ -168,7 +169,7 @@ def _conv1() -> tuple[tuple[str, str], list[tuple[str, list[TurnSpec]]]]:
         (1, "Lovely. I'm teaching Biscuit to sit; he learned it in three days."),
         (0, "Smart dog."),
     ]
-    s4: list[TurnSpec] = [
+    s4: list[ScriptedTurn] = [
         (
             0,
             "Look at the mug Lena made for me!",
@@ -194,9 +195,9 @@ def _conv1() -> tuple[tuple[str, str], list[tuple[str, list[TurnSpec]]]]:
     ]
 
 
-def _conv2() -> tuple[tuple[str, str], list[tuple[str, list[TurnSpec]]]]:
+def _conv2() -> tuple[tuple[str, str], list[tuple[str, list[ScriptedTurn]]]]:
     speakers = ("Priya Nandakumar", "Jonas Feld")
-    s1: list[TurnSpec] = [
+    s1: list[ScriptedTurn] = [
         (0, "Hi Jonas! The community garden finally gave me plot number 27."),
         (1, "Congratulations, Priya! What are you going to grow?"),
         (0, "Tomatoes, obviously. I'm growing fourteen varieties of tomato this year."),
@@ -212,7 +213,7 @@ def _conv2() -> tuple[tuple[str, str], list[tuple[str, list[TurnSpec]]]]:
         (0, "My daughter Asha just started violin lessons, so our flat is not quiet at all."),
         (1, "Ha! Tell her to practise scales."),
     ]
-    s2: list[TurnSpec] = [
+    s2: list[ScriptedTurn] = [
         (
             1,
             "Can I read you the first part of chapter three of The Salt Orchard? Here it goes: "
@@ -224,7 +225,7 @@ def _conv2() -> tuple[tuple[str, str], list[tuple[str, list[TurnSpec]]]]:
         (0, "I got goosebumps. When will you send it to the publisher?"),
         (1, "My deadline is the end of September."),
     ]
-    s3: list[TurnSpec] = [
+    s3: list[ScriptedTurn] = [
         (1, "News: I submitted the manuscript of The Salt Orchard on 30 September 2023."),
         (0, "Amazing! We should celebrate."),
         (
@@ -246,9 +247,9 @@ def _conv2() -> tuple[tuple[str, str], list[tuple[str, list[TurnSpec]]]]:
     ]
 
 
-def _conv3() -> tuple[tuple[str, str], list[tuple[str, list[TurnSpec]]]]:
+def _conv3() -> tuple[tuple[str, str], list[tuple[str, list[ScriptedTurn]]]]:
     speakers = ("Wen Li", "Kaito Mori")
-    s1: list[TurnSpec] = [
+    s1: list[ScriptedTurn] = [
         (0, "Happy new year, Kaito! How is the bakery?"),
         (1, "Busy! Since I opened the bakery Little Crane in November 2023, I get up at four."),
         (0, "What's the bestseller?"),
@@ -258,7 +259,7 @@ def _conv3() -> tuple[tuple[str, str], list[tuple[str, list[TurnSpec]]]]:
         (0, "はい、とても楽しいです! My cat Mochi sits on my textbooks while I study."),
         (1, "Mochi is a good study partner."),
     ]
-    s2: list[TurnSpec] = [
+    s2: list[ScriptedTurn] = [
         (
             0,
             "Mochi knocked my tea over again.",
@@ -272,7 +273,7 @@ def _conv3() -> tuple[tuple[str, str], list[tuple[str, list[TurnSpec]]]]:
         (1, "Bring your N2 textbook, I can quiz you."),
         (0, "Deal. I'm taking the N2 exam in July 2024."),
     ]
-    s3: list[TurnSpec] = [
+    s3: list[ScriptedTurn] = [
         (1, "Sorry for the late message, I just finished the night baking."),
         (0, "No worries. How did the sakura bread sell?"),
         (1, "We sold out every day of the first week."),
@@ -399,15 +400,17 @@ def _questions(sample: str) -> list[dict[str, Any]]:
     return questions
 
 
-def _turn(session: int, number: int, speakers: tuple[str, str], spec: TurnSpec) -> dict[str, Any]:
+def _turn(
+    session: int, number: int, speakers: tuple[str, str], scripted: ScriptedTurn
+) -> dict[str, Any]:
     turn: dict[str, Any] = {
-        "speaker": speakers[spec[0]],
+        "speaker": speakers[scripted[0]],
         "dia_id": f"D{session}:{number}",
-        "text": spec[1],
+        "text": scripted[1],
     }
-    if len(spec) == 4:
-        turn["img_url"] = [IMAGE_BASE + spec[2]]
-        turn["blip_caption"] = spec[3]
+    if len(scripted) == 4:
+        turn["img_url"] = [IMAGE_BASE + scripted[2]]
+        turn["blip_caption"] = scripted[3]
     return turn
 
 
@@ -419,7 +422,8 @@ def build() -> list[dict[str, Any]]:
         for number, (date_text, turns) in enumerate(sessions, start=1):
             conversation[f"session_{number}_date_time"] = date_text
             conversation[f"session_{number}"] = [
-                _turn(number, index, speakers, spec) for index, spec in enumerate(turns, start=1)
+                _turn(number, index, speakers, scripted)
+                for index, scripted in enumerate(turns, start=1)
             ]
         if sample_id == "syn-3":
             # LoCoMo quirks the loader must tolerate: an empty session and a dangling date.

@@ -19,16 +19,16 @@ from aml_evaluation.scoring import (
 )
 from aml_evaluation.spec import ContextBudget, EvaluationSpec, ModelCall
 from aml_evaluation.wordcount import WORD_COUNTER_VERSION
-from aml_runtime.settings import SpecSettings
+from aml_runtime.settings import EvaluationSettings
 
 
-def token_counter_name(settings: SpecSettings) -> str:
+def token_counter_name(settings: EvaluationSettings) -> str:
     if settings.token_counter == "llama.cpp":
         return f"llama.cpp-tokenize:{settings.answer_model}"
     return ESTIMATE_COUNTER
 
 
-def build_spec(settings: SpecSettings) -> EvaluationSpec:
+def build_evaluation_spec(settings: EvaluationSettings) -> EvaluationSpec:
     answer = load_prompt(settings.answer_prompt)
     judge = load_prompt(settings.judge_prompt)
     judge_abstention = load_prompt(settings.judge_abstention_prompt)

@@ -39,11 +39,11 @@ from aml_contract.participant import (
     SearchItem,
     SearchResponse,
 )
-from aml_runtime.capacity import Admission, Capacity, CapacityLimiter, Departure
+from aml_pipeline.capacity import Admission, Capacity, CapacityLimiter, Departure
+from aml_pipeline.urlsafety import SafeTransport, UnsafeUrl
 from aml_runtime.documents import FailureKind
 from aml_runtime.settings import ParticipantCallSettings
 from aml_runtime.telemetry import stage_span
-from aml_runtime.urlsafety import SafeTransport, UnsafeUrl
 
 # The kinds a call to the participant fails with (all of them the participant's).
 Failure = Literal[
@@ -101,11 +101,14 @@ class Attempt(BaseModel):
 
     operation: Operation
     attempt: int
+    # When the request's headers started going out (when it was handed to the HTTP client, if
+    # it never got that far).
     started_at: datetime
     # The participant's time only: request sent -> response received (or the error).
     latency_ms: float
-    # The platform's own wait for the participant's capacity before this attempt (R-7.3 keeps
-    # it apart so a participant is never charged for AML's queueing).
+    # The platform's own time before the request left: its wait for the participant's capacity
+    # and, on a fresh connection, the connect (R-7.3 keeps it apart so a participant is never
+    # charged for AML's queueing).
     queued_ms: float = 0.0
     status: int | None
     error_class: str | None
@@ -507,7 +510,7 @@ class ParticipantClient:
             timing = _Timing()
             try:
                 async with self._exchange(endpoint, admission) as departure:
-                    timing.sent()
+                    timing.sent(departure)
                     answer = await self._fetch(
                         "add_status", "GET", url, headers, None, departure.trace,
                         min(self._timeout, max(left, 1.0)), wanted=lambda status: status == 200,
@@ -572,7 +575,7 @@ class ParticipantClient:
                     f"participant.{operation}", attempt=attempt, participant_call=True
                 )
                 async with self._exchange(endpoint, admission) as departure:
-                    timing.sent()
+                    timing.sent(departure)
                     with span as current:
                         try:
                             answer = await self._fetch(
@@ -728,15 +731,25 @@ def _size(n: int) -> str:
 
 
 class _Timing:
-    """When an attempt began waiting for capacity, and when its request was sent."""
+    """When an attempt began waiting for capacity, and when its request was sent: the moment
+    its headers started going out (`Departure`), or, for a request that never got that far (no
+    connection), the moment it was handed to the HTTP client."""
 
     def __init__(self) -> None:
         self.queued_from = time.monotonic()
         self.started = datetime.now(UTC)
         self.t0: float | None = None
+        self._departure: Departure | None = None
 
-    def sent(self) -> None:
+    def sent(self, departure: Departure) -> None:
         self.started, self.t0 = datetime.now(UTC), time.monotonic()
+        self._departure = departure
+
+    def _left(self) -> None:
+        departure = self._departure
+        if departure is not None and departure.sent_at is not None:
+            self.started = datetime.fromtimestamp(departure.sent_at, UTC)
+            self.t0 = departure.sent_monotonic
 
     def attempt(
         self,
@@ -748,6 +761,7 @@ class _Timing:
         size: int | None = None,
     ) -> Attempt:
         end = time.monotonic()
+        self._left()
         sent = self.t0 if self.t0 is not None else end
         return Attempt(
             operation=operation,

@@ -5,7 +5,7 @@ item id, and then hands the question on. A redelivered message finds the documen
 re-announces the hand-off (de-duplicated by the broker), so no question is searched, answered or
 scored twice. A question that cannot pass a stage gets a `failed` document with the reason and
 counts as final, so the job never waits for it. The writer of a terminal document counts it on
-the job (`aml_runtime.progress`); the one whose count makes every question final tells the
+the job (`aml_pipeline.progress`); the one whose count makes every question final tells the
 scheduler. The question's facts travel with the work (the scheduler sends them).
 """
 
@@ -29,14 +29,14 @@ from aml_contract.messages import (
     message_id,
 )
 from aml_contract.subjects import WorkStage
-from aml_runtime.broker import Exhausted, publish, publish_work, run_delivery
+from aml_pipeline.jobs import fail_job, record_error
+from aml_pipeline.progress import count_final, outcome_of
+from aml_pipeline.stage_worker import StageCall, WorkItem
+from aml_runtime.broker import FinalFailure, publish, publish_work, run_delivery
 from aml_runtime.clock import now, now_us
 from aml_runtime.db import Document
 from aml_runtime.documents import ACTIVE_JOB_STATES, STAGE_COLLECTIONS, FailureKind
-from aml_runtime.jobs import fail_job, record_error
-from aml_runtime.progress import count_final, outcome_of
 from aml_runtime.settings import CommonSettings
-from aml_runtime.stage_worker import StageCall, WorkItem
 from aml_runtime.telemetry import stage_span
 
 _NEXT: dict[QuestionStage, WorkStage | None] = {
@@ -97,7 +97,7 @@ class QuestionStageWorker:
                 await fail_job(self.db, self.broker, work.job_id, self.stage, kind, reason)
             await self._hand_on(work, stored.state, announce=stored.last)
 
-        ids = {"job_id": work.job_id, "request_id": work.item_id, "stage": self.stage}
+        ids = {"job_id": work.job_id, "item_id": work.item_id, "stage": self.stage}
         with stage_span(f"aml.{self.stage}", delivery=item.delivered, **ids):
             await run_delivery(item.delivery, self.settings, attempt, give_up)
 
@@ -154,7 +154,9 @@ class QuestionStageWorker:
             return work.facts.model_dump()
         question = await self.db.questions.find_one({"_id": work.item_id})
         if question is None:
-            raise Exhausted(FailureKind.PLATFORM_ERROR, f"question {work.item_id} is not planned")
+            raise FinalFailure(
+                FailureKind.PLATFORM_ERROR, f"question {work.item_id} is not planned"
+            )
         return question
 
     async def store(self, work: QuestionWork, fields: Document) -> Stored:

@@ -10,7 +10,7 @@ import httpx
 from openai import AsyncOpenAI
 
 from aml_evaluation.context import TokenCount, estimated
-from aml_runtime.capacity import Admission, Capacity, Departure
+from aml_pipeline.capacity import Admission, Capacity, Departure
 from aml_runtime.metrics import LLM_CALLS, LLM_ERRORS
 from aml_runtime.settings import LLMSettings
 from aml_runtime.telemetry import stage_span
@@ -71,7 +71,7 @@ async def _llm_request(admission: Admission | None) -> AsyncIterator[Departure]:
 
 def llm_capacity(settings: LLMSettings) -> Capacity:
     """The LLM's declared capacity, one budget for the whole deployment: every answerer and
-    scorer replica admits its work under this key (aml_runtime.capacity)."""
+    scorer replica admits its work under this key (aml_pipeline.capacity)."""
     rpm = settings.llm_requests_per_minute
     return Capacity(
         key=LLM_CAPACITY_KEY,

@@ -1,5 +1,6 @@
-"""The audit trail of participant calls (SPEC R-7.3): one document per HTTP attempt, and on the
-attempt whose answer was judged, the outcome of the contract validation.
+"""The audit trail of participant calls (SPEC R-7.3): one document per HTTP attempt, keyed to its
+work item by `item_id`, and on the attempt whose answer was judged, the outcome of the contract
+validation.
 
 The answered attempt is written once, with its validation: the validation follows within
 microseconds (it is a check of the answer in memory), and a second database round trip per
@@ -16,9 +17,9 @@ from typing import Any, Self
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract.api.vocabulary import Stage
+from aml_pipeline.participants import Attempt
 from aml_runtime.db import Document
 from aml_runtime.metrics import participant_call
-from aml_runtime.participants import Attempt
 
 VALID = "valid"
 
@@ -32,13 +33,15 @@ class CallRecorder:
         db: AsyncDatabase[Document],
         job_id: str,
         stage: Stage,
-        request_id: str,
+        item_id: str,
         delivery: int,
         version_id: str = "",
     ) -> None:
         self._db = db
         self._version_id = version_id
-        self._fields = {"job_id": job_id, "stage": stage, "request_id": request_id,
+        # The work item: an Add's request_id (an Add chunk's item id is its request_id), or a
+        # question's id; the audit API derives the Add's contract request_id from it.
+        self._fields = {"job_id": job_id, "stage": stage, "item_id": item_id,
                         "delivery": delivery}  # fmt: skip
         # The last answered attempt, not yet written (it waits for its validation).
         self._held: Document | None = None

@@ -46,6 +46,7 @@ RATE_LOCK_SECONDS = 30.0
 DEFAULT_RATE_MARGIN_SECONDS = 0.05
 _RETRY_SECONDS = (0.01, 0.05)
 _MAX_WAIT_SECONDS = 1.0
+_TURN_WAIT_SECONDS = (0.1, 0.3)
 
 Notify = Callable[[str], Awaitable[None]]
 
@@ -91,17 +92,24 @@ class Departure:
     took, which the sender cannot see and the margin need not cover; it has seen the request,
     though, by the time it answers."""
 
+    # The rate stamp (wall clock).
     at: float | None = None
     opened_connection: bool = False
+    # When the request's headers started going out, whatever the connection (wall clock and
+    # monotonic): where the participant's time begins for the audit (R-7.3).
+    sent_at: float | None = None
+    sent_monotonic: float | None = None
 
     async def trace(self, event: str, info: dict[str, object]) -> None:
         if event == "connection.connect_tcp.started":
             self.opened_connection = True
             return
-        sent = self.at is None and event.endswith("send_request_headers.started")
-        seen = self.opened_connection and event.endswith("receive_response_headers.complete")
-        if sent or seen:
-            self.at = time.time()
+        moment = time.time()
+        if self.sent_at is None and event.endswith("send_request_headers.started"):
+            self.sent_at, self.sent_monotonic = moment, time.monotonic()
+            self.at = moment
+        elif self.opened_connection and event.endswith("receive_response_headers.complete"):
+            self.at = moment
 
 
 @dataclass
@@ -141,14 +149,22 @@ class Admission:
             if slot is not None:
                 self._stamps.append((slot, departure.at if departure.at else time.time()))
 
-    async def next_rate_slot(self) -> bool:
-        """A rate slot for the next item under this admission, if one is free now (always
-        with no rate limit). Stamps not yet written are written once half a period old: until
-        then their slots could not free anyway, so writing them with the release or the next
-        item's slot costs nobody anything."""
+    async def next_rate_slot(self, patience: float = 0.0) -> bool:
+        """A rate slot for the next item under this admission (always with no rate limit): one
+        free now, or, when none is, one that frees within `patience` seconds, waited for while
+        this admission keeps its concurrency slot. A rate-bound participant's next slot is
+        usually a fraction of a second away; waiting for it here costs one read, where giving
+        the admission back and being admitted again costs four operations and an announcement
+        to every worker. Stamps not yet written are written once half a period old (until then
+        their slots could not free anyway), and before a wait (a waiter must see them)."""
         if not self.capacity.max_rps or self.rate_slot is not None:
             return True
         self.rate_slot = await self.limiter.try_rate_slot(self.capacity, self.holder)
+        if self.rate_slot is None and patience > 0:
+            await self._write_stamps()
+            self.rate_slot = await self.limiter.wait_for_next_rate_slot(
+                self.capacity, self.holder, patience
+            )
         if self.rate_slot is None:
             return False
         oldest = min((at for _, at in self._stamps), default=None)
@@ -195,6 +211,8 @@ class CapacityLimiter:
         # Pools whose slot documents this process has already created (sizes included, so a
         # version that raises its declared capacity gets its new slots).
         self._ensured: set[tuple[str, int]] = set()
+        # Per key, held by the one item waiting for the key's next rate slot.
+        self._rate_turns: dict[str, asyncio.Lock] = {}
 
     async def try_admit(self, capacity: Capacity) -> Admission | Refused:
         """A rate slot (with a rate limit) and a concurrency slot of `capacity`, or at once the
@@ -202,6 +220,10 @@ class CapacityLimiter:
         at the cost of one database operation and nothing to give back."""
         holder = uuid.uuid4().hex
         rate: str | None = None
+        turn = self._rate_turns.get(capacity.key)
+        if turn is not None and turn.locked():
+            # An item of this process is waiting for the key's next rate slot.
+            return Refused("rate")
         if capacity.max_rps:
             rate = await self._try_take(
                 f"{capacity.key}/r", capacity.rate_slots, RATE_LOCK_SECONDS, holder
@@ -239,6 +261,14 @@ class CapacityLimiter:
             # lapses after a crash: a database read here would only say "not yet". The poll
             # bound covers a lost announcement; the jitter keeps replicas from polling in step.
             return random.uniform(_MAX_WAIT_SECONDS / 2, _MAX_WAIT_SECONDS)
+        turn = self._rate_turns.get(capacity.key)
+        if pool == "rate" and turn is not None and turn.locked():
+            # An item of this process takes the next slot, and likely the ones after it under
+            # the same admission: look again in a moment, without asking the database.
+            return random.uniform(*_TURN_WAIT_SECONDS)
+        return await self._read_wait(capacity, pool)
+
+    async def _read_wait(self, capacity: Capacity, pool: Pool) -> float:
         now = time.time()
         name, size = (
             (f"{capacity.key}/r", capacity.rate_slots)
@@ -261,6 +291,23 @@ class CapacityLimiter:
         return await self._try_take(
             f"{capacity.key}/r", capacity.rate_slots, RATE_LOCK_SECONDS, holder
         )
+
+    async def wait_for_next_rate_slot(
+        self, capacity: Capacity, holder: str, patience: float
+    ) -> str | None:
+        """The next rate slot of `capacity` to free, if it frees within `patience` seconds.
+        One item of this process waits for it at a time: items waiting side by side would all
+        wake for the same slot, and all but one would have asked the database for nothing.
+        Meanwhile admissions of the key are refused here at once (`try_admit`)."""
+        turn = self._rate_turns.setdefault(capacity.key, asyncio.Lock())
+        if turn.locked():
+            return None
+        async with turn:
+            wait = await self._read_wait(capacity, "rate")
+            if wait > patience:
+                return None
+            await asyncio.sleep(wait)
+            return await self.try_rate_slot(capacity, holder)
 
     async def wait_rate_slot(self, capacity: Capacity, holder: str) -> str:
         pool, size = f"{capacity.key}/r", capacity.rate_slots

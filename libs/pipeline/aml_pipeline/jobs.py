@@ -16,13 +16,13 @@ from aml_contract.api.versions import Capacity as DeclaredCapacity
 from aml_contract.api.versions import RunLimits
 from aml_contract.api.vocabulary import Stage
 from aml_contract.messages import JobFinished, message_id
+from aml_pipeline.capacity import Capacity
+from aml_pipeline.participants import Endpoint
+from aml_pipeline.progress import count_error
 from aml_runtime.broker import publish
-from aml_runtime.capacity import Capacity
 from aml_runtime.clock import micros, now
 from aml_runtime.db import Document
 from aml_runtime.documents import ACTIVE_JOB_STATES, FailureKind
-from aml_runtime.participants import Endpoint
-from aml_runtime.progress import count_error
 from aml_runtime.secrets import SecretBox
 
 
@@ -35,7 +35,7 @@ async def record_error(
     reason: str,
 ) -> None:
     """One error-summary entry per failed item (keyed, so a redelivery records it once), counted
-    on the job by the insert that created it (`aml_runtime.progress`: insert first, then count;
+    on the job by the insert that created it (`aml_pipeline.progress`: insert first, then count;
     the scheduler's repair recounts one whose writer died in between)."""
     key = f"{job_id}/{stage}/{item or '-'}"
     moment = now()

@@ -268,6 +268,12 @@ def resolve_and_check(
 async def aresolve_and_check(
     host: str, port: int, *, allow_loopback: bool, resolver: Resolver = system_resolver
 ) -> list[IPAddress]:
+    literal = parse_ip_literal(host)
+    if literal is not None:
+        # Nothing to look up: no hop to a worker thread (one per participant request).
+        check_address(literal, allow_loopback=allow_loopback)
+        return [literal]
+
     def run() -> list[IPAddress]:
         return resolve_and_check(host, port, allow_loopback=allow_loopback, resolver=resolver)
 
