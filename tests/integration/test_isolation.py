@@ -52,8 +52,7 @@ async def test_search_records_another_users_text_as_a_leak(db: Any) -> None:
         _add(f"eval:{JOB}:ds:alice:chunk-1", ALICE, "Alice: my sister Lena moved to Porto"),
         _add(f"eval:{JOB}:ds:bob:chunk-1", BOB, "Bob: my brother Lena moved to Lisbon"),
     ]
-    chunks = [{"body": encode(request)} for request in writes]
-    await db.written_texts.insert_many(plan_written_texts(JOB, chunks))
+    await db.written_texts.insert_many(plan_written_texts(JOB, [encode(r) for r in writes]))
 
     simulator = Simulator(Script(search=EndpointScript(leak=ScriptedLeak(count=1))))
     settings = ParticipantCallSettings(allow_loopback_targets=True, participant_max_attempts=1)

@@ -38,12 +38,12 @@ def dataset() -> Dataset:
 
 @pytest.fixture(scope="module")
 def chunks(dataset: Dataset) -> list[dict[str, object]]:
-    return plan_chunks(JOB, dataset)
+    return [chunk.stored() for chunk in plan_chunks(JOB, dataset)]
 
 
 @pytest.fixture(scope="module")
 def questions(dataset: Dataset) -> list[dict[str, object]]:
-    return plan_questions(JOB, dataset, top_k=100)
+    return [question.stored() for question in plan_questions(JOB, dataset, top_k=100)]
 
 
 # --- chunks ---------------------------------------------------------------------------------
@@ -96,11 +96,11 @@ def test_chunk_body_decodes_to_the_planned_request(
 
 
 def test_chunk_planning_is_deterministic(dataset: Dataset, chunks: list[dict[str, object]]) -> None:
-    assert plan_chunks(JOB, dataset) == chunks
+    assert [chunk.stored() for chunk in plan_chunks(JOB, dataset)] == chunks
 
 
 def test_chunk_ids_differ_between_jobs(dataset: Dataset, chunks: list[dict[str, object]]) -> None:
-    other = plan_chunks("job-43", dataset)
+    other = [chunk.stored() for chunk in plan_chunks("job-43", dataset)]
     assert not {d["_id"] for d in other} & {d["_id"] for d in chunks}
     assert not {d["user_id"] for d in other} & {d["user_id"] for d in chunks}
 
@@ -166,7 +166,7 @@ def test_question_ids_unique_even_when_texts_repeat() -> None:
     raw[0]["qa"].append(dict(first))
     raw[1]["qa"].append(dict(first))  # the same text in another conversation, too
     dataset = parse_locomo(raw, "synthetic", "test")
-    documents = plan_questions(JOB, dataset, top_k=10)
+    documents = [question.stored() for question in plan_questions(JOB, dataset, top_k=10)]
     ids = [doc["_id"] for doc in documents]
     assert len(set(ids)) == len(ids)
     repeated = [doc for doc in documents if doc["question"] == first["question"]]
@@ -179,7 +179,7 @@ def test_multiple_choice_options_go_out_but_not_the_answer(dataset: Dataset) -> 
         update={"options": ["Lisbon", "Berlin", "Oslo"], "answer": "Berlin (option b)"}
     )
     mc = dataset.model_copy(update={"questions": [question]})
-    (doc,) = plan_questions(JOB, mc, top_k=5)
+    (doc,) = [question.stored() for question in plan_questions(JOB, mc, top_k=5)]
     payload = json.loads(doc["search_body"])
     assert payload["options"] == ["Lisbon", "Berlin", "Oslo"]
     assert "Berlin (option b)" not in doc["search_body"].decode()
@@ -259,3 +259,13 @@ def test_every_item_is_planned_with_the_trace_its_releases_land_in(
     with item_trace("aml.release", str(chunks[0]["_id"])) as span:
         assert format(span.get_span_context().trace_id, "032x") == chunks[0]["trace_id"]
     assert len({item["trace_id"] for item in [*chunks, *questions]}) == len(chunks) + len(questions)
+
+
+def test_planned_documents_hold_only_what_the_plan_writes(
+    chunks: list[dict[str, object]], questions: list[dict[str, object]]
+) -> None:
+    """Stored under MongoDB's `_id`; a field another writer fills in later (the adder's
+    outcome) is absent, not null, and the planned abstention's gold answer is a stored null."""
+    assert all("_id" in doc and "id" not in doc for doc in [*chunks, *questions])
+    assert not {"finished_at", "at_us", "failure", "failure_kind"} & set(chunks[0])
+    assert any("gold_answer" in doc and doc["gold_answer"] is None for doc in questions)

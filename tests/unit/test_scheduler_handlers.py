@@ -109,7 +109,8 @@ async def rig() -> AsyncIterator[Rig]:
 @pytest.fixture(scope="module")
 def plan() -> tuple[list[Document], list[Document]]:
     dataset = load_dataset("synthetic", Path("/nonexistent"))
-    return plan_chunks(JOB, dataset), plan_questions(JOB, dataset, top_k=10)
+    chunks, questions = plan_chunks(JOB, dataset), plan_questions(JOB, dataset, top_k=10)
+    return [c.stored() for c in chunks], [q.stored() for q in questions]
 
 
 def planned(db: FakeDatabase, plan: tuple[list[Document], list[Document]], state: str) -> None:

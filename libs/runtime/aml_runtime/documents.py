@@ -154,6 +154,11 @@ class Stored(BaseModel):
 
     id: str = Field(alias="_id")
 
+    def stored(self) -> dict[str, Any]:
+        """The document as MongoDB keeps it: stored field names, and only the fields given
+        (a field another writer fills in later is absent until then, not null)."""
+        return self.model_dump(by_alias=True, exclude_unset=True)
+
 
 class JobTotals(BaseModel):
     model_config = ConfigDict(extra="allow")

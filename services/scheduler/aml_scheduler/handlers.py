@@ -55,6 +55,7 @@ from aml_runtime.documents import (
     AddChunkDocument,
     FailureKind,
     JobDocument,
+    QuestionDocument,
     ScoreDocument,
     StageRecord,
 )
@@ -200,8 +201,8 @@ class ScheduleJobs:
 
     async def _plan(self, job: Document) -> None:
         job_id = job["_id"]
-        chunks: list[Document] = []
-        questions: list[Document] = []
+        chunks: list[AddChunkDocument] = []
+        questions: list[QuestionDocument] = []
         excluded: dict[str, list[str]] = {}
         bundles: dict[str, str] = {}
         f1_variants: dict[str, str] = {}
@@ -213,9 +214,10 @@ class ScheduleJobs:
             f1_variants[dataset_id] = dataset.f1_variant
             chunks += plan_chunks(job_id, dataset)
             questions += plan_questions(job_id, dataset, self.evaluation_spec.top_k)
-        await _insert_once(self.db, ADD_CHUNKS, chunks)
-        await _insert_once(self.db, WRITTEN_TEXTS, plan_written_texts(job_id, chunks))
-        await _insert_once(self.db, QUESTIONS, questions)
+        await _insert_once(self.db, ADD_CHUNKS, [chunk.stored() for chunk in chunks])
+        bodies = [chunk.body for chunk in chunks if chunk.body is not None]
+        await _insert_once(self.db, WRITTEN_TEXTS, plan_written_texts(job_id, bodies))
+        await _insert_once(self.db, QUESTIONS, [question.stored() for question in questions])
         # The whole evaluation spec is stored once per content hash (`specs`); the job records
         # its hash and summary (`spec_hash`, `spec`).
         spec_hash = self.evaluation_spec.content_hash
@@ -237,7 +239,7 @@ class ScheduleJobs:
                     "code_hash": self.code_hash,
                     "dataset_bundles": bundles,
                     "dataset_bundle_hash": bundle_fingerprint(bundles),
-                    "users": sorted({chunk["user_id"] for chunk in chunks}),
+                    "users": sorted({chunk.user_id for chunk in chunks}),
                     "excluded_categories": excluded,
                     "f1_variants": f1_variants,
                     "totals": {"add": len(chunks), "questions": len(questions)},

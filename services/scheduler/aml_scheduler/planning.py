@@ -9,6 +9,7 @@ from aml_contract.participant import AddRequest, SearchRequest, encode, memory_u
 from aml_evaluation.chunker import plan_adds
 from aml_evaluation.datasets import Dataset
 from aml_evaluation.isolation import content_text, owners_of_texts
+from aml_runtime.documents import AddChunkDocument, QuestionDocument
 from aml_runtime.telemetry import item_trace_hex
 
 Document = dict[str, Any]
@@ -18,27 +19,27 @@ def question_item_id(job_id: str, dataset_id: str, question_id: str) -> str:
     return f"{job_id}/{dataset_id}/{question_id}"
 
 
-def plan_chunks(job_id: str, dataset: Dataset) -> list[Document]:
+def plan_chunks(job_id: str, dataset: Dataset) -> list[AddChunkDocument]:
     return [
-        {
-            "_id": chunk.request_id,
-            "job_id": job_id,
-            "dataset_id": dataset.dataset_id,
-            "conversation_id": chunk.conversation_id,
-            "user_id": chunk.user_id,
-            "session_id": chunk.session_id,
-            "seq": chunk.seq,
-            "messages": len(chunk.request.messages),
-            "body": encode(chunk.request),
-            "state": "pending",
+        AddChunkDocument(
+            id=chunk.request_id,
+            job_id=job_id,
+            dataset_id=dataset.dataset_id,
+            conversation_id=chunk.conversation_id,
+            user_id=chunk.user_id,
+            session_id=chunk.session_id,
+            seq=chunk.seq,
+            messages=len(chunk.request.messages),
+            body=encode(chunk.request),
+            state="pending",
             # The trace every release of this item lands in (derived from its id).
-            "trace_id": item_trace_hex(chunk.request_id),
-        }
+            trace_id=item_trace_hex(chunk.request_id),
+        )
         for chunk in plan_adds(dataset, job_id)
     ]
 
 
-def plan_questions(job_id: str, dataset: Dataset, top_k: int) -> list[Document]:
+def plan_questions(job_id: str, dataset: Dataset, top_k: int) -> list[QuestionDocument]:
     documents = []
     for question in dataset.questions:
         item_id = question_item_id(job_id, dataset.dataset_id, question.question_id)
@@ -48,33 +49,34 @@ def plan_questions(job_id: str, dataset: Dataset, top_k: int) -> list[Document]:
             query=question.question, user_id=user_id, top_k=top_k, options=question.options
         )
         documents.append(
-            {
-                "_id": item_id,
-                "job_id": job_id,
-                "dataset_id": dataset.dataset_id,
-                "question_id": question.question_id,
-                "conversation_id": question.conversation_id,
-                "user_id": user_id,
-                "question": question.question,
-                "category": question.category,
-                "category_name": question.category_name,
+            QuestionDocument(
+                id=item_id,
+                job_id=job_id,
+                dataset_id=dataset.dataset_id,
+                question_id=question.question_id,
+                conversation_id=question.conversation_id,
+                user_id=user_id,
+                question=question.question,
+                category=question.category,
+                category_name=question.category_name,
                 # None: the conversation does not contain the answer; the scorer then judges
                 # whether the answer abstains (never against LoCoMo's adversarial trap).
-                "gold_answer": question.answer,
-                "options": question.options,
-                "f1_variant": dataset.f1_variant,
-                "search_body": encode(request),
-                "trace_id": item_trace_hex(item_id),
-            }
+                gold_answer=question.answer,
+                options=question.options,
+                f1_variant=dataset.f1_variant,
+                search_body=encode(request),
+                trace_id=item_trace_hex(item_id),
+            )
         )
     return documents
 
 
-def plan_written_texts(job_id: str, chunks: list[Document]) -> list[Document]:
-    """Which user_ids each written text went to: what the searcher checks leakage against."""
+def plan_written_texts(job_id: str, bodies: list[bytes]) -> list[Document]:
+    """Which user_ids each written text went to (from the Add bodies): what the searcher checks
+    leakage against."""
     writes = []
-    for chunk in chunks:
-        request = AddRequest.model_validate_json(chunk["body"])
+    for body in bodies:
+        request = AddRequest.model_validate_json(body)
         for message in request.messages:
             text = content_text(message.model_dump(mode="json")["content"])
             if text:

@@ -26,7 +26,7 @@ from aml_gateway.services import Services
 from aml_gateway.submissions import PriorRun, Submission, check_submission
 from aml_runtime.broker import publish
 from aml_runtime.db import Document, read_time
-from aml_runtime.documents import FailureKind
+from aml_runtime.documents import FailureKind, JobDocument
 
 router = APIRouter(
     route_class=GuardedRoute, prefix="/v1/jobs", tags=["jobs"], responses=error_responses(429)
@@ -139,33 +139,34 @@ async def submit_job(body: JobSubmission, svc: ServicesDep, team: TeamDep) -> Jo
         if refusal is not None:
             raise refusal
         seq = last_seq + 1
-        job = {
-            "_id": f"j{uuid.uuid4().hex[:12]}",
-            "team_id": team_id,
-            "version_id": body.version_id,
-            "mode": body.mode,
-            "track": body.track,
-            "run_label": body.run_label,
-            "run_label_key": f"{team_id}/{body.run_label}",
+        job = JobDocument(
+            id=f"j{uuid.uuid4().hex[:12]}",
+            team_id=team_id,
+            version_id=body.version_id,
+            mode=body.mode,
+            track=body.track,
+            run_label=body.run_label,
+            run_label_key=f"{team_id}/{body.run_label}",
             # Unique: of two submissions judged against the same jobs, one is inserted.
-            "submission_seq": seq,
-            "submission_key": f"{team_id}/{seq}",
-            "datasets": datasets,
-            "state": "queued",
-            "planned": False,
-            "created_at": created_at,
-        }
+            submission_seq=seq,
+            submission_key=f"{team_id}/{seq}",
+            datasets=datasets,
+            state="queued",
+            planned=False,
+            created_at=created_at,
+        )
+        document = job.stored()
         try:
-            await svc.db.jobs.insert_one(job)
+            await svc.db.jobs.insert_one(document)
         except DuplicateKeyError:
             continue
         await publish(
             svc.broker,
             subjects.JOB_SUBMITTED,
-            JobSubmitted(job_id=job["_id"]),
-            message_id("submitted", job["_id"]),
+            JobSubmitted(job_id=job.id),
+            message_id("submitted", job.id),
         )
-        return await job_status(svc.db, job)
+        return await job_status(svc.db, document)
     raise Conflict("too many submissions at once; try again")
 
 
