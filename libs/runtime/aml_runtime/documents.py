@@ -20,8 +20,8 @@ from aml_contract.api.publication import ReviewState
 
 # The stored capacity and run limits are what registration validated: the same models.
 from aml_contract.api.versions import Capacity as DeclaredCapacity
-from aml_contract.api.versions import RunLimits
-from aml_contract.api.vocabulary import AuthMethod, Board, JobState, Mode, Stage, Track
+from aml_contract.api.versions import RunLimits, VersionProfile
+from aml_contract.api.vocabulary import JobState, Mode, Stage, Track
 from aml_runtime.db import Document, read_time
 
 # -- collections --------------------------------------------------------------------------------
@@ -311,21 +311,13 @@ class ScoreDocument(StageRecord):
     mc_version: str | None = None
 
 
-class VersionFields(BaseModel):
+class VersionFields(VersionProfile):
     """Everything a version document holds besides its id, team and creation time: what a team
     registers for a participant version. Stored as is on a pending access request (its `spec`
     field), so approval creates the version without re-entry (R-3.2)."""
 
     model_config = ConfigDict(extra="allow")
 
-    system_name: str
-    version_label: str
-    tracks: list[Track]
-    board: Board
-    add_url: str
-    search_url: str
-    health_url: str
-    auth_method: AuthMethod
     # An opaque reference into `secrets`; the key itself is only ever stored sealed (R-7.2).
     secret_ref: str | None = None
     capacity: DeclaredCapacity = Field(default_factory=DeclaredCapacity)

@@ -18,7 +18,13 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from aml_contract.api.versions import Capacity, MemorySystemKey, RunLimits, check_memory_system_key
+from aml_contract.api.versions import (
+    Capacity,
+    MemorySystemKey,
+    RunLimits,
+    VersionProfile,
+    check_memory_system_key,
+)
 from aml_contract.api.vocabulary import AuthMethod, Board, Label, LongText, ReasonBody, Text, Track
 
 AccessKind = Literal["new_key", "add_version"]
@@ -235,7 +241,7 @@ class HealthCheck(BaseModel):
     checked_at: datetime
 
 
-class AccessRequestView(BaseModel):
+class AccessRequestView(VersionProfile):
     """An access request as the submitter and the admins see it; the Memory System Key is
     never part of it (R-5.1)."""
 
@@ -247,15 +253,7 @@ class AccessRequestView(BaseModel):
         "team once a new_key request is approved."
     )
     contact: Contact
-    system_name: str
-    version_label: str
-    tracks: list[Track]
-    board: Board
-    add_url: str
-    search_url: str
-    health_url: str
     add_status_url_template: str | None
-    auth_method: AuthMethod
     has_memory_system_key: bool
     capacity: Capacity
     run_limits: RunLimits

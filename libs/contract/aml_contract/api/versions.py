@@ -101,11 +101,11 @@ class RunLimits(BaseModel):
     max_requests_per_run: Annotated[int, Field(ge=1, le=MAX_REQUESTS_PER_RUN)] | None = None
 
 
-class VersionView(BaseModel):
-    """A version bound to the calling key (R-3.2), as its team sees it. The Memory System Key
-    is never shown, only whether one is stored."""
+class VersionProfile(BaseModel):
+    """What names a participant version and where it is reached: the part of a version its
+    team sees (`VersionView`), an access request holds (`AccessRequestView`) and the version
+    document stores (`aml_runtime.documents.VersionFields`) alike."""
 
-    version_id: str
     system_name: str
     version_label: str
     tracks: list[Track]
@@ -114,6 +114,13 @@ class VersionView(BaseModel):
     search_url: str
     health_url: str
     auth_method: AuthMethod
+
+
+class VersionView(VersionProfile):
+    """A version bound to the calling key (R-3.2), as its team sees it. The Memory System Key
+    is never shown, only whether one is stored."""
+
+    version_id: str
     has_memory_system_key: bool
     capacity: Capacity
     created_at: datetime
