@@ -4,6 +4,7 @@ independent clients, as replicas would be."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -201,4 +202,54 @@ async def test_the_next_items_rate_slot_is_waited_for_only_within_patience(
     await admission.release()
     # The concurrency slot was held throughout (one admission); free now for the next one.
     assert await limiter.try_admit(capacity) == Refused("rate")
+    await client.close()
+
+
+async def test_the_next_rate_slot_is_reserved_in_one_command_and_given_back_as_it_was(
+    mongo_url: str,
+) -> None:
+    """A busy lane reserves the key's first slot to free (one command, however far within its
+    patience the slot frees) and sends no earlier than that; a reservation released unused
+    leaves the slot free when it was, never earlier, so no request can leave early."""
+    commands = _Commands()
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+        mongo_url, event_listeners=[commands]
+    )
+    db = client["aml_capacity"]
+    limiter = CapacityLimiter(db, rate_margin_seconds=0.0)
+    capacity = Capacity(key="v-reserve", max_concurrency=1, max_rps=1.0)
+    admission = await limiter.try_admit(capacity)
+    assert isinstance(admission, Admission)
+    async with admission.request() as departure:
+        await departure.trace("http11.send_request_headers.started", {})
+    assert departure.at is not None
+    # The only slot is stamped (written because it frees within the patience), then reserved.
+    commands.recording = True
+    assert await admission.next_rate_slot(patience=1.5)
+    commands.recording = False
+    assert commands.sent == ["update", "findAndModify"]
+    assert time.time() >= departure.at + 1.0
+    await admission.release(notify=False)
+    # Reserved ahead of its time and given back unused: free at the stamp, not at the release.
+    second = await limiter.try_admit(capacity)
+    assert isinstance(second, Admission)
+    async with second.request() as later:
+        await later.trace("http11.send_request_headers.started", {})
+    assert later.at is not None
+    commands.sent.clear()
+    commands.recording = True
+    waiting = asyncio.create_task(second.next_rate_slot(patience=1.5))
+    await asyncio.sleep(0.2)
+    assert commands.sent == ["update", "findAndModify"]  # reserved, now waiting for its time
+    assert not waiting.done()
+    # Meanwhile the key's admissions are refused here without a command.
+    assert await limiter.try_admit(capacity) == Refused("rate")
+    assert commands.sent == ["update", "findAndModify"]
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    commands.recording = False
+    await second.release(notify=False)
+    slot = await db.capacity_slots.find_one({"pool": "v-reserve/r"})
+    assert slot is not None and slot["free_at"] == pytest.approx(later.at + 1.0)
     await client.close()

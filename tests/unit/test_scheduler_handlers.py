@@ -245,6 +245,28 @@ async def test_a_released_users_questions_are_not_sent_again(
     assert users == {c["user_id"] for c in chunks} - {released}
 
 
+async def test_the_re_drive_skips_users_it_released_without_a_read(
+    rig: Rig, plan: tuple[list[Document], list[Document]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chunks, _ = plan
+    planned(rig.db, plan, "running")
+    for chunk in rig.db.add_chunks.documents.values():
+        chunk["state"] = "done"
+    await rig.scheduler.release(JOB)
+    sent = len(rig.on(subjects.WORK_SEARCH))
+    assert sent > 0
+
+    async def no_read(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a released user's chunks or marker were read again")
+
+    monkeypatch.setattr(rig.db.add_chunks, "find_one", no_read)
+    monkeypatch.setattr(rig.db.question_releases, "find_one", no_read)
+    await rig.scheduler.release(JOB)
+    for user in {c["user_id"] for c in chunks}:
+        await rig.scheduler.release(JOB, user)
+    assert len(rig.on(subjects.WORK_SEARCH)) == sent
+
+
 @pytest.mark.parametrize("state", ["queued", "completed", "failed"])
 async def test_nothing_is_released_for_a_job_that_is_not_running(
     rig: Rig, plan: tuple[list[Document], list[Document]], state: str

@@ -123,6 +123,8 @@ class Admission:
     concurrency_slot: str
     rate_slot: str | None
     admitted_at: float
+    # When `rate_slot` was free before this admission reserved it (it gives it back so).
+    rate_slot_free_at: float = 0.0
     _renew: asyncio.Task[None] | None = None
     _released: bool = field(default=False)
     # Rate slots used and their departures, not yet written (see `request`).
@@ -139,7 +141,7 @@ class Admission:
         is the departure's whenever it is written."""
         departure = Departure()
         slot = self.rate_slot
-        self.rate_slot = None
+        self.rate_slot, self.rate_slot_free_at = None, 0.0
         if slot is None and self.capacity.max_rps:
             await self._write_stamps()
             slot = await self.limiter.wait_rate_slot(self.capacity, self.holder)
@@ -150,26 +152,27 @@ class Admission:
                 self._stamps.append((slot, departure.at if departure.at else time.time()))
 
     async def next_rate_slot(self, patience: float = 0.0) -> bool:
-        """A rate slot for the next item under this admission (always with no rate limit): one
-        free now, or, when none is, one that frees within `patience` seconds, waited for while
-        this admission keeps its concurrency slot. A rate-bound participant's next slot is
-        usually a fraction of a second away; waiting for it here costs one read, where giving
-        the admission back and being admitted again costs four operations and an announcement
-        to every worker. Stamps not yet written are written once half a period old (until then
-        their slots could not free anyway), and before a wait (a waiter must see them)."""
+        """A rate slot for the next item under this admission (always with no rate limit): the
+        first of the key's slots to be free, if it is free now or within `patience` seconds,
+        reserved in one database operation and waited for while this admission keeps its
+        concurrency slot. A rate-bound participant's next slot is usually a fraction of a second
+        away; reserving it costs one operation, where giving the admission back and being
+        admitted again costs four and an announcement to every worker. Stamps not yet written
+        are written first once their slots could free within the patience (an unwritten stamp
+        locks its slot), or once half a period old (other replicas' waits read them)."""
         if not self.capacity.max_rps or self.rate_slot is not None:
             return True
-        self.rate_slot = await self.limiter.try_rate_slot(self.capacity, self.holder)
-        if self.rate_slot is None and patience > 0:
-            await self._write_stamps()
-            self.rate_slot = await self.limiter.wait_for_next_rate_slot(
-                self.capacity, self.holder, patience
-            )
-        if self.rate_slot is None:
-            return False
         oldest = min((at for _, at in self._stamps), default=None)
-        if oldest is not None and time.time() - oldest >= self.capacity.rate_period / 2:
+        period = self.capacity.rate_period
+        if oldest is not None and time.time() - oldest >= min(period / 2, period - patience):
             await self._write_stamps()
+        reserved = await self.limiter.reserve_rate_slot(self.capacity, self.holder, patience)
+        if reserved is None:
+            await self._write_stamps()
+            return False
+        # Held before the wait: an admission released during it gives the slot back as it was.
+        self.rate_slot, self.rate_slot_free_at = reserved
+        await self.limiter.wait_until_free(self.capacity, reserved[1])
         return True
 
     async def _write_stamps(self) -> None:
@@ -190,10 +193,11 @@ class Admission:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._renew
         stamps, self._stamps = self._stamps, []
+        unused = None if self.rate_slot is None else (self.rate_slot, self.rate_slot_free_at)
         await self.limiter.settle(
-            self.capacity, self.holder, stamps, self.concurrency_slot, self.rate_slot, notify
+            self.capacity, self.holder, stamps, self.concurrency_slot, unused, notify
         )
-        self.rate_slot = None
+        self.rate_slot, self.rate_slot_free_at = None, 0.0
 
 
 class CapacityLimiter:
@@ -211,8 +215,8 @@ class CapacityLimiter:
         # Pools whose slot documents this process has already created (sizes included, so a
         # version that raises its declared capacity gets its new slots).
         self._ensured: set[tuple[str, int]] = set()
-        # Per key, held by the one item waiting for the key's next rate slot.
-        self._rate_turns: dict[str, asyncio.Lock] = {}
+        # Per key, how many items of this process wait for a rate slot they reserved.
+        self._rate_waiters: dict[str, int] = {}
 
     async def try_admit(self, capacity: Capacity) -> Admission | Refused:
         """A rate slot (with a rate limit) and a concurrency slot of `capacity`, or at once the
@@ -220,9 +224,8 @@ class CapacityLimiter:
         at the cost of one database operation and nothing to give back."""
         holder = uuid.uuid4().hex
         rate: str | None = None
-        turn = self._rate_turns.get(capacity.key)
-        if turn is not None and turn.locked():
-            # An item of this process is waiting for the key's next rate slot.
+        if self._rate_waiters.get(capacity.key):
+            # An item of this process waits for the key's next rate slot: it is rate-bound now.
             return Refused("rate")
         if capacity.max_rps:
             rate = await self._try_take(
@@ -261,8 +264,7 @@ class CapacityLimiter:
             # lapses after a crash: a database read here would only say "not yet". The poll
             # bound covers a lost announcement; the jitter keeps replicas from polling in step.
             return random.uniform(_MAX_WAIT_SECONDS / 2, _MAX_WAIT_SECONDS)
-        turn = self._rate_turns.get(capacity.key)
-        if pool == "rate" and turn is not None and turn.locked():
+        if pool == "rate" and self._rate_waiters.get(capacity.key):
             # An item of this process takes the next slot, and likely the ones after it under
             # the same admission: look again in a moment, without asking the database.
             return random.uniform(*_TURN_WAIT_SECONDS)
@@ -287,27 +289,41 @@ class CapacityLimiter:
         exact = pool == "rate" and first.get("stamped", True)
         return max(poll, wait if exact else min(wait, _MAX_WAIT_SECONDS))
 
-    async def try_rate_slot(self, capacity: Capacity, holder: str) -> str | None:
-        return await self._try_take(
-            f"{capacity.key}/r", capacity.rate_slots, RATE_LOCK_SECONDS, holder
-        )
-
-    async def wait_for_next_rate_slot(
+    async def reserve_rate_slot(
         self, capacity: Capacity, holder: str, patience: float
-    ) -> str | None:
-        """The next rate slot of `capacity` to free, if it frees within `patience` seconds.
-        One item of this process waits for it at a time: items waiting side by side would all
-        wake for the same slot, and all but one would have asked the database for nothing.
-        Meanwhile admissions of the key are refused here at once (`try_admit`)."""
-        turn = self._rate_turns.setdefault(capacity.key, asyncio.Lock())
-        if turn.locked():
+    ) -> tuple[str, float] | None:
+        """The key's rate slot that is free first, if it is free within `patience` seconds:
+        taken (locked for `holder`) now, in one operation, with the moment it is free. The
+        caller sends no earlier than that moment (`wait_until_free`), so a slot reserved ahead
+        of its time never lets a request leave early; slots taken and not yet stamped are
+        locked far ahead and never reserved."""
+        pool, size = f"{capacity.key}/r", capacity.rate_slots
+        await self._ensure(pool, size)
+        now = time.time()
+        before = await self._db.capacity_slots.find_one_and_update(
+            {"pool": pool, "index": {"$lt": size}, "free_at": {"$lte": now + patience}},
+            {"$set": {"free_at": now + RATE_LOCK_SECONDS, "holder": holder, "stamped": False}},
+            sort=[("free_at", ASCENDING)],
+            return_document=ReturnDocument.BEFORE,
+        )
+        if before is None:
             return None
-        async with turn:
-            wait = await self._read_wait(capacity, "rate")
-            if wait > patience:
-                return None
+        return str(before["_id"]), float(before["free_at"])
+
+    async def wait_until_free(self, capacity: Capacity, free_at: float) -> None:
+        """Sleep until a reserved rate slot is free; meanwhile this process's admissions of the
+        key are refused without asking the database (`try_admit`)."""
+        wait = free_at - time.time()
+        if wait <= 0:
+            return
+        key = capacity.key
+        self._rate_waiters[key] = self._rate_waiters.get(key, 0) + 1
+        try:
             await asyncio.sleep(wait)
-            return await self.try_rate_slot(capacity, holder)
+        finally:
+            self._rate_waiters[key] -= 1
+            if not self._rate_waiters[key]:
+                del self._rate_waiters[key]
 
     async def wait_rate_slot(self, capacity: Capacity, holder: str) -> str:
         pool, size = f"{capacity.key}/r", capacity.rate_slots
@@ -323,19 +339,20 @@ class CapacityLimiter:
         holder: str,
         stamps: list[tuple[str, float]],
         concurrency_slot: str | None = None,
-        unused_rate_slot: str | None = None,
+        unused_rate_slot: tuple[str, float] | None = None,
         notify: bool = False,
     ) -> None:
         """In one round trip: each used rate slot is next usable one period (plus the margin)
         after its request left (a request that never reached the socket is stamped when it
         gave up, which errs on the safe side); a rate slot never used is free at once (its last
-        departure is at least a period old: it was free when taken); the concurrency slot is
-        free."""
+        departure is at least a period old: it was free when taken), or when it was free
+        before it was reserved; the concurrency slot is free."""
         now = time.time()
         frees = [(slot, departed + capacity.rate_period + self._margin)
                  for slot, departed in stamps]  # fmt: skip
         if unused_rate_slot is not None:
-            frees.append((unused_rate_slot, now))
+            slot, was_free_at = unused_rate_slot
+            frees.append((slot, max(now, was_free_at)))
         if concurrency_slot is not None:
             frees.append((concurrency_slot, 0.0))
         if frees:

@@ -17,11 +17,15 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from faststream.nats import NatsBroker
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from pydantic import ValidationError
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
 from aml_contract import subjects
 from aml_contract.messages import (
+    JobFinished,
     QuestionDone,
     QuestionFacts,
     QuestionStage,
@@ -55,9 +59,11 @@ _FATAL_KINDS = frozenset(
     }
 )
 
-# How long an LLM stage reuses a job's state it read (see `QuestionStageWorker._job`).
-_LLM_JOB_READ_SECONDS = 1.0
+# How long a stage reuses a job's state it read (see `QuestionStageWorker._job`).
+_JOB_READ_SECONDS = 1.0
 _JOB_READS_KEPT = 256
+# How long a job announced as finished is remembered as such (its work is purged by then).
+_FINISHED_KEPT_SECONDS = 3600.0
 
 Compute = Callable[[QuestionWork, Document, StageCall], Awaitable[Document]]
 
@@ -80,6 +86,7 @@ class QuestionStageWorker:
     broker: NatsBroker
     compute: Compute
     _jobs: dict[str, tuple[float, Document | None]] = field(default_factory=dict, init=False)
+    _finished_watch: Subscription | None = field(default=None, init=False)
 
     @property
     def collection(self) -> str:
@@ -130,22 +137,41 @@ class QuestionStageWorker:
         await self._hand_on(work.model_copy(update=carried), stored.state, announce=stored.last)
 
     async def _job(self, job_id: str) -> Document | None:
-        """The job's state (and `top_k`). The search stage reads it before every call, since
-        the call reaches the participant. An LLM stage reuses what it read within the last
-        `_LLM_JOB_READ_SECONDS`: a job failed in that window may still have an item or two
-        answered or scored, at the LLM's cost only (its queued work is purged at once)."""
-        fields = {"state": 1, "top_k": 1}
-        if self.stage == "search":
-            return await self.db.jobs.find_one({"_id": job_id}, fields)
+        """The job's state (and `top_k`), read at most once per `_JOB_READ_SECONDS`. A failed
+        job's work is purged from the broker and the failure is announced on
+        `aml.jobs.finished`, which every replica of every stage hears: a job announced finished
+        is skipped from then on, without a read. What is left is the announcement's way over
+        the broker (milliseconds, like the moment between a read and the call it allows); a
+        lost announcement is covered by the next read, within a second."""
+        if self._finished_watch is None:
+            # Before the read: an announcement made after it is heard.
+            self._finished_watch = await self.broker.connection.subscribe(
+                subjects.JOB_FINISHED, cb=self._finished
+            )
         moment = time.monotonic()
         cached = self._jobs.get(job_id)
         if cached is not None and cached[0] > moment:
             return cached[1]
-        job = await self.db.jobs.find_one({"_id": job_id}, fields)
-        if len(self._jobs) >= _JOB_READS_KEPT:
-            self._jobs = {k: v for k, v in self._jobs.items() if v[0] > moment}
-        self._jobs[job_id] = (moment + _LLM_JOB_READ_SECONDS, job)
+        job = await self.db.jobs.find_one({"_id": job_id}, {"state": 1, "top_k": 1})
+        self._keep(job_id, moment + _JOB_READ_SECONDS, job)
         return job
+
+    async def _finished(self, msg: Msg) -> None:
+        try:
+            finished = JobFinished.model_validate_json(msg.data)
+        except ValidationError:
+            return
+        self._keep(
+            finished.job_id, time.monotonic() + _FINISHED_KEPT_SECONDS, {"state": finished.state}
+        )
+
+    def _keep(self, job_id: str, until: float, job: Document | None) -> None:
+        if len(self._jobs) >= _JOB_READS_KEPT:
+            moment = time.monotonic()
+            kept = [(k, v) for k, v in self._jobs.items() if v[0] > moment]
+            # Bounded also when many jobs finished within the hour: a forgotten one is read.
+            self._jobs = dict(kept[-_JOB_READS_KEPT // 2 :])
+        self._jobs[job_id] = (until, job)
 
     async def _question(self, work: QuestionWork) -> Document:
         if work.facts is not None and work.search_body is not None:

@@ -1,9 +1,11 @@
 """OpenTelemetry tracing for every service (SPEC R-8.3 - R-8.5).
 
 One trace per job item: the scheduler starts it when it releases the item (`item_trace`), the
-NATS headers carry it from service to service (FastStream's telemetry middleware, installed by
-`aml_runtime.broker.make_broker`), each stage adds its span (`stage_span`) and the outgoing HTTP
-calls to the participant and the LLM are child spans (httpx instrumentation).
+NATS headers carry it from service to service (every publish of `aml_runtime.broker` writes the
+current span's W3C trace context; a stage worker continues it with `continue_trace`, a FastStream
+subscriber with the telemetry middleware of `aml_runtime.broker.make_broker`), each stage adds
+its span (`stage_span`) and the outgoing HTTP calls to the participant and the LLM are child
+spans (httpx instrumentation).
 
 Spans go to an OTLP collector when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, and, with
 `AML_TRACE_DIR`, also to OTLP-JSON files (one `ExportTraceServiceRequest` per line) that
@@ -18,24 +20,37 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 import os
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from google.protobuf.json_format import MessageToDict  # type: ignore[import-untyped]
+import structlog
 from opentelemetry import context, propagate, trace
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, Status, TraceFlags, Tracer
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import (
+    Link,
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    Tracer,
+)
 from opentelemetry.util.types import Attributes
 
 TRACER_NAME = "aml"
+
+log = structlog.get_logger()
 
 
 class OtlpJsonFileExporter(SpanExporter):
@@ -48,7 +63,7 @@ class OtlpJsonFileExporter(SpanExporter):
         self._lock = threading.Lock()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        line = json.dumps(otlp_json(encode_spans(spans)), separators=(",", ":"))
+        line = json.dumps(otlp_json(spans), separators=(",", ":"))
         with self._lock, self._path.open("a", encoding="utf-8") as out:
             out.write(line + "\n")
         return SpanExportResult.SUCCESS
@@ -57,27 +72,193 @@ class OtlpJsonFileExporter(SpanExporter):
         return None
 
 
-_ID_FIELDS = frozenset({"traceId", "spanId", "parentSpanId"})
+# The OTLP/JSON encoding is written here from the spans, not by printing the protobuf request
+# (`encode_spans`) with protobuf's JSON printer, which was a noticeable share of every service's
+# CPU. The document is the one that printer made, field for field (tests/unit/test_otlp_json.py
+# compares the two): the protobuf JSON mapping, in which a field left at its default (0, "",
+# an empty list) is omitted, a 64-bit integer is a string and an enum is its value's name, except
+# that trace and span ids are hex, as OTLP/HTTP JSON has them, not base64.
+
+_SPAN_KINDS = {
+    SpanKind.INTERNAL: "SPAN_KIND_INTERNAL",
+    SpanKind.SERVER: "SPAN_KIND_SERVER",
+    SpanKind.CLIENT: "SPAN_KIND_CLIENT",
+    SpanKind.PRODUCER: "SPAN_KIND_PRODUCER",
+    SpanKind.CONSUMER: "SPAN_KIND_CONSUMER",
+}
+# STATUS_CODE_UNSET is the default: omitted.
+_STATUS_CODES = {StatusCode.OK: "STATUS_CODE_OK", StatusCode.ERROR: "STATUS_CODE_ERROR"}
+# SpanFlags: the flags say whether the parent (or a link's span) is remote, and that they say so.
+_HAS_IS_REMOTE = 0x100
+_IS_REMOTE = 0x200
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
-def otlp_json(request: Any) -> dict[str, Any]:
-    """An ExportTraceServiceRequest in the OTLP/HTTP JSON encoding: the protobuf JSON mapping,
-    except that trace and span ids are hex strings, not base64."""
-    document: dict[str, Any] = MessageToDict(request)
+def otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
+    """The spans as one ExportTraceServiceRequest in the OTLP/HTTP JSON encoding: grouped by
+    resource, then by instrumentation scope, in the order of their first span."""
+    Scopes = dict[InstrumentationScope | None, list[dict[str, Any]]]
+    grouped: dict[Resource, Scopes] = {}
+    # A Resource hashes by serializing its attributes, a cost per span; the spans of one provider
+    # share one Resource object, so it is looked up by equality once per object.
+    by_identity: dict[int, Scopes] = {}
+    for span in spans:
+        scopes = by_identity.get(id(span.resource))
+        if scopes is None:
+            scopes = by_identity[id(span.resource)] = grouped.setdefault(span.resource, {})
+        scopes.setdefault(span.instrumentation_scope or None, []).append(_span_json(span))
+    if not grouped:
+        return {}
+    resource_spans = []
+    for resource, scopes in grouped.items():
+        scope_spans = [_scope_spans_json(scope, spans) for scope, spans in scopes.items()]
+        entry: dict[str, Any] = {
+            "resource": _with_attributes({}, resource.attributes),
+            "scopeSpans": scope_spans,
+        }
+        if resource.schema_url:
+            entry["schemaUrl"] = resource.schema_url
+        resource_spans.append(entry)
+    return {"resourceSpans": resource_spans}
 
-    def fix(node: Any) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if key in _ID_FIELDS and isinstance(value, str):
-                    node[key] = base64.b64decode(value).hex()
-                else:
-                    fix(value)
-        elif isinstance(node, list):
-            for value in node:
-                fix(value)
 
-    fix(document)
-    return document
+def _scope_spans_json(
+    scope: InstrumentationScope | None, spans: list[dict[str, Any]]
+) -> dict[str, Any]:
+    scope_json: dict[str, Any] = {}
+    if scope is not None:
+        if scope.name:
+            scope_json["name"] = scope.name
+        if scope.version:
+            scope_json["version"] = scope.version
+        _with_attributes(scope_json, scope.attributes)
+    entry = {"scope": scope_json, "spans": spans}
+    if scope is not None and scope.schema_url:
+        entry["schemaUrl"] = scope.schema_url
+    return entry
+
+
+def _span_json(span: ReadableSpan) -> dict[str, Any]:
+    span_context = span.context
+    assert span_context is not None  # every span the SDK ends has one
+    out: dict[str, Any] = {
+        "traceId": format(span_context.trace_id, "032x"),
+        "spanId": format(span_context.span_id, "016x"),
+    }
+    if span_context.trace_state:
+        out["traceState"] = ",".join(f"{k}={v}" for k, v in span_context.trace_state.items())
+    parent = span.parent
+    if parent:
+        out["parentSpanId"] = format(parent.span_id, "016x")
+    if span.name:
+        out["name"] = span.name
+    out["kind"] = _SPAN_KINDS[span.kind]
+    if span.start_time:
+        out["startTimeUnixNano"] = str(span.start_time)
+    if span.end_time:
+        out["endTimeUnixNano"] = str(span.end_time)
+    _with_attributes(out, span.attributes)
+    if span.dropped_attributes:
+        out["droppedAttributesCount"] = span.dropped_attributes
+    if span.events:
+        out["events"] = [_event_json(event) for event in span.events]
+    if span.dropped_events:
+        out["droppedEventsCount"] = span.dropped_events
+    if span.links:
+        out["links"] = [_link_json(link) for link in span.links]
+    if span.dropped_links:
+        out["droppedLinksCount"] = span.dropped_links
+    status: dict[str, Any] = {}
+    if span.status.description:
+        status["message"] = span.status.description
+    if span.status.status_code in _STATUS_CODES:
+        status["code"] = _STATUS_CODES[span.status.status_code]
+    out["status"] = status
+    out["flags"] = _flags(parent)
+    return out
+
+
+def _flags(parent: SpanContext | None) -> int:
+    return _HAS_IS_REMOTE | _IS_REMOTE if parent and parent.is_remote else _HAS_IS_REMOTE
+
+
+def _event_json(event: Event) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if event.timestamp:
+        out["timeUnixNano"] = str(event.timestamp)
+    if event.name:
+        out["name"] = event.name
+    _with_attributes(out, event.attributes)
+    if event.dropped_attributes:
+        out["droppedAttributesCount"] = event.dropped_attributes
+    return out
+
+
+def _link_json(link: Link) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "traceId": format(link.context.trace_id, "032x"),
+        "spanId": format(link.context.span_id, "016x"),
+    }
+    _with_attributes(out, link.attributes)
+    if link.dropped_attributes:
+        out["droppedAttributesCount"] = link.dropped_attributes
+    out["flags"] = _flags(link.context)
+    return out
+
+
+def _with_attributes(out: dict[str, Any], attributes: Attributes) -> dict[str, Any]:
+    """`out` with the attributes' key-value list, when there is one. An attribute the protobuf
+    encoder could not hold (an integer beyond 64 bits, a string that is not valid UTF-8) is left
+    out with a warning, as that encoder does, instead of losing the batch."""
+    if not attributes:
+        return out
+    encoded = []
+    for key, value in attributes.items():
+        try:
+            encoded.append({"key": _utf8(key), "value": _any_value(value)})
+        except (TypeError, ValueError) as exc:
+            log.warning("trace_export.attribute_dropped", key=key, error=str(exc))
+    if encoded:
+        out["attributes"] = encoded
+    return out
+
+
+def _utf8(text: str) -> str:
+    if not text.isascii():
+        # A lone surrogate (text decoded with surrogateescape) raises UnicodeEncodeError, a
+        # ValueError.
+        text.encode("utf-8")
+    return text
+
+
+def _any_value(value: Any) -> dict[str, Any]:
+    """An AnyValue: which of its fields is set is the value's type (bool before int, str and
+    bytes before sequences, as they are also both)."""
+    if value is None:
+        return {}
+    if isinstance(value, bool):
+        return {"boolValue": value}
+    if isinstance(value, str):
+        return {"stringValue": _utf8(value)}
+    if isinstance(value, int):
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            raise ValueError(f"Value out of range: {value}")
+        return {"intValue": str(int(value))}
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return {"doubleValue": value}
+        return {
+            "doubleValue": "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+        }
+    if isinstance(value, bytes):
+        return {"bytesValue": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, Sequence):
+        values = [_any_value(item) for item in value]
+        return {"arrayValue": {"values": values} if values else {}}
+    if isinstance(value, Mapping):
+        pairs = [{"key": _utf8(str(k)), "value": _any_value(v)} for k, v in value.items()]
+        return {"kvlistValue": {"values": pairs} if pairs else {}}
+    raise TypeError(f"Invalid type {type(value)} of value {value}")
 
 
 # A URL anywhere in a string: scheme, optional userinfo, host and path, query, fragment.
@@ -246,8 +427,8 @@ def item_trace(name: str, item_key: str, **ids: Any) -> Iterator[Span]:
 
 @contextmanager
 def continue_trace(headers: dict[str, str] | None) -> Iterator[None]:
-    """Continue the trace a message carries in its headers (W3C trace context, as FastStream's
-    telemetry middleware writes it on publish)."""
+    """Continue the trace a message carries in its headers (the W3C trace context that
+    `aml_runtime.broker.publish` and `publish_work` write)."""
     token = context.attach(propagate.extract(headers or {}))
     try:
         yield

@@ -72,6 +72,8 @@ from aml_scheduler.watchdog import diagnose, stall_limit_seconds
 
 log = structlog.get_logger()
 _DUPLICATE_KEY = 11000
+# Released users remembered at most (a LoCoMo-10 job has ten; many jobs run at once).
+_RELEASED_KEPT = 100_000
 
 
 @dataclass
@@ -86,6 +88,9 @@ class ScheduleJobs:
     code_hash: str
     # The stall watchdog's clock (replaced in tests).
     clock: Callable[[], datetime] = field(default=now)
+    # Users whose questions this process has seen released (their marker is written, and never
+    # removed while the job lives): the reconciliation's re-drive skips them without a read.
+    _released: set[tuple[str, str]] = field(default_factory=set, init=False)
 
     # -- events -----------------------------------------------------------------------------
 
@@ -260,6 +265,8 @@ class ScheduleJobs:
             return
         version_id = str(job["version_id"])
         for user in [user_id] if user_id else job.get("users", []):
+            if (job_id, user) in self._released:
+                continue
             pending = await self.db.add_chunks.find_one(
                 {"job_id": job_id, "user_id": user, "state": {"$ne": "done"}},
                 sort=[("seq", ASCENDING)],
@@ -277,6 +284,7 @@ class ScheduleJobs:
     async def _release_questions(self, job_id: str, version_id: str, user_id: str) -> None:
         marker = f"{job_id}/{user_id}"
         if await self.db.question_releases.find_one({"_id": marker}) is not None:
+            self._remember_released(job_id, user_id)
             return
         async for question in self.db.questions.find({"job_id": job_id, "user_id": user_id}):
             work = QuestionWork(
@@ -291,6 +299,13 @@ class ScheduleJobs:
                 await publish_work(self.broker, "search", work, question["_id"])
         # Written only after every publish went out: a crash before it re-publishes (harmless).
         await _insert_once(self.db, QUESTION_RELEASES, [{"_id": marker, "job_id": job_id}])
+        self._remember_released(job_id, user_id)
+
+    def _remember_released(self, job_id: str, user_id: str) -> None:
+        if len(self._released) >= _RELEASED_KEPT:
+            # Forgetting costs a read at the next re-drive, nothing else.
+            self._released.clear()
+        self._released.add((job_id, user_id))
 
     async def complete_if_done(self, job_id: str) -> None:
         stored = await self.db.jobs.find_one({"_id": job_id})
