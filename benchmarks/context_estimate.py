@@ -17,8 +17,8 @@ import httpx
 
 from aml_devtools.stack import EmbeddedStack, StackConfig
 from aml_evaluation.context import estimate_tokens
-from aml_evaluation.datasets import load_dataset
 from aml_evaluation.prompts import format_memories
+from aml_evaluation.registry import load_dataset
 
 
 def main() -> None:

@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 from gateway_support import ADMIN, open_gateway, request_body
 
-from aml_evaluation.datasets import DatasetFileError, load_dataset, manifest_path, read_manifest
+from aml_evaluation.registry import (
+    MANIFESTS_DIR,
+    DatasetFileError,
+    load_dataset,
+    manifest_path,
+    read_manifest,
+    register_dataset,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +45,7 @@ async def test_datasets_are_listed_with_tracks_categories_and_counts(
         assert [d for d in IDS if listed[d]["smoke"]] == IDS
         assert [d for d in IDS if listed[d]["full_suite"]] == ["locomo_refined"]
         for dataset_id, info in listed.items():
-            manifest = read_manifest(manifest_path(dataset_id))
+            manifest = read_manifest(manifest_path(dataset_id, None))
             assert info["track"] == "textual" and info["version"] == manifest.version
             numbers = [(c["number"], c["name"]) for c in info["categories"]]
             assert numbers == sorted(manifest.categories.items())
@@ -112,3 +119,35 @@ async def test_an_unknown_dataset_is_refused_with_the_valid_ids(
         # Nothing was started by the refusals: the run label is still free.
         accepted = await gw.client.post("/v1/jobs", json=body, headers=auth)
         assert accepted.status_code == 201, accepted.text
+
+
+async def test_operator_datasets_are_listed_with_their_manifests_track_and_counts(
+    mongo_url: str, nats_url: str, tmp_path: Path
+) -> None:
+    """`aml dataset add` under the gateway's datasets root: listed from its manifest (track,
+    counts), not runnable until configured, then runnable once named in AML_SMOKE_DATASETS."""
+    synthetic = MANIFESTS_DIR.parent / "synthetic" / "synthetic_v1.json"
+    (tmp_path / "team").mkdir()
+    (tmp_path / "team" / "convs.json").write_bytes(synthetic.read_bytes())
+    register_dataset(tmp_path / "team" / "convs.json", "locomo", "ops", tmp_path, track="coding")
+    # The counts come from the manifest: the gateway need not read the file.
+    (tmp_path / "team" / "convs.json").unlink()
+    async with open_gateway(mongo_url, nats_url, datasets_root=tmp_path) as gw:
+        listed = {d["dataset_id"]: d for d in (await gw.client.get("/v1/datasets")).json()}
+    assert list(listed) == [*IDS, "ops"]
+    ops = listed["ops"]
+    assert (ops["track"], ops["runnable"], ops["smoke"], ops["full_suite"]) == (
+        "coding", False, False, False,
+    )  # fmt: skip
+    assert ops["questions"] == 30
+    assert {c["number"]: c["questions"] for c in ops["categories"]} == {
+        1: 6, 2: 7, 3: 4, 4: 9, 5: 4,
+    }  # fmt: skip
+    assert all(listed[d]["runnable"] for d in IDS)
+
+    async with open_gateway(
+        mongo_url, nats_url, datasets_root=tmp_path, smoke_datasets=["synthetic", "ops"]
+    ) as gw:
+        listed = {d["dataset_id"]: d for d in (await gw.client.get("/v1/datasets")).json()}
+    assert list(listed) == ["synthetic", "ops", "locomo_refined"]
+    assert listed["ops"]["runnable"] and listed["ops"]["smoke"]

@@ -21,9 +21,9 @@ from aml_evaluation.datasets import (
     Dataset,
     Session,
     Turn,
-    load_dataset,
     parse_locomo,
 )
+from aml_evaluation.registry import load_dataset
 
 # Golden Add counts under chunk-v1 + wc-v1, cross-checked by an independent count from the raw
 # JSON (ceil(turns / 20) per non-empty session; no 20-turn window of LoCoMo reaches 2,000 words,

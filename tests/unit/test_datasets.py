@@ -13,13 +13,15 @@ import pytest
 from aml_evaluation.datasets import (
     LOCOMO_CATEGORIES,
     Dataset,
+    parse_locomo,
+    parse_locomo_datetime,
+)
+from aml_evaluation.registry import (
     DatasetFileError,
     bundle_hash,
     load_bundle,
     load_dataset,
     manifest_path,
-    parse_locomo,
-    parse_locomo_datetime,
     read_manifest,
 )
 from aml_evaluation.scoring import F1_VARIANTS
@@ -228,16 +230,16 @@ def test_shipped_locomo_bundles(datasets_root: Path) -> None:
     refined = load_dataset("locomo_refined", datasets_root)
     assert (locomo.dataset_id, len(locomo.questions)) == ("locomo", 1986)
     assert (refined.dataset_id, len(refined.questions)) == ("locomo_refined", 1985)
-    assert read_manifest(manifest_path("locomo")).files[0].sha256 == LOCOMO_SHA256
-    assert read_manifest(manifest_path("locomo_refined")).files[0].sha256 == REFINED_SHA256
-    assert read_manifest(manifest_path("locomo")).excluded_from_overall == [5]
+    assert read_manifest(manifest_path("locomo", None)).files[0].sha256 == LOCOMO_SHA256
+    assert read_manifest(manifest_path("locomo_refined", None)).files[0].sha256 == REFINED_SHA256
+    assert read_manifest(manifest_path("locomo", None)).excluded_from_overall == [5]
 
 
 @pytest.mark.parametrize("dataset_id", ["locomo", "locomo_refined", "synthetic"])
 def test_every_manifest_declares_a_known_f1_variant(dataset_id: str) -> None:
     """LoCoMo's own data is scored as LoCoMo's code scores it, per category; that variant
     reads LoCoMo's category numbers, so a manifest declaring it must number them the same."""
-    manifest = read_manifest(manifest_path(dataset_id))
+    manifest = read_manifest(manifest_path(dataset_id, None))
     assert manifest.f1_variant in F1_VARIANTS
     if dataset_id.startswith("locomo"):
         assert manifest.f1_variant == "f1-locomo-category-v1"
@@ -304,14 +306,14 @@ def test_locomo_bundle_detects_modified_copy(datasets_root: Path, tmp_path: Path
     with (copy / "locomo10.json").open("ab") as handle:
         handle.write(b"\n")
     with pytest.raises(DatasetFileError, match=r"'locomo/locomo10.json'.*manifest expects"):
-        load_bundle(manifest_path("locomo"), tmp_path)
+        load_bundle(manifest_path("locomo", None), tmp_path)
 
 
 def test_bundle_hash_is_canonical(tmp_path: Path) -> None:
-    manifest = read_manifest(manifest_path("synthetic"))
+    manifest = read_manifest(manifest_path("synthetic", None))
     # Same content, different key order and whitespace: same hash.
     shuffled = tmp_path / "m.json"
-    raw = json.loads(manifest_path("synthetic").read_text())
+    raw = json.loads(manifest_path("synthetic", None).read_text())
     shuffled.write_text(json.dumps(dict(reversed(list(raw.items())))))
     assert bundle_hash(read_manifest(shuffled)) == bundle_hash(manifest)
     changed = manifest.model_copy(update={"version": "v2"})
@@ -319,7 +321,7 @@ def test_bundle_hash_is_canonical(tmp_path: Path) -> None:
     assert (
         len(
             {
-                bundle_hash(read_manifest(manifest_path(d)))
+                bundle_hash(read_manifest(manifest_path(d, None)))
                 for d in ("locomo", "locomo_refined", "synthetic")
             }
         )
@@ -329,9 +331,9 @@ def test_bundle_hash_is_canonical(tmp_path: Path) -> None:
 
 def test_unknown_or_unsafe_dataset_id() -> None:
     with pytest.raises(KeyError, match="unknown dataset"):
-        manifest_path("nope")
+        manifest_path("nope", None)
     with pytest.raises(KeyError, match="invalid dataset id"):
-        manifest_path("../manifests/locomo")
+        manifest_path("../manifests/locomo", None)
 
 
 # --- the shipped synthetic dataset ----------------------------------------------------------
@@ -360,7 +362,7 @@ def test_synthetic_loads_from_the_package(tmp_path: Path) -> None:
 def test_synthetic_file_matches_its_generator() -> None:
     import importlib.util
 
-    script = manifest_path("synthetic").parents[1] / "synthetic" / "generate.py"
+    script = manifest_path("synthetic", None).parents[1] / "synthetic" / "generate.py"
     spec = importlib.util.spec_from_file_location("aml_synthetic_generate", script)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

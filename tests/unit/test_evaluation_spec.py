@@ -37,7 +37,7 @@ def test_the_abstention_judge_prompt_is_in_the_spec() -> None:
     part of the spec, so the spec names what the judge was told."""
     spec = _spec()
     prompt = load_prompt("judge_abstention_v1")
-    assert spec.schema_version == "aml-eval-spec/2"
+    assert spec.schema_version == "aml-eval-spec/3"
     assert spec.judge_abstention.prompt == "judge_abstention_v1"
     assert spec.judge_abstention.prompt_sha256 == prompt.sha256
     assert spec.judge_abstention.prompt_sha256 != spec.judge.prompt_sha256

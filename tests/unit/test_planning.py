@@ -14,8 +14,9 @@ import pytest
 
 from aml_contract.participant import AddRequest, SearchRequest
 from aml_evaluation.chunker import plan_adds
-from aml_evaluation.datasets import Dataset, load_dataset, parse_locomo
+from aml_evaluation.datasets import Dataset, parse_locomo
 from aml_evaluation.prompts import question_with_options
+from aml_evaluation.registry import load_dataset
 from aml_evaluation.scoring import parse_choice
 from aml_runtime.documents import ScoreDocument, StageRecord
 from aml_runtime.telemetry import item_trace, item_trace_hex

@@ -15,8 +15,8 @@ import nltk  # type: ignore[import-untyped]
 import pytest
 
 from aml_devtools.cli import main
-from aml_evaluation.datasets import bundle_hash, load_dataset, manifest_path, read_manifest
 from aml_evaluation.punkt import MODEL_ID as PUNKT_MODEL_ID
+from aml_evaluation.registry import bundle_hash, load_dataset, manifest_path, read_manifest
 from aml_evaluation.scoring import bleu1, f1_locomo_category
 from aml_pipeline.evaluation_spec import build_evaluation_spec
 from aml_runtime.settings import EvaluationSettings
@@ -82,7 +82,7 @@ def test_rescoring_zep_predictions_recomputes_the_published_figures(
     # What produced the numbers: every scorer version, nltk, evaluation spec, bundle and label
     # source.
     origin = results["provenance"]
-    manifest = read_manifest(manifest_path("locomo"))
+    manifest = read_manifest(manifest_path("locomo", None))
     assert origin["bundle_hash"] == bundle_hash(manifest)
     assert origin["spec_hash"] == build_evaluation_spec(EvaluationSettings()).content_hash
     assert origin["f1_variant"] == origin["f1_variant_declared"] == "f1-locomo-category-v1"

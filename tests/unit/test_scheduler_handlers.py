@@ -20,7 +20,7 @@ from faststream.nats import JStream, NatsBroker, NatsMessage, TestNatsBroker
 
 from aml_contract import subjects
 from aml_contract.messages import AddDone, QuestionDone, message_id
-from aml_evaluation.datasets import load_dataset
+from aml_evaluation.registry import load_dataset
 from aml_pipeline.evaluation_spec import build_evaluation_spec
 from aml_runtime.broker import publish
 from aml_scheduler.handlers import ScheduleJobs

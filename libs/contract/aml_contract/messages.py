@@ -49,6 +49,13 @@ class QuestionFacts(_Message):
     gold_answer: str | None
     options: list[str] | None = None
     f1_variant: str
+    # Added for LongMemEval; None (and absent in older messages) keeps the earlier behaviour.
+    # The judge prompt of the question (aml_evaluation.judging.JUDGE_RULE_PROMPTS).
+    judge_rule: str | None = None
+    # Why the conversation does not contain the answer, for the judge of an abstention.
+    gold_explanation: str | None = None
+    # When the question is asked: the answer model is told "Current date: ...".
+    question_date: str | None = None
 
     @classmethod
     def of(cls, question: Mapping[str, Any]) -> QuestionFacts:

@@ -9,6 +9,8 @@ aml check  check a memory system's Add/Search/Health endpoints against the parti
 aml baseline  print this deployment's release baseline (evaluation spec, code and dataset bundle
            hashes, questions per dataset) from its AML_* settings; --json/--store: the JSON of
            AML_RELEASE_BASELINE
+aml dataset  register a dataset file placed under the datasets root (add) and list every
+           dataset, shipped and operator-registered (list); see aml_devtools.dataset_cli
 aml team   a team's client of the gateway API (AML_API_URL, AML_API_KEY): request access,
            follow the request, list versions and datasets, submit, watch a job, results,
            errors, audit (see aml_devtools.team_cli)
@@ -29,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from aml_devtools import conformance, rescore, team_cli, tracefiles
+from aml_devtools import conformance, dataset_cli, rescore, team_cli, tracefiles
 from aml_devtools.platform import (
     PlatformConfig,
     register_memory_server,
@@ -37,16 +39,15 @@ from aml_devtools.platform import (
     start_platform,
 )
 from aml_devtools.stack import DataDirBusyError, EmbeddedStack, StackConfig
-from aml_evaluation.datasets import (
-    MANIFESTS_DIR,
-    DatasetFileError,
-    bundle_hash,
-    load_dataset,
-    manifest_path,
-    read_manifest,
-)
 from aml_evaluation.prompts import load_prompt
 from aml_evaluation.punkt import PunktDataError, require_punkt_tab
+from aml_evaluation.registry import (
+    DatasetFileError,
+    bundle_hash,
+    known_ids,
+    open_dataset,
+    registered,
+)
 from aml_evaluation.scoring import BLEU_VERSION, F1_VARIANTS
 from aml_pipeline.evaluation_spec import build_evaluation_spec
 from aml_pipeline.llm import complete, make_llm_client
@@ -116,6 +117,15 @@ def _parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="print only the JSON for AML_RELEASE_BASELINE"
     )
     baseline.add_argument("--store", type=Path, help="also write that JSON to this file")
+    dataset_cli.add_arguments(
+        sub.add_parser(
+            "dataset",
+            help="register and list datasets",
+            description=dataset_cli.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        ),
+        DEFAULT_DATASETS_ROOT,
+    )
     team_cli.add_arguments(
         sub.add_parser(
             "team",
@@ -139,6 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _baseline(args)
     if args.command == "team":
         return team_cli.main_from_args(args)
+    if args.command == "dataset":
+        return dataset_cli.main_from_args(args)
     if args.command == "demo":
         refused = demo_dataset_problem(args.dataset, args.datasets_root)
         if refused is not None:
@@ -180,12 +192,14 @@ def demo_dataset_problem(dataset_id: str, datasets_root: Path) -> str | None:
     """Why `aml demo --dataset` cannot run on `dataset_id` (unknown id, files missing or not
     as the manifest lists them), or None; checked before the stack starts."""
     try:
-        manifest_path(dataset_id)
+        registered(dataset_id, datasets_root)
     except KeyError:
-        known = ", ".join(sorted(path.stem for path in MANIFESTS_DIR.glob("*.json")))
+        known = ", ".join(known_ids(datasets_root))
         return f"unknown dataset {dataset_id!r}; valid ids: {known}"
+    except (OSError, ValueError) as exc:
+        return f"dataset {dataset_id!r}: unreadable manifest: {exc}"
     try:
-        load_dataset(dataset_id, datasets_root)
+        open_dataset(dataset_id, datasets_root)
     except (DatasetFileError, OSError) as exc:
         return f"dataset {dataset_id!r} is not available: {exc} (--datasets-root {datasets_root})"
     return None
@@ -217,7 +231,8 @@ def _demo(platform: Any, stack: EmbeddedStack, dataset: str, timeout: float) -> 
         results = api.get(f"/v1/jobs/{job_id}/results").json()
         first = api.get(f"/v1/jobs/{job_id}/audit", params={"stage": "add", "limit": 1}).json()
     print()
-    print(render_results(results, category_numbers(results["datasets"])))
+    numbers = category_numbers(results["datasets"], Path(platform.env["AML_DATASETS_ROOT"]))
+    print(render_results(results, numbers))
     for record in first["records"]:
         print(f"\nfollow one request: aml trace {record['item_id']} --data-dir {stack.data_dir}")
     return 0
@@ -285,14 +300,16 @@ def _follow(api: httpx.Client, job_id: str, timeout: float) -> dict[str, Any]:
         time.sleep(1.0)
 
 
-def category_numbers(dataset_ids: Iterable[str]) -> dict[str, dict[str, int]]:
-    """dataset id -> {category name: number} from the shipped manifests (unknown ids left out),
-    for render_results."""
+def category_numbers(
+    dataset_ids: Iterable[str], datasets_root: Path | None = None
+) -> dict[str, dict[str, int]]:
+    """dataset id -> {category name: number} from the registered manifests (shipped, and the
+    operator's under `datasets_root` when given; unknown ids left out), for render_results."""
     numbers: dict[str, dict[str, int]] = {}
     for dataset_id in dataset_ids:
         try:
-            manifest = read_manifest(manifest_path(dataset_id))
-        except (KeyError, OSError):
+            manifest = registered(dataset_id, datasets_root).manifest
+        except (KeyError, OSError, ValueError):
             continue
         numbers[dataset_id] = {name: number for number, name in manifest.categories.items()}
     return numbers
@@ -352,7 +369,7 @@ def render_results(
 
 async def _rescore(args: argparse.Namespace) -> int:
     try:
-        dataset = load_dataset(args.dataset, args.datasets_root)
+        manifest, dataset = open_dataset(args.dataset, args.datasets_root)
         # BLEU-1's tokenizer model: refuse before reading anything else when it is missing.
         require_punkt_tab()
     except (KeyError, DatasetFileError, OSError, PunktDataError) as exc:
@@ -399,8 +416,8 @@ async def _rescore(args: argparse.Namespace) -> int:
     finally:
         if llm is not None:
             await llm.close()
-    results = rescore.results_of(dataset, rows, variant)
-    bundle = bundle_hash(read_manifest(manifest_path(dataset.dataset_id)))
+    results = rescore.results_of(dataset, rows, variant, manifest=manifest)
+    bundle = bundle_hash(manifest)
     spec_hash = build_evaluation_spec(settings).content_hash
     origin = rescore.provenance(dataset, bundle, spec_hash, args.predictions, variant, source)
     print(f"dataset {dataset.dataset_id} bundle {bundle}; evaluation spec {origin.spec_hash}")

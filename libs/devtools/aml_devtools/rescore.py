@@ -35,22 +35,18 @@ from pydantic import BaseModel, Field
 
 from aml_contract.api.results import JobResults
 from aml_evaluation.aggregate import QuestionOutcome, aggregate
-from aml_evaluation.datasets import (
-    Dataset,
-    DatasetManifest,
-    Question,
-    manifest_path,
-    question_id,
-)
+from aml_evaluation.datasets import Dataset, Question, question_id
 from aml_evaluation.judging import (
     JUDGE_PARSER_VERSION,
     JudgeVerdict,
     judge,
     judge_prompt_for,
+    load_judge_rule_prompts,
     majority,
 )
 from aml_evaluation.prompts import Prompt
 from aml_evaluation.punkt import MODEL_ID as PUNKT_MODEL_ID
+from aml_evaluation.registry import DatasetManifest
 from aml_evaluation.scoring import (
     ABSTENTION_VERSION,
     BLEU_VERSION,
@@ -244,11 +240,13 @@ def outcome_of(row: QuestionRow, multiple_choice: bool) -> QuestionOutcome:
 
 
 def results_of(
-    dataset: Dataset, rows: Iterable[QuestionRow], f1_variant: str | None = None
+    dataset: Dataset,
+    rows: Iterable[QuestionRow],
+    f1_variant: str | None = None,
+    *,
+    manifest: DatasetManifest,
 ) -> JobResults:
-    manifest = DatasetManifest.model_validate_json(
-        manifest_path(dataset.dataset_id).read_text(encoding="utf-8")
-    )
+    """`manifest`: the dataset's (registry.open_dataset), for the categories it excludes."""
     excluded = [manifest.categories[c] for c in manifest.excluded_from_overall]
     options = {q.question_id for q in dataset.questions if q.options}
     outcomes = [outcome_of(row, row.question_id in options) for row in rows]
@@ -269,11 +267,20 @@ def llm_judge(
     retries: int,
 ) -> Judge:
     """The evaluation spec's judge over any completion function, with the prompts the scorer
-    uses: the abstention prompt for a question without a gold answer."""
+    uses: the abstention prompt for a question without a gold answer, the rule's prompt for a
+    question with a judge rule (LongMemEval)."""
+    rule_prompts = load_judge_rule_prompts()
 
     async def verdict(question: Question, answer: str) -> JudgeVerdict:
         _, text = judge_prompt_for(
-            question.question, question.answer, answer, prompt, abstention_prompt
+            question.question,
+            question.answer,
+            answer,
+            prompt,
+            abstention_prompt,
+            rule=question.judge_rule,
+            rule_prompts=rule_prompts,
+            explanation=question.gold_explanation,
         )
         return await judge(lambda: call(text), runs, retries)
 

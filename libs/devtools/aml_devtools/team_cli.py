@@ -342,6 +342,8 @@ def _datasets(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     for d in datasets:
         uses = ["smoke (default)"] if d["smoke_default"] else ["smoke"] if d["smoke"] else []
         uses += ["full suite"] if d["full_suite"] else []
+        # Registered by the operator but not configured for runs yet.
+        uses = uses if d.get("runnable", True) else ["not runnable"]
         categories = ", ".join(
             f"{c['number']} {c['name']}"
             + ("" if c["questions"] is None else f" ({c['questions']})")

@@ -7,7 +7,8 @@ Rules, in the order they apply:
   option, counts in `failed` under its kind, never as a wrong answer.
 - An open question is correct when the judge's majority label is CORRECT; a multiple-choice
   question when the answer names the right option. `accuracy` = correct / scored over both;
-  `judge_accuracy` is over the judged open questions only.
+  `judge_accuracy` is over the judged open questions only, `option_accuracy` over the
+  multiple-choice questions only (option_correct / option_questions).
 - `f1_mean` and `bleu1_mean` are over the scored open questions that have them (a question
   without a gold answer has no BLEU-1).
 - An open question that no judge was asked about (offline rescoring without a label for it) is
@@ -129,6 +130,7 @@ class _Tally:
             unjudged=self.unjudged,
             option_correct=self.option_correct,
             option_questions=self.options,
+            option_accuracy=self.option_correct / self.options if self.options else None,
             f1_mean=_mean(self.f1_values),
             bleu1_mean=_mean(self.bleu_values),
             judge_runs=max(1, len(self.runs)),
@@ -174,11 +176,17 @@ def aggregate(
     return JobResults(job_id=job_id, state=state, overall=overall.metrics(), datasets=datasets)
 
 
+# Metrics computed from others in the fingerprint: left out, so adding one to the results
+# does not change the fingerprint of the same numbers (results stored before it was added).
+_DERIVED_METRICS = frozenset({"option_accuracy"})
+
+
 def results_fingerprint(datasets: Mapping[str, Any]) -> str:
     """sha256 of a job's per-dataset results (`JobResults.datasets`, as stored: its JSON dump) in
     canonical JSON: sorted keys, no spaces, UTF-8, and integral floats written as integers so a
     store that reads `1.0` back as `1` gives the same fingerprint. Two jobs with the same
-    fingerprint reported the same numbers for every dataset and category (R-3.8 duplicates)."""
+    fingerprint reported the same numbers for every dataset and category (R-3.8 duplicates).
+    Derived metrics (`option_accuracy` = option_correct / option_questions) are left out."""
     canonical = json.dumps(
         _canonical(datasets), sort_keys=True, separators=(",", ":"), ensure_ascii=False
     )
@@ -187,7 +195,11 @@ def results_fingerprint(datasets: Mapping[str, Any]) -> str:
 
 def _canonical(value: Any) -> Any:
     if isinstance(value, Mapping):
-        return {str(key): _canonical(item) for key, item in value.items()}
+        return {
+            str(key): _canonical(item)
+            for key, item in value.items()
+            if key not in _DERIVED_METRICS or isinstance(item, Mapping)
+        }
     if isinstance(value, list | tuple):
         return [_canonical(item) for item in value]
     if isinstance(value, float) and value.is_integer():

@@ -10,6 +10,10 @@
   caption is the only trace of the image that the dialogue refers to.
 - ``timestamp`` is the session's ``timestamp_ms`` for every message of the session: the source
   dates sessions, not turns, and AML does not invent per-turn offsets.
+- A conversation whose ``speakers_are_roles`` is set (LongMemEval: a user chatting with an
+  assistant) is different: each turn's speaker IS its role, ``"user"`` or ``"assistant"``, and
+  the message is sent under that role with ``content`` = the turn's text, unchanged (no
+  ``"speaker: "`` prefix, which exists only to name the two people of a LoCoMo dialogue).
 
 **Chunks.** Messages are packed greedily in order. A new chunk starts when adding the next message
 would make the current chunk exceed ``max_messages`` (20) messages or ``max_words`` (2,000) words,
@@ -73,14 +77,25 @@ def _role(speaker: str, speakers: tuple[str, str]) -> str:
     raise ValueError(f"speaker {speaker!r} is neither of {speakers!r}")
 
 
-def conversation_messages(session: Session, speakers: tuple[str, str]) -> list[Message]:
-    return [
-        Message(
-            role=_role(turn.speaker, speakers),
-            content=turn_content(turn),
-            timestamp=session.timestamp_ms,
+def _chat_turn(turn: Turn) -> tuple[str, str]:
+    """(role, content) of a turn of a conversation whose speakers are the roles."""
+    if turn.speaker not in (USER_ROLE, ASSISTANT_ROLE):
+        raise ValueError(
+            f"turn {turn.turn_id!r}: role {turn.speaker!r} is neither user nor assistant"
         )
-        for turn in session.turns
+    return turn.speaker, turn.text
+
+
+def conversation_messages(
+    session: Session, speakers: tuple[str, str], *, speakers_are_roles: bool = False
+) -> list[Message]:
+    if speakers_are_roles:
+        pairs = [_chat_turn(turn) for turn in session.turns]
+    else:
+        pairs = [(_role(turn.speaker, speakers), turn_content(turn)) for turn in session.turns]
+    return [
+        Message(role=role, content=content, timestamp=session.timestamp_ms)
+        for role, content in pairs
     ]
 
 
@@ -116,7 +131,9 @@ def _conversation_adds(dataset_id: str, conversation: Conversation, run: str) ->
     adds: list[AddChunk] = []
     for session in conversation.sessions:
         session_id = memory_session_id(run, conversation.conversation_id, session.session_key)
-        messages = conversation_messages(session, conversation.speakers)
+        messages = conversation_messages(
+            session, conversation.speakers, speakers_are_roles=conversation.speakers_are_roles
+        )
         for chunk in chunk_messages(messages):
             seq = len(adds) + 1
             request_id = add_request_id(run, dataset_id, conversation.conversation_id, seq)

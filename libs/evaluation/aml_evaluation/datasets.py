@@ -1,4 +1,4 @@
-"""Benchmark datasets: domain models, the LoCoMo loader and hash-checked dataset bundles.
+"""Benchmark datasets: the domain models and the LoCoMo parser (bundles: aml_evaluation.registry).
 
 **Session date rule (LoCoMo).** LoCoMo stamps each session with a wall-clock string such as
 ``"1:56 pm on 8 May, 2023"`` or ``"10:37 am on 27 June, 2023"`` and gives no time zone. AML reads
@@ -23,22 +23,23 @@ never used as a gold. Two items in locomo10 carry both ``answer`` and ``adversar
 there the transcript supports ``answer``, which stays their gold. Any other item needs an
 ``answer``.
 
-**Bundles.** A dataset bundle is a JSON manifest (:class:`DatasetManifest`) listing data files with
-their sha256. :func:`load_bundle` refuses to load a file whose bytes differ from the manifest, and
-:func:`bundle_hash` fingerprints the manifest itself (and so, through the listed hashes, the data).
+**Bundles.** Hash-checked dataset bundles, their manifests and the registry of shipped and
+operator-registered datasets live in :mod:`aml_evaluation.registry`; it hands a LoCoMo bundle's
+verified file contents to :func:`parse_locomo_bundle`.
 """
 
 from __future__ import annotations
 
 import calendar
-import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from aml_evaluation.registry import DatasetManifest
 
 LOCOMO_CATEGORIES: Final[Mapping[int, str]] = {
     1: "multi-hop",
@@ -50,9 +51,6 @@ LOCOMO_CATEGORIES: Final[Mapping[int, str]] = {
 LOCOMO_ADVERSARIAL_CATEGORY: Final = 5
 DEFAULT_SCORER: Final = "llm_judge+token_f1"
 DEFAULT_F1_VARIANT: Final = "f1-locomo-v1"
-
-PACKAGE_DATA_DIR: Final = Path(__file__).resolve().parent / "data"
-MANIFESTS_DIR: Final = PACKAGE_DATA_DIR / "manifests"
 
 _SESSION_KEY = re.compile(r"session_(\d+)")
 _LOCOMO_DATE = re.compile(
@@ -74,7 +72,6 @@ _MONTHS: Final[Mapping[str, int]] = {
     "november": 11,
     "december": 12,
 }
-_DATASET_ID = re.compile(r"[a-z0-9][a-z0-9_.-]*")
 
 
 class _Frozen(BaseModel):
@@ -86,13 +83,18 @@ class Turn(_Frozen):
     speaker: str
     text: str
     image_caption: str | None = None
+    # Multimodal datasets (aml_evaluation.memgallery): the images the turn shares, as references
+    # relative to the dataset's image directory (read by aml_evaluation.media), and the source's
+    # ids of those images, in the same order (Mem-Gallery's visual-search answers name them).
+    images: tuple[str, ...] = ()
+    image_ids: tuple[str, ...] = ()
 
 
 class Session(_Frozen):
     session_key: str = Field(description='e.g. "session_1"')
     index: int
     date_text: str
-    timestamp_ms: int
+    timestamp_ms: int | None = Field(description="None: the source dates no session (PersonaMem)")
     turns: list[Turn]
 
 
@@ -100,6 +102,10 @@ class Conversation(_Frozen):
     conversation_id: str = Field(description="LoCoMo sample_id")
     speakers: tuple[str, str]
     sessions: list[Session]
+    # True: a chat between a user and an assistant whose turns carry those roles (LongMemEval):
+    # `speakers` are the roles ("user", "assistant") and the chunker sends each turn under its
+    # role with its text unchanged, without LoCoMo's "speaker: " prefix.
+    speakers_are_roles: bool = False
 
 
 class Question(_Frozen):
@@ -118,6 +124,19 @@ class Question(_Frozen):
     evidence: list[str]
     adversarial: bool
     options: list[str] | None = None
+    # Which judge prompt grades the question (aml_evaluation.judging.JUDGE_RULE_PROMPTS);
+    # None: the default judge, or the abstention judge when `answer` is None.
+    judge_rule: str | None = None
+    # Why the conversation does not contain the answer (LongMemEval's abstention "answer"):
+    # shown to the judge of such a question, never a gold, never sent to the participant.
+    gold_explanation: str | None = None
+    # When the question is asked, as the source writes it (LongMemEval's question_date): the
+    # answer model is told it ("Current date: ..."), so "how many days ago" has an anchor.
+    question_date: str | None = None
+    # Multimodal datasets: the images the question shows (Mem-Gallery's question_image), as
+    # references relative to the dataset's image directory, and the source's caption of them.
+    images: tuple[str, ...] = ()
+    image_caption: str | None = None
 
     @property
     def unanswerable(self) -> bool:
@@ -133,27 +152,6 @@ class Dataset(_Frozen):
     f1_variant: str = DEFAULT_F1_VARIANT
     conversations: list[Conversation]
     questions: list[Question]
-
-
-class ManifestFile(_Frozen):
-    path: str = Field(description="relative to the bundle root, POSIX separators")
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-
-
-class DatasetManifest(_Frozen):
-    dataset_id: str
-    version: str
-    format: Literal["locomo"]
-    scorer: str
-    # Which token-F1 the dataset is scored with (aml_evaluation.scoring.F1_VARIANTS); results
-    # name it, since harnesses in the field differ here.
-    f1_variant: str = DEFAULT_F1_VARIANT
-    categories: dict[int, str]
-    excluded_from_overall: list[int] = Field(default_factory=list)
-    # Where `files` are resolved by load_dataset: inside this package, or under the operator's
-    # datasets root (licensed data that the repository must not carry).
-    location: Literal["package", "datasets_root"] = "datasets_root"
-    files: list[ManifestFile] = Field(min_length=1)
 
 
 # --- LoCoMo parsing -------------------------------------------------------------------------
@@ -318,82 +316,30 @@ def parse_locomo(
     )
 
 
-# --- bundles --------------------------------------------------------------------------------
-
-
-def read_manifest(path: Path) -> DatasetManifest:
-    return DatasetManifest.model_validate_json(path.read_bytes())
-
-
-def canonical_manifest_json(manifest: DatasetManifest) -> bytes:
-    payload = manifest.model_dump(mode="json")
-    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode(
-        "utf-8"
-    )
-
-
-def bundle_hash(manifest: DatasetManifest) -> str:
-    """sha256 of the canonical manifest; the data files enter through their listed hashes."""
-    return hashlib.sha256(canonical_manifest_json(manifest)).hexdigest()
-
-
-class DatasetFileError(ValueError):
-    """A bundle file is missing or its bytes differ from the manifest."""
-
-
-def read_verified(root: Path, entry: ManifestFile) -> bytes:
-    """The file's bytes, hashed and parsed from the same read so nothing can swap in between."""
-    path = root / entry.path
-    try:
-        content = path.read_bytes()
-    except OSError as error:
-        raise DatasetFileError(
-            f"dataset file {entry.path!r} cannot be read at {path}: {error.strerror}"
-        ) from None
-    actual = hashlib.sha256(content).hexdigest()
-    if actual != entry.sha256:
-        raise DatasetFileError(
-            f"dataset file {entry.path!r} at {path} has sha256 {actual}, "
-            f"manifest expects {entry.sha256}"
-        )
-    return content
-
-
-def load_bundle(manifest_path: Path, root: Path | None = None) -> Dataset:
-    """Verify every listed file, then load the bundle; ``root`` defaults to the manifest's dir."""
-    manifest = read_manifest(manifest_path)
-    base = manifest_path.resolve().parent if root is None else root
-    contents = [(entry.path, read_verified(base, entry)) for entry in manifest.files]
+def parse_locomo_bundle(
+    contents: Sequence[tuple[str, bytes]], manifest: DatasetManifest
+) -> Dataset:
+    """A LoCoMo bundle (the registry's parser of format "locomo"): every file is a JSON list of
+    samples, concatenated in manifest order. A manifest without categories (a draft that
+    `aml dataset add` is checking) gets LoCoMo's own."""
     samples: list[Mapping[str, Any]] = []
     for name, content in contents:
-        parsed = json.loads(content)
-        if not isinstance(parsed, list):
-            raise DatasetFileError(f"dataset file {name!r}: a LoCoMo file is a JSON list")
+        try:
+            parsed = json.loads(content)
+        except ValueError as error:
+            raise ValueError(f"dataset file {name!r}: not JSON: {error}") from None
+        if not isinstance(parsed, list) or not all(isinstance(item, dict) for item in parsed):
+            raise ValueError(f"dataset file {name!r}: a LoCoMo file is a JSON list of samples")
         samples.extend(parsed)
-    return parse_locomo(
-        samples,
-        manifest.dataset_id,
-        manifest.version,
-        categories=manifest.categories,
-        scorer=manifest.scorer,
-        f1_variant=manifest.f1_variant,
-    )
-
-
-def manifest_path(dataset_id: str) -> Path:
-    # The id becomes a file name: refuse anything that could step out of the manifests dir.
-    if _DATASET_ID.fullmatch(dataset_id) is None:
-        raise KeyError(f"invalid dataset id {dataset_id!r}")
-    path = MANIFESTS_DIR / f"{dataset_id}.json"
-    if not path.is_file():
-        known = sorted(item.stem for item in MANIFESTS_DIR.glob("*.json"))
-        raise KeyError(f"unknown dataset {dataset_id!r}; known: {', '.join(known)}")
-    return path
-
-
-def load_dataset(dataset_id: str, datasets_root: Path) -> Dataset:
-    """Load a shipped bundle; package-located files ignore ``datasets_root``."""
-    path = manifest_path(dataset_id)
-    manifest = read_manifest(path)
-    root = PACKAGE_DATA_DIR if manifest.location == "package" else datasets_root
-    return load_bundle(path, root)
+    try:
+        return parse_locomo(
+            samples,
+            manifest.dataset_id,
+            manifest.version,
+            categories=manifest.categories or LOCOMO_CATEGORIES,
+            scorer=manifest.scorer,
+            f1_variant=manifest.f1_variant,
+        )
+    except (KeyError, TypeError, AttributeError) as error:
+        # A sample without a required field: one line naming what is missing.
+        raise ValueError(f"not a LoCoMo sample: {type(error).__name__}: {error}") from None

@@ -71,10 +71,21 @@ def format_memories(candidates: Sequence[tuple[str, str | None]]) -> str:
     return "\n".join(lines)
 
 
-def question_with_options(question: str, options: Sequence[str] | None) -> str:
+def question_with_options(
+    question: str, options: Sequence[str] | None, question_date: str | None = None
+) -> str:
     """The `{question}` of the answer prompt. A multiple-choice question lists its options as
     lettered lines (the same options the participant's Search received, R-4.7) and asks for
-    the letter, which aml_evaluation.scoring.parse_choice reads back."""
+    the letter, which aml_evaluation.scoring.parse_choice reads back.
+
+    A question with a date (LongMemEval's `question_date`: when the user asks it) is followed
+    by the line `Current date: <date as the source writes it>`, as LongMemEval's own answer
+    prompts put it (xiaowu0162/LongMemEval, src/generation/run_generation.py, "Current Date:"),
+    so a temporal question ("how many days ago ...") has today's date to count from. The Search
+    request never carries it (R-4.7: the query is the question text alone). Without a date the
+    text is exactly as before."""
+    if question_date is not None:
+        question = f"{question}\nCurrent date: {question_date}"
     if not options:
         return question
     lines = [f"{chr(ord('A') + i)}. {option}" for i, option in enumerate(options)]

@@ -10,8 +10,9 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# /2 added `judge_abstention`, the judge call for questions without a gold answer.
-SPEC_SCHEMA: Final = "aml-eval-spec/2"
+# /2 added `judge_abstention`, the judge call for questions without a gold answer; /3 added
+# `judge_rules`, the judge calls of questions that carry a judge rule (LongMemEval's types).
+SPEC_SCHEMA: Final = "aml-eval-spec/3"
 
 
 class _Frozen(BaseModel):
@@ -36,13 +37,18 @@ class ContextBudget(_Frozen):
 
 
 class EvaluationSpec(_Frozen):
-    schema_version: Literal["aml-eval-spec/2"] = SPEC_SCHEMA
+    schema_version: Literal["aml-eval-spec/3"] = SPEC_SCHEMA
     answer: ModelCall
     context: ContextBudget
     judge: ModelCall
     judge_abstention: ModelCall = Field(
         description="The judge of a question whose gold is that the conversation does not "
         "contain the answer: correct iff the answer says so."
+    )
+    judge_rules: dict[str, ModelCall] = Field(
+        default_factory=dict,
+        description="Judge rule -> the judge of questions that carry it (aml_evaluation.judging"
+        ".JUDGE_RULE_PROMPTS: LongMemEval's per-type answer checks).",
     )
     judge_runs: int = Field(ge=1, description="Judge calls per question; majority label.")
     scorers: dict[str, str] = Field(
@@ -78,6 +84,10 @@ class EvaluationSpec(_Frozen):
             "judge_abstention_prompt": (
                 f"{self.judge_abstention.prompt}@{self.judge_abstention.prompt_sha256[:12]}"
             ),
+            **{
+                f"judge_rule.{rule}": f"{call.prompt}@{call.prompt_sha256[:12]}"
+                for rule, call in sorted(self.judge_rules.items())
+            },
             "judge_runs": str(self.judge_runs),
             **{f"scorer.{name}": version for name, version in sorted(self.scorers.items())},
         }

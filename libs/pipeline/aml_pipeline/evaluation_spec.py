@@ -6,7 +6,7 @@ import nltk  # type: ignore[import-untyped]
 
 from aml_evaluation.chunker import CHUNKER_VERSION
 from aml_evaluation.context import CONTEXT_RULE, ESTIMATE_COUNTER
-from aml_evaluation.judging import JUDGE_PARSER_VERSION
+from aml_evaluation.judging import JUDGE_PARSER_VERSION, load_judge_rule_prompts
 from aml_evaluation.prompts import load_prompt
 from aml_evaluation.punkt import MODEL_ID as PUNKT_MODEL_ID
 from aml_evaluation.scoring import (
@@ -55,6 +55,15 @@ def build_evaluation_spec(settings: EvaluationSettings) -> EvaluationSpec:
             prompt=judge_abstention.name,
             prompt_sha256=judge_abstention.sha256,
         ),
+        judge_rules={
+            rule: ModelCall(
+                model=settings.judge_model,
+                max_tokens=settings.judge_max_tokens,
+                prompt=prompt.name,
+                prompt_sha256=prompt.sha256,
+            )
+            for rule, prompt in load_judge_rule_prompts().items()
+        },
         judge_runs=settings.judge_runs,
         scorers={
             "f1_locomo": F1_VERSION,

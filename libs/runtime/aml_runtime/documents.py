@@ -252,6 +252,11 @@ class QuestionDocument(Stored):
     gold_answer: str | None
     options: list[str] | None = None
     f1_variant: str
+    # Written only when set (LongMemEval), so other questions' documents are unchanged: the
+    # judge rule, the abstention's explanation and the question's date (see QuestionFacts).
+    judge_rule: str | None = None
+    gold_explanation: str | None = None
+    question_date: str | None = None
     search_body: bytes | None = None
     trace_id: str | None = None
 

@@ -36,7 +36,9 @@ class AnswerQuestion:
         )
         text = self.prompt.text.format(
             memories=format_memories(context.memories),
-            question=question_with_options(question["question"], question.get("options")),
+            question=question_with_options(
+                question["question"], question.get("options"), question.get("question_date")
+            ),
         )
         answer = await complete(
             self.llm,

@@ -28,8 +28,10 @@ class GatewaySettings(ParticipantCallSettings):
     smoke_suite: list[str] = Field(default=["synthetic"], min_length=1)
     # What a smoke run may name instead of the sample.
     smoke_datasets: list[str] = Field(default=["synthetic", "locomo", "locomo_refined"])
-    # Where the gateway reads the benchmark files to count the questions `GET /v1/datasets`
-    # lists (the scheduler's AML_DATASETS_ROOT); without them the counts are null.
+    # Where the gateway reads the operator's dataset manifests (`manifests/`, written by
+    # `aml dataset add`) and the benchmark files to count the questions `GET /v1/datasets`
+    # lists (the scheduler's AML_DATASETS_ROOT); without counts in the manifest or the files
+    # the counts are null.
     datasets_root: Path = Path("../shared/datasets")
     # At start, NATS and MongoDB must answer within this long, else the gateway exits naming
     # the URL it tried.

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aml_contract.api.publication import ReleaseBaseline
-from aml_evaluation.datasets import DatasetManifest, bundle_hash, load_dataset, manifest_path
+from aml_evaluation.registry import bundle_hash, open_dataset
 from aml_pipeline.evaluation_spec import build_evaluation_spec
 from aml_runtime.codehash import code_hash
 from aml_scheduler.planning import bundle_fingerprint
@@ -30,8 +30,7 @@ def release_baseline(settings: SchedulerSettings, datasets: Sequence[str]) -> Ba
     bundles: dict[str, str] = {}
     counts: dict[str, int] = {}
     for dataset_id in datasets:
-        dataset = load_dataset(dataset_id, settings.datasets_root)
-        manifest = DatasetManifest.model_validate_json(manifest_path(dataset_id).read_text())
+        manifest, dataset = open_dataset(dataset_id, settings.datasets_root)
         bundles[dataset_id] = bundle_hash(manifest)
         # Every planned question ends in the results (excluded categories included), which is
         # what the gate's `question_counts` check sums.

@@ -23,13 +23,7 @@ from aml_contract.messages import (
     QuestionWork,
 )
 from aml_evaluation.aggregate import QuestionOutcome, aggregate
-from aml_evaluation.datasets import (
-    DatasetFileError,
-    DatasetManifest,
-    bundle_hash,
-    load_dataset,
-    manifest_path,
-)
+from aml_evaluation.registry import DatasetFileError, bundle_hash, open_dataset
 from aml_evaluation.spec import EvaluationSpec
 from aml_pipeline.jobs import (
     fail_job,
@@ -212,8 +206,8 @@ class ScheduleJobs:
         bundles: dict[str, str] = {}
         f1_variants: dict[str, str] = {}
         for dataset_id in job["datasets"]:
-            dataset = load_dataset(dataset_id, self.settings.datasets_root)
-            manifest = DatasetManifest.model_validate_json(manifest_path(dataset_id).read_text())
+            # Shipped or operator-registered (its manifest under the datasets root).
+            manifest, dataset = open_dataset(dataset_id, self.settings.datasets_root)
             excluded[dataset_id] = [manifest.categories[c] for c in manifest.excluded_from_overall]
             bundles[dataset_id] = bundle_hash(manifest)
             f1_variants[dataset_id] = dataset.f1_variant

@@ -42,6 +42,16 @@ def plan_chunks(job_id: str, dataset: Dataset) -> list[AddChunkDocument]:
 def plan_questions(job_id: str, dataset: Dataset, top_k: int) -> list[QuestionDocument]:
     documents = []
     for question in dataset.questions:
+        # Only when set, so a question without them (LoCoMo) is stored exactly as before.
+        extras = {
+            name: value
+            for name, value in (
+                ("judge_rule", question.judge_rule),
+                ("gold_explanation", question.gold_explanation),
+                ("question_date", question.question_date),
+            )
+            if value is not None
+        }
         item_id = question_item_id(job_id, dataset.dataset_id, question.question_id)
         user_id = memory_user_id(job_id, dataset.dataset_id, question.conversation_id)
         # Only the question (and options, for multiple choice) goes out: never the gold answer.
@@ -66,6 +76,7 @@ def plan_questions(job_id: str, dataset: Dataset, top_k: int) -> list[QuestionDo
                 f1_variant=dataset.f1_variant,
                 search_body=encode(request),
                 trace_id=item_trace_hex(item_id),
+                **extras,
             )
         )
     return documents

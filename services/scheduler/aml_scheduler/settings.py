@@ -7,7 +7,8 @@ from aml_runtime.settings import EvaluationSettings, ParticipantCallSettings
 
 class SchedulerSettings(ParticipantCallSettings, EvaluationSettings):
     # Where the benchmark files named by the bundle manifests live (licences keep them out of
-    # the repository); the shipped synthetic dataset needs none.
+    # the repository), with the operator's manifests in its `manifests/` (`aml dataset add`);
+    # the shipped synthetic dataset needs none.
     datasets_root: Path = Path("../shared/datasets")
     # Every running job is re-checked this often, so a crash between a database write and a
     # publish can delay a job but never strand it.

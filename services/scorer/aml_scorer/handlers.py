@@ -6,17 +6,19 @@ turned into WRONG.
 A question without a gold answer (`gold_answer` None: the conversation does not contain it) is
 judged with the abstention prompt, correct iff the answer says the information is not there;
 its F1 follows the abstention rule of every variant and it has no BLEU-1 (see
-docs/evaluation.md)."""
+docs/evaluation.md). A question that carries a judge rule (`judge_rule`, LongMemEval's question
+types) is judged with that rule's prompt instead (aml_evaluation.judging.JUDGE_RULE_PROMPTS)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from openai import AsyncOpenAI
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract.messages import QuestionWork
-from aml_evaluation.judging import judge, judge_prompt_for
+from aml_evaluation.judging import judge, judge_prompt_for, load_judge_rule_prompts
 from aml_evaluation.prompts import Prompt
 from aml_evaluation.scoring import (
     BLEU_VERSION,
@@ -40,6 +42,8 @@ class ScoreAnswer:
     llm: AsyncOpenAI
     prompt: Prompt
     abstention_prompt: Prompt
+    # Judge rule -> its prompt (the shipped ones unless a test gives others).
+    rule_prompts: Mapping[str, Prompt] = field(default_factory=load_judge_rule_prompts)
 
     async def __call__(self, work: QuestionWork, question: Document, item: StageCall) -> Document:
         answer = (
@@ -70,9 +74,20 @@ class ScoreAnswer:
 
     async def open_question(self, question: Document, answer: str, item: StageCall) -> Document:
         gold = question["gold_answer"]
-        prompt, text = judge_prompt_for(
-            question["question"], gold, answer, self.prompt, self.abstention_prompt
-        )
+        try:
+            prompt, text = judge_prompt_for(
+                question["question"],
+                gold,
+                answer,
+                self.prompt,
+                self.abstention_prompt,
+                rule=question.get("judge_rule"),
+                rule_prompts=self.rule_prompts,
+                explanation=question.get("gold_explanation"),
+            )
+        except ValueError as error:
+            # A planned question names a rule this scorer does not know: no retry can help.
+            raise FinalFailure(FailureKind.PLATFORM_ERROR, str(error)) from None
         settings = self.settings
 
         async def ask() -> str:

@@ -17,7 +17,7 @@ class DatasetCategory(BaseModel):
 
 
 class DatasetInfo(BaseModel):
-    """A dataset a job may run (`GET /v1/datasets`)."""
+    """A dataset of `GET /v1/datasets`: one a job may run, or one the operator registered."""
 
     dataset_id: str
     version: str
@@ -30,3 +30,7 @@ class DatasetInfo(BaseModel):
     smoke_default: bool = Field(description="Part of the smoke sample a run that names none uses.")
     smoke: bool = Field(description="May be named in a smoke run's `datasets`.")
     full_suite: bool = Field(description="Part of the fixed suite every full run uses.")
+    runnable: bool = Field(
+        description="A job may name it: configured for smoke or full runs. False: registered by "
+        "the operator (`aml dataset add`) but not yet in AML_SMOKE_DATASETS or AML_FULL_SUITE."
+    )

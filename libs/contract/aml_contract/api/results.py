@@ -31,6 +31,11 @@ class Metrics(BaseModel):
     )
     option_correct: int = 0
     option_questions: int = Field(default=0, description="Scored multiple-choice questions.")
+    option_accuracy: float | None = Field(
+        default=None,
+        description="option_correct / option_questions: multiple-choice questions alone, over "
+        "the answers that named an option (those naming none are failures, unreadable_choice).",
+    )
     f1_mean: float | None
     bleu1_mean: float | None = None
     judge_runs: int = Field(default=1, description="Judge calls per question (majority vote).")

@@ -1,0 +1,202 @@
+"""`aml dataset`: register a dataset file an operator placed under the datasets root, and list
+every dataset.
+
+    aml dataset add PATH --format locomo|longmemeval|personamem --id ID [--track T]
+                    [--scorer S] [--version V] [--f1-variant F] [--exclude-from-overall N ...]
+                    [--replace]
+    aml dataset list [--json]
+
+`add` refuses a PATH outside the datasets root (`--datasets-root`, default AML_DATASETS_ROOT;
+symlinks and '..' resolved first), parses the file with the format's parser (a file that does not
+parse is refused with the parser's error, and nothing is written), and writes the manifest to
+`<datasets root>/manifests/<ID>.json` atomically: the file's sha256, format, track, scorer,
+categories and questions per category. The same manifest again is a no-op; different content under
+a registered id needs `--replace`; a shipped id is refused. Licensed benchmark files are never
+shipped with AML: the manifest pins them by sha256 and every load checks it.
+
+`list` shows every dataset, shipped and operator-registered: id, track, format, scorer,
+categories with question counts, source, and whether its files are present and verified under the
+datasets root. A registered dataset runs once its id is in AML_SMOKE_DATASETS or AML_FULL_SUITE.
+Exit codes: 0 done, 2 refused (nothing written) or a manifest is unreadable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, TextIO, get_args
+
+from aml_contract.api.vocabulary import Track
+from aml_evaluation.registry import (
+    FORMATS,
+    DatasetFileError,
+    RegisteredManifest,
+    RegistrationError,
+    bundle_hash,
+    bundle_root,
+    count_questions,
+    list_manifests,
+    load_manifest_bundle,
+    register_dataset,
+    unreadable_manifests,
+)
+from aml_evaluation.scoring import F1_VARIANTS
+
+OK, REFUSED = 0, 2
+
+
+def add_arguments(parser: argparse.ArgumentParser, default_root: Path) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--datasets-root",
+        type=Path,
+        default=Path(os.environ.get("AML_DATASETS_ROOT", default_root)),
+        help="default: AML_DATASETS_ROOT",
+    )
+    sub = parser.add_subparsers(dest="dataset_command", required=True)
+    add = sub.add_parser("add", parents=[common], help="register a file under the datasets root")
+    add.add_argument("path", type=Path, help="the data file, inside the datasets root")
+    add.add_argument("--format", required=True, choices=FORMATS, dest="format_name")
+    add.add_argument("--id", required=True, dest="dataset_id", help="e.g. longmemeval_s")
+    add.add_argument("--track", choices=get_args(Track), default="textual")
+    add.add_argument("--scorer", help="default: the format's (personamem: multiple_choice)")
+    add.add_argument("--version", help="default: the file name and the start of its sha256")
+    add.add_argument(
+        "--f1-variant", choices=sorted(F1_VARIANTS), help="token F1 the dataset reports"
+    )
+    add.add_argument(
+        "--exclude-from-overall",
+        type=int,
+        action="append",
+        metavar="CATEGORY",
+        help="a category reported apart, not counted in Overall (repeatable; default: the "
+        "format's, LoCoMo's adversarial 5)",
+    )
+    add.add_argument(
+        "--replace", action="store_true", help="overwrite a registration with other content"
+    )
+    listing = sub.add_parser("list", parents=[common], help="every dataset, shipped and operator")
+    listing.add_argument("--json", action="store_true", help="one JSON document")
+
+
+def main_from_args(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = sys.stdout if out is None else out
+    if args.dataset_command == "add":
+        return _add(args, out)
+    return _list(args.datasets_root, args.json, out)
+
+
+def _add(args: argparse.Namespace, out: TextIO) -> int:
+    options: dict[str, Any] = {}
+    if args.f1_variant is not None:
+        options["f1_variant"] = args.f1_variant
+    try:
+        done = register_dataset(
+            args.path,
+            args.format_name,
+            args.dataset_id,
+            args.datasets_root,
+            track=args.track,
+            scorer=args.scorer,
+            version=args.version,
+            excluded_from_overall=args.exclude_from_overall,
+            replace=args.replace,
+            **options,
+        )
+    except (RegistrationError, OSError) as exc:
+        print(f"aml dataset add: {exc}", file=sys.stderr)
+        return REFUSED
+    manifest = done.manifest
+    counts = manifest.question_counts or {}
+    print(
+        f"{done.outcome} {manifest.dataset_id} ({manifest.format}, {manifest.track}, "
+        f"{sum(counts.values())} questions): {done.path}\n"
+        f"file {manifest.files[0].path} sha256 {manifest.files[0].sha256}\n"
+        f"bundle {bundle_hash(manifest)}\n"
+        f"runs once {manifest.dataset_id} is in AML_SMOKE_DATASETS or AML_FULL_SUITE",
+        file=out,
+    )
+    return OK
+
+
+def describe(item: RegisteredManifest, datasets_root: Path) -> dict[str, Any]:
+    """One dataset of `aml dataset list`: its manifest's facts, and whether its files are
+    present and verified (counted from them when the manifest holds no counts)."""
+    manifest = item.manifest
+    counts = manifest.question_counts
+    try:
+        dataset = load_manifest_bundle(manifest, bundle_root(manifest, datasets_root))
+    except DatasetFileError as exc:
+        files = str(exc)
+    else:
+        files = "verified"
+        counts = counts if counts is not None else count_questions(dataset)
+    return {
+        "dataset_id": manifest.dataset_id,
+        "version": manifest.version,
+        "track": manifest.track,
+        "format": manifest.format,
+        "scorer": manifest.scorer,
+        "f1_variant": manifest.f1_variant,
+        "categories": [
+            {
+                "number": number,
+                "name": name,
+                "questions": None if counts is None else counts.get(number, 0),
+                "in_overall": number not in manifest.excluded_from_overall,
+            }
+            for number, name in sorted(manifest.categories.items())
+        ],
+        "questions": None if counts is None else sum(counts.values()),
+        "source": item.source,
+        "manifest": str(item.path),
+        "bundle_hash": bundle_hash(manifest),
+        "files": files,
+    }
+
+
+def _list(datasets_root: Path, as_json: bool, out: TextIO) -> int:
+    found = [describe(item, datasets_root) for item in list_manifests(datasets_root)]
+    problems = unreadable_manifests(datasets_root)
+    for path, reason in problems.items():
+        print(f"aml dataset list: unreadable manifest {path}: {reason}", file=sys.stderr)
+    if as_json:
+        print(json.dumps(found, indent=2, ensure_ascii=False), file=out)
+        return REFUSED if problems else OK
+    rows = [
+        [
+            d["dataset_id"],
+            d["track"],
+            d["format"],
+            d["scorer"],
+            "?" if d["questions"] is None else str(d["questions"]),
+            "; ".join(
+                f"{c['number']} {c['name']}"
+                + ("" if c["questions"] is None else f" ({c['questions']})")
+                + ("" if c["in_overall"] else " *")
+                for c in d["categories"]
+            ),
+            d["source"],
+            "verified" if d["files"] == "verified" else "NOT VERIFIED",
+        ]
+        for d in found
+    ]
+    header = ["dataset", "track", "format", "scorer", "questions", "categories", "source", "files"]
+    print(_table(header, rows), file=out)
+    print(f"datasets root {datasets_root}; * reported apart, not counted in Overall", file=out)
+    for d in found:
+        if d["files"] != "verified":
+            print(f"  {d['dataset_id']}: {d['files']}", file=out)
+    return REFUSED if problems else OK
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    ruler = ["-" * width for width in widths]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in [header, ruler, *rows]
+    )
