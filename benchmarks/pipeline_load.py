@@ -25,7 +25,11 @@ calls x latency / LLM capacity, the longest user's Add chain x Add latency) and 
 per question of each process (its process group, from /proc) and of broker + database; peak
 RSS; per participant and for the LLM the most requests at once and in any 1 s window, 429s, and
 duplicate participant calls. `--quick` runs the shipped synthetic dataset (a check that the
-benchmark works, in a few minutes; its figures are dominated by fixed costs).
+benchmark works, in a few minutes; its figures are dominated by fixed costs). `--db-ops` also
+counts every service's database commands per question, by collection and command
+(`benchmarks/db_ops/sitecustomize.py`: a pymongo command listener in every process; the CPU
+figures of such a run include the listener's own cost, so compare them only with runs that
+counted too).
 
 The run stops by itself (--timeout, default 3600 s, 900 s with --quick) and stops every process
 it started, also on Ctrl-C, SIGTERM or an error.
@@ -95,6 +99,8 @@ REPEAT_TOLERANCE = 0.15
 TEAMS_VS_ALONE = 1.2
 
 POLL_SECONDS = 2.0
+# Loaded by every process started with it on PYTHONPATH (`--db-ops`).
+DB_OPS_LISTENER = ROOT / "benchmarks" / "db_ops"
 PROGRESS_EVERY_SECONDS = 30.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -122,6 +128,8 @@ class Bench:
     llm_url: str
     dataset: str
     deadline: float
+    # Where the processes write their database command counts (`--db-ops`), else None.
+    db_ops: Path | None = None
     teams: dict[str, Team] = field(default_factory=dict)
     labels: Counter[str] = field(default_factory=Counter)
 
@@ -571,6 +579,39 @@ def cpu_per_question(
     return {name: round(value, 2) for name, value in per.items()}
 
 
+def count_db_ops(folder: Path) -> None:
+    """Every process started from now on counts its database commands into `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ["AML_DB_OPS_DIR"] = str(folder)
+    paths = (str(DB_OPS_LISTENER), os.environ.get("PYTHONPATH", ""))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
+
+
+def db_ops_snapshot(folder: Path | None) -> dict[str, Counter[str]]:
+    """Commands sent so far, per service (replicas and restarts summed)."""
+    counts: dict[str, Counter[str]] = defaultdict(Counter)
+    for path in folder.glob("*.json") if folder else ():
+        name = path.stem.rsplit("-", 1)[0].removeprefix("aml_")
+        counts[name].update(json.loads(path.read_text(encoding="utf-8")))
+    return counts
+
+
+def db_ops_per_question(
+    before: dict[str, Counter[str]], after: dict[str, Counter[str]], questions: int
+) -> dict[str, dict[str, Any]]:
+    """Per service: database commands per question, in total and by "<collection>.<command>"
+    (the parenthesised capacity outcomes are not commands of their own)."""
+    per: dict[str, dict[str, Any]] = {}
+    for name in SERVICES:
+        sent = after.get(name, Counter()) - before.get(name, Counter())
+        total = sum(n for key, n in sent.items() if not key.startswith("("))
+        per[name] = {
+            "total": round(total / max(1, questions), 2),
+            "commands": {key: round(n / max(1, questions), 3) for key, n in sent.most_common()},
+        }
+    return per
+
+
 # -- scenarios ---------------------------------------------------------------------------------
 
 
@@ -615,11 +656,15 @@ def run_scenario(
     print(f"\n== {name}: {', '.join(t.name for t in teams)} on {bench.dataset} ==", flush=True)
     httpx.post(f"{bench.llm_url}/stats/reset", timeout=30).raise_for_status()
     before = cpu_snapshot(bench.stack)
+    ops_before = db_ops_snapshot(bench.db_ops)
     jobs = {submit(bench, team): team for team in teams}
     awaited = {job_id for job_id, team in jobs.items() if team.name in awaited_teams}
     finals = wait_jobs(bench, {job_id: jobs[job_id] for job_id in awaited})
     # Read before the collection below, whose own requests would be counted otherwise.
     after = cpu_snapshot(bench.stack)
+    if bench.db_ops:
+        time.sleep(1.5)  # every process rewrites its counts once a second
+    ops_after = db_ops_snapshot(bench.db_ops)
     llm = llm_stats(bench)
     figures: dict[str, Any] = {"scenario": name, "dataset": bench.dataset}
     figures |= collect(bench, jobs, awaited, finals)
@@ -630,6 +675,10 @@ def run_scenario(
     bound = figures["bound"]["seconds"]
     figures["bound_ratio"] = round(wall / bound, 3) if wall and bound else None
     figures["cpu_ms_per_question"] = cpu_per_question(before, after, figures["questions"])
+    if bench.db_ops:
+        figures["db_ops_per_question"] = db_ops_per_question(
+            ops_before, ops_after, figures["questions"]
+        )
     figures["peak_rss_mib"] = peak_rss(bench.stack)
     return figures
 
@@ -777,6 +826,23 @@ def _resource_lines(f: dict[str, Any]) -> list[str]:
     ]
 
 
+def _db_ops_lines(f: dict[str, Any]) -> list[str]:
+    ops = f.get("db_ops_per_question")
+    if not ops:
+        return []
+    services = sum(o["total"] for o in ops.values())
+    lines = [
+        "  DB ops/question: "
+        + ", ".join(f"{name} {o['total']:.2f}" for name, o in ops.items())
+        + f", services {services:.2f}"
+    ]
+    for name, o in ops.items():
+        shown = [f"{key} {n:.2f}" for key, n in o["commands"].items() if n >= 0.01]
+        if o["total"] >= 0.5 and shown:
+            lines.append(f"    {name}: " + ", ".join(shown))
+    return lines
+
+
 def _limit_row(name: str, seen: dict[str, Any], declared: str, dup: tuple[str, str]) -> str:
     return (
         f"  {name:<10}{seen['requests']:>9}{seen['rejected_429']:>6}{seen['max_concurrency']:>10}"
@@ -814,7 +880,10 @@ def _limit_lines(f: dict[str, Any]) -> list[str]:
 
 def render_scenario(f: dict[str, Any]) -> list[str]:
     header = f"== {f['scenario']} ({f['dataset']}, {f['questions']} questions) =="
-    return [header, *_job_lines(f), *_time_lines(f), *_resource_lines(f), *_limit_lines(f)]
+    return [
+        header, *_job_lines(f), *_time_lines(f), *_resource_lines(f), *_db_ops_lines(f),
+        *_limit_lines(f),
+    ]  # fmt: skip
 
 
 def render(results: dict[str, dict[str, Any]], checks: dict[str, bool | None]) -> str:
@@ -849,6 +918,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--data-dir", type=Path, default=ROOT / ".aml" / "bench")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--timeout", type=float, help="seconds (default 3600, 900 with --quick)")
+    parser.add_argument(
+        "--db-ops", action="store_true", help="also count database commands per question"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.dataset = "synthetic"
@@ -869,12 +941,15 @@ def run(args: argparse.Namespace, stack: EmbeddedStack, results: dict[str, Any])
     """Run the scenarios in order, each one's figures into `results` as soon as it is done (so
     a timeout still reports the scenarios that finished)."""
     print(f"starting the stack in {stack.data_dir} ...", flush=True)
+    db_ops = stack.data_dir / "db-ops" if args.db_ops else None
+    if db_ops:
+        count_db_ops(db_ops)
     stack.start_infra()
     llm_url = start_standin(stack)
     platform = start_platform(stack, platform_config(args.datasets_root, llm_url))
     # The soft deadline leaves time to collect the figures before the hard one (SIGALRM).
     deadline = time.monotonic() + args.timeout - 60
-    bench = Bench(stack, platform, llm_url, args.dataset, deadline)
+    bench = Bench(stack, platform, llm_url, args.dataset, deadline, db_ops)
     for name in SCENARIOS[args.scenario]:
         if name == "solo":
             results[name] = scenario_solo(bench)

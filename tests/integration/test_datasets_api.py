@@ -21,7 +21,8 @@ from aml_evaluation.registry import (
 
 pytestmark = pytest.mark.integration
 
-IDS = ["synthetic", "locomo", "locomo_refined"]
+IDS = ["synthetic", "locomo", "locomo_refined", "synthetic_multimodal"]
+TRACKS = {"synthetic_multimodal": "multimodal"}
 
 
 def _expected_counts(dataset_id: str, root: Path) -> dict[int, int] | None:
@@ -46,7 +47,8 @@ async def test_datasets_are_listed_with_tracks_categories_and_counts(
         assert [d for d in IDS if listed[d]["full_suite"]] == ["locomo_refined"]
         for dataset_id, info in listed.items():
             manifest = read_manifest(manifest_path(dataset_id, None))
-            assert info["track"] == "textual" and info["version"] == manifest.version
+            assert info["track"] == TRACKS.get(dataset_id, "textual")
+            assert info["version"] == manifest.version
             numbers = [(c["number"], c["name"]) for c in info["categories"]]
             assert numbers == sorted(manifest.categories.items())
             excluded = [c["number"] for c in info["categories"] if not c["in_overall"]]
@@ -60,8 +62,9 @@ async def test_datasets_are_listed_with_tracks_categories_and_counts(
                 assert {c["number"]: c["questions"] for c in info["categories"]} == {
                     number: counts.get(number, 0) for number in manifest.categories
                 }
-        # The synthetic dataset ships with the package: always counted.
+        # The synthetic datasets ship with the package: always counted.
         assert listed["synthetic"]["questions"]
+        assert listed["synthetic_multimodal"]["questions"] == 11
         # The second read is served from what the first counted, with the same answer.
         assert (await gw.client.get("/v1/datasets")).json() == response.json()
 
@@ -99,7 +102,7 @@ async def test_an_unknown_dataset_is_refused_with_the_valid_ids(
         detail = unknown.json()["detail"]
         assert detail["reason"] == (
             "unknown dataset(s): locomo-typo; a smoke run may name synthetic, locomo, "
-            "locomo_refined (GET /v1/datasets)"
+            "locomo_refined, synthetic_multimodal (GET /v1/datasets)"
         )
         assert detail["valid_datasets"] == IDS
 

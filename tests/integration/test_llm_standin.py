@@ -6,19 +6,29 @@ was sent."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from pymongo import AsyncMongoClient
 
+from aml_answerer.handlers import AnswerQuestion
+from aml_answerer.settings import AnswererSettings
+from aml_contract.messages import QuestionWork
+from aml_contract.participant import SearchRequest, encode
 from aml_devtools.processes import ManagedProcess, free_port, http_ready
+from aml_evaluation.context import estimated
 from aml_evaluation.prompts import format_memories, load_prompt, question_with_options
 from aml_evaluation.scoring import parse_choice, parse_judge_label
 from aml_llm_standin import max_in_window
+from aml_pipeline.stage_worker import StageCall
+from aml_runtime.db import Document
 
 pytestmark = pytest.mark.integration
 
@@ -178,3 +188,43 @@ def test_max_in_window_counts_half_open_windows() -> None:
     assert max_in_window([i / 8 for i in range(24)]) == 8
     assert max_in_window([5.0, 0.0, 0.5, 5.2, 5.9, 6.05]) == 3
     assert max_in_window([0.0, 1.0, 2.0], window=2.5) == 3
+
+
+async def test_the_answerer_sends_image_parts_to_an_openai_compatible_server(
+    standin: str, llm: openai.AsyncOpenAI, mongo_url: str
+) -> None:
+    """A multimodal candidate and question reach the server as OpenAI content parts, in the
+    participant's order; a text question arrives as one string, as before (R-4.8, R-6.1)."""
+    png = b"\x89PNG\r\n\x1a\n" + b"\x00" * 16
+    image = "data:image/png;base64," + base64.b64encode(png).decode()
+    picture = {"type": "image_url", "image_url": {"url": image}}
+    query = [{"type": "text", "text": "Whose dog is this?"}, picture]
+    candidate = {"id": "m1", "content": [{"type": "text", "text": "Rex is Ann's dog"}, picture]}
+    mongo: AsyncMongoClient[Document] = AsyncMongoClient(mongo_url, tz_aware=True)
+    db = mongo[f"standin-{uuid.uuid4().hex[:8]}"]
+    try:
+        tea = {"id": "m2", "content": "likes tea"}
+        await db.searches.insert_many([
+            {"_id": "j/d/q1", "state": "done", "candidates": [candidate]},
+            {"_id": "j/d/q2", "state": "done", "candidates": [tea]},
+        ])  # fmt: skip
+        body = encode(SearchRequest.model_validate({"query": query, "user_id": "u", "top_k": 5}))
+        await db.questions.insert_one({"_id": "j/d/q1", "search_body": body})
+        answer = AnswerQuestion(AnswererSettings(), db, llm, load_prompt("answer_v1"), estimated)
+        shows = {"question": "Whose dog is this?", "question_images": 1}
+        work = QuestionWork(job_id="j", version_id="v", item_id="j/d/q1")
+        result = await answer(work, shows, StageCall(delivered=1))
+        work = QuestionWork(job_id="j", version_id="v", item_id="j/d/q2")
+        await answer(work, {"question": "What does she drink?"}, StageCall(delivered=1))
+    finally:
+        await mongo.drop_database(db.name)
+        await mongo.close()
+    assert result["images_sent"] == 2
+    received = httpx.get(f"{standin}/requests", timeout=10).json()["requests"]
+    (pictured,), (text,) = received[-2:]
+    parts = pictured["content"]
+    assert [part["type"] for part in parts] == ["text", "image_url", "text", "image_url", "text"]
+    assert parts[0]["text"].endswith("- Rex is Ann's dog")
+    assert parts[2]["text"].endswith("Question: Whose dog is this?")
+    assert parts[1]["image_url"] == parts[3]["image_url"] == {"url": image, "detail": "low"}
+    assert isinstance(text["content"], str) and "- likes tea" in text["content"]

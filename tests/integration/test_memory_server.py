@@ -154,17 +154,25 @@ def test_add_then_search_finds_content(client: httpx.Client) -> None:
     assert item.created_at == "2023-05-08T13:56:00.000Z"
 
 
-def test_content_parts_are_joined(client: httpx.Client) -> None:
+def test_content_arrays_are_found_by_text_and_returned_whole(client: httpx.Client) -> None:
     user = "eval:run1:gallery:conv-parts"
     body = add_body("parts-0", user, "placeholder")
-    body["messages"][0]["content"] = [
+    parts = [
         {"type": "text", "text": "A photo of my kayak"},
         {"type": "image_url", "image_url": {"url": "https://example.org/kayak.png"}},
         {"type": "text", "text": "on Lake Tahoe"},
     ]
+    body["messages"][0]["content"] = parts
     assert client.post("/add", json=body).status_code == 200
-    found = search(client, user, "kayak")
-    assert [item.content for item in found.data] == ["A photo of my kayak\non Lake Tahoe"]
+    # Found by either text part; the image URL is not searchable text.
+    for query in ("kayak", "Tahoe"):
+        found = search(client, user, query)
+        assert [item.model_dump(mode="json")["content"] for item in found.data] == [parts]
+    assert search(client, user, "example.org").data == []
+    # A content-array query searches by its text parts.
+    query = [parts[1], {"type": "text", "text": "where is the kayak?"}]
+    response = client.post("/search", json={"query": query, "user_id": user, "top_k": 5})
+    assert [item["content"] for item in response.json()["data"]] == [parts]
 
 
 def test_results_ordered_by_relevance(client: httpx.Client) -> None:

@@ -203,6 +203,7 @@ async def test_submit_watch_results_errors_and_audit(
     assert code == 0, err
     match = re.search(r"job (j\w+) submitted: smoke run 'cli-smoke-1'", out)
     assert match, out
+    assert "on track textual: synthetic (queued)" in out
     job_id = match.group(1)
 
     async def pipeline() -> None:
@@ -245,6 +246,9 @@ async def test_submit_watch_results_errors_and_audit(
 
     code, out, _ = run(capsys, "results", job_id)
     assert code == 0 and "single-hop" in out and "Overall" in out
+    # The results name their track; no multiple choice here, so no MC column.
+    assert out.startswith("track textual: compare only with results of the same track\n")
+    assert " MC" not in out
     code, out, _ = run(capsys, "errors", job_id)
     assert code == 0 and f"job {job_id} completed" in out and "no errors recorded" in out
 

@@ -21,6 +21,8 @@ def _q(
         category_name=category,
         scored=scored,
         judge_label=label,
+        # A judge that ran and could not be read records its run's label as None.
+        judge_labels=[None] if scored and label is None else [],
         f1=f1,
     )
 

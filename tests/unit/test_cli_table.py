@@ -49,3 +49,46 @@ def test_unjudged_questions_are_noted_not_failed() -> None:
     row = next(line for line in table.splitlines() if "2 temporal" in line).split()
     assert row[-6:] == ["1", "1", "0", "-", "50.0", "50.0"]
     assert "J is over judged questions only: not computed for 1 scored question(s)" in table
+
+
+def test_multiple_choice_adds_an_option_accuracy_column_and_the_track_heads_the_table() -> None:
+    outcomes = [
+        QuestionOutcome(dataset_id="pm", category_name="recall", scored=True, multiple_choice=True,
+                        choice_correct=correct, f1=None)
+        for correct in (True, True, False, True)
+    ]  # fmt: skip
+    results = aggregate("j1", "completed", outcomes, {}).model_dump(mode="json")
+    table = render_results(results | {"track": "textual"}).splitlines()
+    assert table[0] == "track textual: compare only with results of the same track"
+    assert table[1].split()[-1] == "MC"
+    row = next(line for line in table if line.startswith("pm") and "recall" in line).split()
+    assert row[-4:] == ["-", "-", "-", "75.0"]
+    assert any(line.startswith("MC is option accuracy") for line in table)
+    # Without multiple choice, no MC column and no note.
+    plain = aggregate(
+        "j2",
+        "completed",
+        [QuestionOutcome(dataset_id="s", category_name="c", scored=True, judge_label="CORRECT")],
+        {},
+    )
+    assert "MC" not in render_results(plain.model_dump(mode="json"))
+
+
+def test_a_dataset_scored_by_f1_alone_is_named_with_f1_as_its_headline() -> None:
+    results = aggregate(
+        "j1",
+        "completed",
+        [QuestionOutcome(dataset_id="gallery", category_name="c", scored=True, judged=False,
+                         f1=0.5)],
+        {},
+    ).model_dump(mode="json")  # fmt: skip
+    results["datasets"]["gallery"]["overall"]["headline"] = "f1_mean"
+    table = render_results(results)
+    assert "scored by token F1 alone (F1 is the headline): gallery" in table
+    judged = aggregate(
+        "j2",
+        "completed",
+        [QuestionOutcome(dataset_id="s", category_name="c", scored=True, judge_label="CORRECT")],
+        {},
+    )
+    assert "F1 is the headline" not in render_results(judged.model_dump(mode="json"))

@@ -1,12 +1,15 @@
-"""Operator datasets (issue 17): `aml dataset add` verifies a file under the datasets root and
-writes its manifest; `aml dataset list` shows shipped and operator datasets; loading checks the
-pinned sha256. Real files in temporary datasets roots."""
+"""Operator datasets (issue 17): `aml dataset add` verifies a file, or every file of a bundle,
+under the datasets root and writes its manifest; `aml dataset list` shows shipped and operator
+datasets; loading checks the pinned sha256. Real files in temporary datasets roots."""
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ import pytest
 from aml_devtools.cli import main
 from aml_evaluation import registry
 from aml_evaluation.registry import (
+    DEFAULT_F1_VARIANT_OF_FORMAT,
     MANIFESTS_DIR,
     DatasetFileError,
     DatasetManifest,
@@ -104,7 +108,7 @@ def test_an_added_locomo_file_is_registered_listed_and_loadable(
     assert manifest_path("synthetic", root).parent == MANIFESTS_DIR
 
     found = listed(root, capsys)
-    assert list(found) == ["locomo", "locomo_refined", "synthetic", "mine"]
+    assert list(found) == ["locomo", "locomo_refined", "synthetic", "synthetic_multimodal", "mine"]
     mine = found["mine"]
     assert (mine["source"], mine["files"], mine["track"], mine["format"]) == (
         "operator",
@@ -117,6 +121,13 @@ def test_an_added_locomo_file_is_registered_listed_and_loadable(
     # Shipped: counted from the package file; licensed files absent from this root.
     assert found["synthetic"]["files"] == "verified" and found["synthetic"]["questions"] == 30
     assert "cannot be read" in found["locomo"]["files"] and found["locomo"]["questions"] is None
+    multimodal = found["synthetic_multimodal"]
+    assert (multimodal["files"], multimodal["track"], multimodal["format"]) == (
+        "verified",
+        "multimodal",
+        "mem-gallery",
+    )
+    assert multimodal["questions"] == 11 and multimodal["scorer"] == "token_f1"
 
     assert main(["dataset", "list", "--datasets-root", str(root)]) == 0
     table = capsys.readouterr().out
@@ -251,6 +262,7 @@ def test_the_registry_lists_shipped_then_operator_and_names_unreadable_ones(
         ("locomo", "shipped"),
         ("locomo_refined", "shipped"),
         ("synthetic", "shipped"),
+        ("synthetic_multimodal", "shipped"),
         ("a", "operator"),
         ("b", "operator"),
     ]
@@ -283,3 +295,153 @@ def test_the_manifest_written_reads_back_and_the_model_knows_the_formats(root: P
     for fmt in ("locomo", "longmemeval", "personamem"):
         raw = done.manifest.model_dump() | {"format": fmt}
         assert DatasetManifest.model_validate(raw).format == fmt
+
+
+# --- bundles of several files -----------------------------------------------------------------
+
+PERSONAMEM_CONTEXTS = {
+    "ctx-a": [
+        {"role": "system", "content": "persona card"},
+        {"role": "user", "content": "I drink green tea every morning."},
+        {"role": "assistant", "content": "A fine habit."},
+    ],
+    "ctx-b": [{"role": "user", "content": "I bake sourdough."}],
+}
+PERSONAMEM_ROWS = [
+    ["p1", "q1", "recall_user_shared_facts", "What do I drink?", "(b)",
+     json.dumps(["(a) Coffee", "(b) Green tea"]), "ctx-a", "3"],
+    ["p2", "q2", "suggest_new_ideas", "What could I bake?", "(a)",
+     json.dumps(["(a) Rye sourdough", "(b) Nothing"]), "ctx-b", "1"],
+]  # fmt: skip
+PERSONAMEM_HEADER = (
+    "persona_id,question_id,question_type,user_question_or_message,correct_answer,"
+    "all_options,shared_context_id,end_index_in_shared_context"
+)
+
+
+def _personamem(root: Path) -> tuple[Path, Path]:
+    """(questions .csv, shared contexts .jsonl) of a small PersonaMem bundle under the root."""
+    folder = root / "personamem"
+    folder.mkdir()
+    questions, contexts = folder / "questions_t.csv", folder / "shared_contexts_t.jsonl"
+    rows = io.StringIO()
+    csv.writer(rows).writerows(PERSONAMEM_ROWS)
+    questions.write_text(f"{PERSONAMEM_HEADER}\n{rows.getvalue()}")
+    contexts.write_text("".join(f"{json.dumps({k: v})}\n" for k, v in PERSONAMEM_CONTEXTS.items()))
+    return questions, contexts
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_personamem_bundle_is_registered_from_its_two_files(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    questions, contexts = _personamem(root)
+    # Named contexts first: the manifest lists the files in path order all the same.
+    assert add(root, str(contexts), str(questions), "--format", "personamem", "--id", "pm") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("added pm (personamem, textual, 2 questions)")
+    assert out[1:3] == [
+        f"file personamem/questions_t.csv sha256 {_sha256(questions)}",
+        f"file personamem/shared_contexts_t.jsonl sha256 {_sha256(contexts)}",
+    ]
+    written = root / "manifests" / "pm.json"
+    assert json.loads(written.read_text())["files"] == [
+        {"path": "personamem/questions_t.csv", "sha256": _sha256(questions)},
+        {"path": "personamem/shared_contexts_t.jsonl", "sha256": _sha256(contexts)},
+    ]
+    manifest = read_manifest(written)
+    assert (manifest.scorer, manifest.question_counts) == (
+        "multiple_choice",
+        {number: int(number in (1, 2)) for number in range(1, 8)},
+    )
+    combined = hashlib.sha256((_sha256(questions) + _sha256(contexts)).encode()).hexdigest()
+    assert manifest.version == f"questions_t.csv+shared_contexts_t.jsonl@sha256:{combined[:12]}"
+    dataset = load_dataset("pm", root)
+    assert [q.options for q in dataset.questions] == [
+        ["Coffee", "Green tea"],
+        ["Rye sourdough", "Nothing"],
+    ]
+    assert listed(root, capsys)["pm"]["files"] == "verified"
+    # The same files in the other order are the same registration.
+    before = written.read_bytes()
+    assert add(root, str(questions), str(contexts), "--format", "personamem", "--id", "pm") == 0
+    assert capsys.readouterr().out.startswith("unchanged pm")
+    assert written.read_bytes() == before
+    # Either file changed after registration fails the load, naming the file.
+    with contexts.open("a") as handle:
+        handle.write("\n")
+    with pytest.raises(DatasetFileError, match=r"'personamem/shared_contexts_t\.jsonl'"):
+        load_dataset("pm", root)
+
+
+def test_a_personamem_bundle_missing_a_file_or_broken_is_refused(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    questions, contexts = _personamem(root)
+    err = _refused(root, capsys, str(questions), "--format", "personamem", "--id", "pm")
+    assert f"{questions} is refused" in err
+    assert "one questions .csv and one shared contexts .jsonl" in err
+    err = _refused(
+        root, capsys, str(questions), str(questions), "--format", "personamem", "--id", "pm"
+    )
+    assert "is given twice" in err
+    contexts.write_text('{"ctx-a": [}\n')
+    err = _refused(
+        root, capsys, str(questions), str(contexts), "--format", "personamem", "--id", "pm"
+    )
+    assert f"{questions}, {contexts} are refused" in err and "line 1: not JSON" in err
+    # A context a question names is absent: the files are checked against each other.
+    contexts.write_text(json.dumps({"ctx-a": PERSONAMEM_CONTEXTS["ctx-a"]}) + "\n")
+    err = _refused(
+        root, capsys, str(questions), str(contexts), "--format", "personamem", "--id", "pm"
+    )
+    assert "row 2 (question_id q2): shared context 'ctx-b' is not in the contexts file" in err
+    with pytest.raises(RegistrationError, match="no data file given"):
+        register_dataset([], "personamem", "pm", root)
+    assert not (root / "manifests").exists()
+
+
+def test_a_file_of_several_outside_the_root_refuses_them_all(
+    root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    questions, contexts = _personamem(root)
+    outside = tmp_path / "shared_contexts_t.jsonl"
+    outside.write_bytes(contexts.read_bytes())
+    err = _refused(
+        root, capsys, str(questions), str(outside), "--format", "personamem", "--id", "pm"
+    )
+    assert f"{outside} is not inside the datasets root" in err
+
+
+def test_a_mem_gallery_bundle_gets_its_own_f1_and_pins_the_images_of_every_dialog(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shipped = MANIFESTS_DIR.parent / "synthetic_multimodal"
+    shutil.copytree(shipped / "dialog", root / "mg" / "dialog")
+    shutil.copytree(shipped / "image", root / "mg" / "image")
+    dialogs = sorted((root / "mg" / "dialog").glob("*.json"))
+    assert len(dialogs) == 2
+    done = register_dataset(dialogs, "mem-gallery", "mg", root, images=root / "mg" / "image")
+    manifest = done.manifest
+    assert (manifest.track, manifest.scorer) == ("multimodal", "token_f1")
+    assert manifest.f1_variant == DEFAULT_F1_VARIANT_OF_FORMAT["mem-gallery"] == "f1-memgallery-v1"
+    assert [entry.path for entry in done.data_files] == [
+        f"mg/dialog/{path.name}" for path in dialogs
+    ]
+    images = sorted(path for path in (root / "mg" / "image").rglob("*.png"))
+    assert sorted(entry.path for entry in done.images) == [
+        path.relative_to(root).as_posix() for path in images
+    ]
+    assert manifest.files == [*done.data_files, *done.images]
+    assert sum((manifest.question_counts or {}).values()) == 11
+    assert load_dataset("mg", root).f1_variant == "f1-memgallery-v1"
+    capsys.readouterr()
+    options = ["--images", str(root / "mg" / "image"), "--f1-variant", "f1-locomo-v1"]
+    assert add(root, *map(str, dialogs), "--format", "mem-gallery", "--id", "mg2", *options) == 0
+    out = capsys.readouterr().out
+    assert f"{len(images)} images pinned under mg/image" in out
+    assert out.count("\nfile mg/dialog/") == 2
+    assert read_manifest(root / "manifests" / "mg2.json").f1_variant == "f1-locomo-v1"

@@ -110,3 +110,43 @@ def test_board_columns_overall_first_and_excluded_categories_marked_last() -> No
     assert pages.dataset_columns([_entry("b", [])]) == [
         ("locomo", ["adversarial", "multi-hop", "single-hop"])
     ]
+
+
+def _scored(dataset_id: str, overall: Metrics, categories: dict[str, Metrics]) -> LeaderboardEntry:
+    entry = _entry(dataset_id, [])
+    dataset = DatasetResults(
+        dataset_id=dataset_id, overall=overall, categories=categories, excluded_from_overall=[]
+    )
+    return entry.model_copy(update={"overall": overall, "datasets": {dataset_id: dataset}})
+
+
+def test_multiple_choice_datasets_get_an_option_accuracy_column() -> None:
+    choice = _metrics(6).model_copy(update={"option_questions": 10, "option_accuracy": 0.6})
+    entries = [_scored("personamem", choice, {"recall_user_shared_facts": choice})]
+    table = pages.board_table(entries, "caption")
+    labels = [c.label for c in table.columns]
+    assert "personamem: option accuracy" in labels
+    assert table.rows[0][labels.index("personamem: option accuracy")].text == "60.0%"
+    # A dataset without multiple choice has no such column.
+    plain = pages.board_table([_entry("b", [])], "caption")
+    assert not [c.label for c in plain.columns if "option accuracy" in c.label]
+
+
+def test_a_dataset_scored_by_f1_alone_shows_f1_as_its_headline() -> None:
+    f1_only = Metrics(
+        questions=4,
+        scored=4,
+        failed=0,
+        judge_correct=0,
+        judge_accuracy=None,
+        f1_mean=0.4321,
+        headline="f1_mean",
+    )
+    entries = [_scored("mem-gallery", f1_only, {"recall": f1_only})]
+    table = pages.board_table(entries, "caption")
+    labels = [c.label for c in table.columns]
+    row = table.rows[0]
+    assert row[labels.index("Overall")].text == "F1 0.432"
+    assert row[labels.index("mem-gallery: recall")].text == "F1 0.432"
+    # Sorted by the number itself, like every other headline.
+    assert row[labels.index("Overall")].value == "0.432100"

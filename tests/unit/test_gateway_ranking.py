@@ -78,3 +78,13 @@ def test_ties_go_to_the_earlier_publication_then_the_entry_id() -> None:
     # A total order: the input order never matters.
     assert ranked([same_time, earlier, later]) == ranked([later, same_time, earlier])
     assert rank_key(earlier) < rank_key(later)
+
+
+def test_a_cell_scored_by_f1_alone_has_f1_as_its_headline() -> None:
+    f1_only = _metrics(None).model_copy(update={"f1_mean": 0.3, "headline": "f1_mean"})
+    assert headline(f1_only) == 0.3
+    # A judged or multiple-choice cell keeps accuracy, whatever its F1.
+    judged = _metrics(0.5, 0.5).model_copy(update={"f1_mean": 0.9})
+    assert headline(judged) == 0.5 and headline(_metrics(None)) is None
+    # An F1 cell without a mean (nothing scored) has no headline either: ranked last.
+    assert headline(_metrics(None).model_copy(update={"headline": "f1_mean"})) is None

@@ -26,6 +26,8 @@ from aml_evaluation.memgallery import (
     parse_memgallery,
     referenced_images,
 )
+from aml_evaluation.registry import DEFAULT_F1_VARIANT_OF_FORMAT
+from aml_evaluation.scoring import F1_MEMGALLERY_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = Path(ROOT.parent / "shared" / "datasets" / "mem-gallery")
@@ -46,6 +48,7 @@ def manifest(**changes: Any) -> SimpleNamespace:
         "scorer": "token_f1",
         "f1_variant": "f1-locomo-v1",
         "categories": {},
+        "image_dir": None,
     }
     return SimpleNamespace(**(fields | changes))
 
@@ -162,6 +165,9 @@ def test_parse_memgallery_is_pure() -> None:
     dataset = parse_memgallery([("X", _document())], "d", "v")
     assert referenced_images(dataset) == ["X/D1_IMG_001.png"]
     assert dataset.scorer == "token_f1"
+    # Mem-Gallery's own token F1 by default, the one the registry declares for the format.
+    assert dataset.f1_variant == F1_MEMGALLERY_VERSION
+    assert DEFAULT_F1_VARIANT_OF_FORMAT["mem-gallery"] == F1_MEMGALLERY_VERSION
 
 
 @pytest.mark.parametrize(
@@ -229,7 +235,7 @@ def test_the_generator_is_deterministic_and_matches_the_committed_files() -> Non
 
 def _synthetic_manifest() -> dict[str, Any]:
     loaded: dict[str, Any] = json.loads(
-        (SYNTHETIC / "synthetic_multimodal.manifest.json").read_bytes()
+        (PACKAGE_DATA / "manifests" / "synthetic_multimodal.json").read_bytes()
     )
     return loaded
 
@@ -238,6 +244,7 @@ def test_the_manifest_pins_every_file() -> None:
     payload = _synthetic_manifest()
     assert payload["format"] == "mem-gallery" and payload["track"] == "multimodal"
     assert payload["location"] == "package"
+    assert (payload["scorer"], payload["f1_variant"]) == ("token_f1", F1_MEMGALLERY_VERSION)
     for entry in payload["files"]:
         content = (PACKAGE_DATA / entry["path"]).read_bytes()
         assert hashlib.sha256(content).hexdigest() == entry["sha256"]
@@ -297,12 +304,17 @@ def test_the_synthetic_dataset_parses_and_its_images_are_valid_pngs() -> None:
 
 
 def test_the_synthetic_multimodal_bundle_loads_through_the_registry() -> None:
-    """The registry knows the format: the staged manifest's files verify and parse (its images
-    are listed in the bundle, so no image directory is needed)."""
-    from aml_evaluation.registry import PACKAGE_DATA_DIR, load_bundle
+    """The shipped manifest is listed by the registry; its files verify and parse (its images
+    are listed in the bundle, so no image directory is needed) and their verified bytes are
+    the dataset's image files."""
+    from aml_evaluation.registry import PACKAGE_DATA_DIR, load_bundle, registered
 
-    manifest = PACKAGE_DATA_DIR / "synthetic_multimodal" / "synthetic_multimodal.manifest.json"
+    assert registered("synthetic_multimodal", None).source == "shipped"
+    manifest = PACKAGE_DATA_DIR / "manifests" / "synthetic_multimodal.json"
     dataset = load_bundle(manifest, PACKAGE_DATA_DIR)
-    assert dataset.dataset_id == "synthetic_multimodal"
+    assert dataset.dataset_id == "synthetic_multimodal" and dataset.track == "multimodal"
+    assert sorted(dataset.image_files) == referenced_images(dataset)
+    red = dataset.image_files["Ada_Painting_Library/D1_IMG_001.png"]
+    assert red == (SYNTHETIC / "image" / "Ada_Painting_Library" / "D1_IMG_001.png").read_bytes()
     assert len(dataset.questions) == 11
     assert any(turn.images for c in dataset.conversations for s in c.sessions for turn in s.turns)

@@ -33,7 +33,7 @@ from aml_evaluation.prompts import load_prompt
 from aml_pipeline.stage_worker import StageCall
 from aml_runtime.documents import ScoreDocument
 from aml_scheduler.handlers import question_outcome
-from aml_scheduler.planning import plan_questions
+from aml_scheduler.planning import plan_chunks, plan_questions
 from aml_scorer.handlers import ScoreAnswer
 
 COLUMNS = [
@@ -185,6 +185,39 @@ def test_rows_become_multiple_choice_questions(dataset: Dataset) -> None:
     assert (q3.category, q3.category_name) == (7, "generalize_to_new_scenarios")
     assert q3.options == ["Dune", "The Dispossessed"]
     assert all(not q.adversarial and q.evidence == [] and not q.unanswerable for q in (q1, q3))
+
+
+def test_each_question_is_asked_after_the_turns_written_before_its_end_index(
+    dataset: Dataset, tmp_path: Path
+) -> None:
+    q1, q2, q3 = dataset.questions
+    # CTX_A: index 3 follows the persona card (not written) and two turns; index 6 is the end
+    # (a system message and an emptied message are not written); CTX_B: index 0 is before all.
+    assert (q1.asked_at, q2.asked_at, q3.asked_at) == ((2,), (3,), (0,))
+    assert dataset.streaming
+    # Only the persona card before index 1: nothing is written yet, as at index 0.
+    (early,) = parse(
+        _files(tmp_path, [_row(end_index_in_shared_context="1")]), Manifest()
+    ).questions
+    assert early.asked_at == (0,)
+
+
+def test_questions_are_searched_between_the_adds_at_their_end_index(dataset: Dataset) -> None:
+    chunks = {(c.conversation_id, c.seq): c for c in plan_chunks("job-1", dataset)}
+    items = {q.id: q for q in plan_questions("job-1", dataset, top_k=10)}
+    assert sorted(items) == [
+        "job-1/personamem/q1@2", "job-1/personamem/q2@3", "job-1/personamem/q3@0"
+    ]  # fmt: skip
+    q1, q2, q3 = (items[f"job-1/personamem/{name}"] for name in ("q1@2", "q2@3", "q3@0"))
+    # q1 after CTX_A's first Add (its first session), before its second; q2 at the very end
+    # (released with the user's other questions); q3 before CTX_B's first Add.
+    assert (q1.point, q1.point_index, q1.after_seq, q1.holds_add) == (2, 1, 1, 2)
+    assert (q2.point, q2.after_seq, q2.holds_add) == (3, 2, None)
+    assert (q3.point, q3.after_seq, q3.holds_add) == (0, 0, 1)
+    assert chunks[(CTX_A, 2)].searched_before == [q1.id]
+    assert chunks[(CTX_B, 1)].searched_before == [q3.id]
+    assert chunks[(CTX_A, 1)].searched_before is None
+    assert "searched_before" not in chunks[(CTX_A, 1)].stored()
 
 
 def test_every_question_type_spelling_maps_to_a_paper_category() -> None:
@@ -362,7 +395,8 @@ class _Searches:
         self.document = document
 
     async def find_one(self, query: dict[str, Any]) -> dict[str, Any]:
-        assert query == {"_id": "job-1/personamem/q1"}
+        # q1 is asked at its end index, after its context's first two written turns.
+        assert query == {"_id": "job-1/personamem/q1@2"}
         return self.document
 
 

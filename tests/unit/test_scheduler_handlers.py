@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -19,7 +20,8 @@ from fakes import Document, FakeDatabase
 from faststream.nats import JStream, NatsBroker, NatsMessage, TestNatsBroker
 
 from aml_contract import subjects
-from aml_contract.messages import AddDone, QuestionDone, message_id
+from aml_contract.messages import AddDone, QuestionDone, SearchDone, message_id
+from aml_evaluation.datasets import parse_locomo
 from aml_evaluation.registry import load_dataset
 from aml_pipeline.evaluation_spec import build_evaluation_spec
 from aml_runtime.broker import publish
@@ -101,6 +103,10 @@ async def rig() -> AsyncIterator[Rig]:
     @broker.subscriber(subjects.QUESTION_DONE, stream=_stream(subjects.EVENTS_STREAM))
     async def on_question_done(event: QuestionDone) -> None:
         await scheduler.on_question_done(event)
+
+    @broker.subscriber(subjects.SEARCH_DONE, stream=_stream(subjects.EVENTS_STREAM))
+    async def on_search_done(event: SearchDone) -> None:
+        await scheduler.on_search_done(event)
 
     async with TestNatsBroker(broker):
         yield Rig(db, broker, scheduler, sent)
@@ -380,3 +386,130 @@ async def test_completion_is_stored_and_announced_once(rig: Rig) -> None:
     await question_done(rig, f"{JOB}/synthetic/q2")
     assert rig.db.jobs.documents[JOB]["finished_at"] == stored["finished_at"]
     assert len(rig.on(subjects.JOB_FINISHED)) == 1
+
+
+# -- streaming datasets: a user's next Add waits for the searches asked before it --------------
+
+STREAMING = Path(__file__).parents[1] / "data" / "streaming" / "streaming_v1.json"
+
+
+@pytest.fixture(scope="module")
+def streaming_plan() -> tuple[list[Document], list[Document]]:
+    dataset = parse_locomo(json.loads(STREAMING.read_text(encoding="utf-8")), "streaming", "v1")
+    chunks, questions = plan_chunks(JOB, dataset), plan_questions(JOB, dataset, top_k=10)
+    return [c.stored() for c in chunks], [q.stored() for q in questions]
+
+
+async def _drive(rig: Rig, events: list[tuple[str, str]], fail: set[str]) -> None:
+    """Act as the adder and the searcher until nothing is outstanding: confirm each Add sent,
+    store each search sent (`failed` for those in `fail`), announcing what they announce, and
+    record the order in `events`."""
+    handled: set[str] = set()
+    while True:
+        outstanding = [s for s in rig.on("aml.work.") if s.msg_id not in handled]
+        if not outstanding:
+            return
+        sent = outstanding[0]
+        handled.add(sent.msg_id)
+        if "request_id" in sent.body:
+            request_id = sent.body["request_id"]
+            events.append(("add", request_id))
+            rig.db.add_chunks.documents[request_id]["state"] = "done"
+            event = AddDone(job_id=JOB, request_id=request_id, outcome="done")
+            await publish(rig.broker, subjects.ADD_DONE, event, f"add-done:{request_id}")
+            continue
+        item_id = sent.body["item_id"]
+        events.append(("search", item_id))
+        state = "failed" if item_id in fail else "done"
+        rig.db.searches.documents[item_id] = {"_id": item_id, "job_id": JOB, "state": state}
+        if sent.body["holds_add"]:
+            user = rig.db.questions.documents[item_id]["user_id"]
+            done = SearchDone(job_id=JOB, item_id=item_id, user_id=user)
+            await publish(rig.broker, subjects.SEARCH_DONE, done, f"search-done:{item_id}")
+
+
+def _position(events: list[tuple[str, str]], kind: str, suffix: str) -> int:
+    (index,) = [i for i, (k, name) in enumerate(events) if k == kind and name.endswith(suffix)]
+    return index
+
+
+@pytest.mark.parametrize("fail", [set(), {f"{JOB}/streaming/str-1:q0000@2"}])
+async def test_a_question_is_searched_at_each_point_before_any_later_add(
+    rig: Rig, streaming_plan: tuple[list[Document], list[Document]], fail: set[str]
+) -> None:
+    chunks, questions = streaming_plan
+    planned(rig.db, streaming_plan, "running")
+    await rig.scheduler.release(JOB)
+    # str-2's question at point 0 goes out before its first Add, which is held back.
+    first = {s.body.get("request_id") or s.body["item_id"] for s in rig.sent}
+    assert first == {
+        "eval:job-1:streaming:str-1:chunk-1", f"{JOB}/streaming/str-2:q0000@0"
+    }  # fmt: skip
+    events: list[tuple[str, str]] = []
+    await _drive(rig, events, fail)
+
+    assert sorted(name for _, name in events) == sorted(
+        [c["_id"] for c in chunks] + [q["_id"] for q in questions]
+    )
+    assert len(events) == len(set(events))  # nothing sent twice
+    add = {seq: _position(events, "add", f"str-1:chunk-{seq}") for seq in (1, 2, 3, 4)}
+    at_2 = _position(events, "search", "str-1:q0000@2")
+    at_6 = _position(events, "search", "str-1:q0000@6")
+    # The question at 2 turns: after Add 1 (turns 1-2), before Add 2; at 6: after Add 3.
+    assert add[1] < at_2 < add[2] < add[3] < at_6 < add[4]
+    # The questions asked at the end, or without points, only after the last Add.
+    for suffix in ("str-1:q0001", "str-1:q0002@8"):
+        assert _position(events, "search", suffix) > add[4]
+    assert (
+        _position(events, "search", "str-2:q0000@0")
+        < _position(events, "add", "str-2:chunk-1")
+        < _position(events, "search", "str-2:q0000@3")
+    )
+    # Only the searches that hold an Add back are announced.
+    held = {s.body["item_id"] for s in rig.on(subjects.WORK_SEARCH) if s.body["holds_add"]}
+    assert held == {q["_id"] for q in questions if "holds_add" in q}
+    users = {c["user_id"] for c in chunks}
+    assert set(rig.db.question_releases.documents) == {f"{JOB}/{u}" for u in users} | {
+        f"{JOB}/eval:job-1:streaming:str-1@1",
+        f"{JOB}/eval:job-1:streaming:str-1@3",
+        f"{JOB}/eval:job-1:streaming:str-2@0",
+    }
+
+    # Redelivered announcements and the reconciliation's release send nothing again.
+    before = len(rig.sent)
+    for item_id in held:
+        done = SearchDone(
+            job_id=JOB, item_id=item_id, user_id=rig.db.questions.documents[item_id]["user_id"]
+        )
+        await publish(rig.broker, subjects.SEARCH_DONE, done, f"again:{item_id}")
+    await rig.scheduler.release(JOB)
+    assert len(rig.sent) == before
+
+
+async def test_a_lost_search_announcement_is_made_up_by_the_re_drive(
+    rig: Rig, streaming_plan: tuple[list[Document], list[Document]]
+) -> None:
+    planned(rig.db, streaming_plan, "running")
+    await rig.scheduler.release(JOB)
+    held = f"{JOB}/streaming/str-2:q0000@0"
+    assert [s.body["item_id"] for s in rig.on(subjects.WORK_SEARCH)] == [held]
+    # Searched, but its announcement never arrives; a release finds the search final.
+    rig.db.searches.documents[held] = {"_id": held, "job_id": JOB, "state": "done"}
+    await rig.scheduler.release(JOB)
+    assert "eval:job-1:streaming:str-2:chunk-1" in {
+        s.body["request_id"] for s in rig.on(subjects.WORK_ADD)
+    }
+    # Released once: its marker was written with the first release.
+    assert [s.body["item_id"] for s in rig.on(subjects.WORK_SEARCH)] == [held]
+
+
+async def test_an_add_stays_held_while_a_search_before_it_is_open(
+    rig: Rig, streaming_plan: tuple[list[Document], list[Document]]
+) -> None:
+    planned(rig.db, streaming_plan, "running")
+    await rig.scheduler.release(JOB)
+    for _ in range(3):
+        await rig.scheduler.release(JOB)
+    assert "eval:job-1:streaming:str-2:chunk-1" not in {
+        s.body["request_id"] for s in rig.on(subjects.WORK_ADD)
+    }

@@ -19,6 +19,7 @@ from aml_evaluation.scoring import (
     bleu_tokens,
     f1_locomo,
     f1_locomo_category,
+    f1_memgallery,
     f1_set,
     parse_choice,
     score_choice,
@@ -38,6 +39,7 @@ def test_f1_variants_registry() -> None:
         "f1-locomo-v1": f1_locomo,
         "f1-set-v1": f1_set,
         "f1-locomo-category-v1": f1_locomo_category,
+        "f1-memgallery-v1": f1_memgallery,
     }
     assert F1_VARIANTS[F1_VERSION] is f1_locomo
     with pytest.raises(TypeError):

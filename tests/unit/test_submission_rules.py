@@ -14,6 +14,7 @@ from aml_gateway.submissions import (
     QuotaPolicy,
     Season,
     Submission,
+    check_dataset_tracks,
     check_submission,
 )
 from aml_pipeline.jobs import run_overdue
@@ -253,3 +254,18 @@ def test_run_overdue_at_its_declared_hours() -> None:
     assert run_overdue({"run_limits": {}}, T0, T0 + 1000 * DAY) is None
     assert run_overdue({}, T0, T0 + 1000 * DAY) is None
     assert run_overdue(version, None, T0) is None  # not started yet
+
+
+def test_a_job_runs_datasets_of_its_own_track_only() -> None:
+    assert check_dataset_tracks("textual", {"synthetic": "textual", "lme": "textual"}) is None
+    assert check_dataset_tracks("coding", {"swe": "coding"}) is None
+    assert check_dataset_tracks("textual", {}) is None
+    # Mixing tracks is refused whichever track the job names, the foreign ones named.
+    mixed = check_dataset_tracks("textual", {"synthetic": "textual", "swe": "coding"})
+    assert isinstance(mixed, Invalid)
+    assert "swe is coding" in mixed.reason and "never compared across tracks" in mixed.reason
+    assert mixed.details == {"valid_datasets": ["synthetic"]}
+    # A dataset of another track alone: refused too (the job's results would be that track's).
+    other = check_dataset_tracks("textual", {"gallery": "multimodal"})
+    assert isinstance(other, Invalid) and other.details == {"valid_datasets": []}
+    assert "a job on track textual" in other.reason and "gallery is multimodal" in other.reason

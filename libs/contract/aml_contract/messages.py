@@ -56,6 +56,11 @@ class QuestionFacts(_Message):
     gold_explanation: str | None = None
     # When the question is asked: the answer model is told "Current date: ...".
     question_date: str | None = None
+    # The dataset's scorer when not the default judge + F1: `token_f1` scores by F1 alone.
+    scorer: str | None = None
+    # How many images the question shows (multimodal): the answer stage gives them to the
+    # answer model, read from the question's planned Search body.
+    question_images: int | None = None
 
     @classmethod
     def of(cls, question: Mapping[str, Any]) -> QuestionFacts:
@@ -78,6 +83,9 @@ class QuestionWork(_Message):
     # Set for the score stage: the answer as stored (a short text; the scorer reads the stored
     # document only without it).
     answer: str | None = None
+    # Set by the scheduler on a streaming question searched mid-conversation: its user's next
+    # Add waits for this search, so the search stage announces it final (`SearchDone`).
+    holds_add: bool = False
 
 
 class QuestionDone(_Message):
@@ -90,6 +98,16 @@ class QuestionDone(_Message):
     item_id: str
     stage: QuestionStage
     outcome: Outcome
+
+
+class SearchDone(_Message):
+    """The search of a question that holds back its user's next Add (a streaming dataset's
+    question asked mid-conversation) is final, done or failed: the scheduler may send the Add.
+    Sent for those questions only; the reconciliation covers a lost announcement."""
+
+    job_id: str
+    item_id: str
+    user_id: str
 
 
 class JobFinished(_Message):

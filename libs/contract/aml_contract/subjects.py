@@ -37,11 +37,13 @@ CAPACITY_FREED: Final = "aml.capacity.freed"
 
 ADD_DONE: Final = "aml.done.add"
 QUESTION_DONE: Final = "aml.done.question"
+# A streaming question's search that holds back its user's next Add is final (SearchDone).
+SEARCH_DONE: Final = "aml.done.search"
 
 WORK_SUBJECTS: Final = tuple(f"{prefix}.*.*" for prefix in WORK_PREFIX.values())
 # JOB_FINISHED lives in its own stream (limits retention) so the publisher reads it without
 # competing with the scheduler's work-queue consumers.
-EVENT_SUBJECTS: Final = (JOB_SUBMITTED, ADD_DONE, QUESTION_DONE)
+EVENT_SUBJECTS: Final = (JOB_SUBMITTED, ADD_DONE, QUESTION_DONE, SEARCH_DONE)
 FINISHED_STREAM: Final = "AML_FINISHED"
 
 

@@ -44,6 +44,7 @@ from aml_evaluation.punkt import PunktDataError, require_punkt_tab
 from aml_evaluation.registry import (
     DatasetFileError,
     bundle_hash,
+    dataset_id_of,
     known_ids,
     open_dataset,
     registered,
@@ -152,6 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "dataset":
         return dataset_cli.main_from_args(args)
     if args.command == "demo":
+        # The dataset may be named with '-' for '_' (`synthetic-multimodal`).
+        args.dataset = dataset_id_of(args.dataset, args.datasets_root)
         refused = demo_dataset_problem(args.dataset, args.datasets_root)
         if refused is not None:
             print(f"aml demo: {refused}", file=sys.stderr)
@@ -207,7 +210,9 @@ def demo_dataset_problem(dataset_id: str, datasets_root: Path) -> str | None:
 
 def _demo(platform: Any, stack: EmbeddedStack, dataset: str, timeout: float) -> int:
     memory = start_memory_server(stack)
-    version_id, api_key = register_memory_server(platform, memory, team="demo-team")
+    # A job runs the datasets of one track (R-2.1), on a version registered for it.
+    track = registered(dataset, Path(platform.env["AML_DATASETS_ROOT"])).manifest.track
+    version_id, api_key = register_memory_server(platform, memory, team="demo-team", track=track)
     auth = {"Authorization": f"Bearer {api_key}"}
     with httpx.Client(base_url=platform.gateway_url, headers=auth, timeout=30) as api:
         submitted = api.post(
@@ -217,9 +222,12 @@ def _demo(platform: Any, stack: EmbeddedStack, dataset: str, timeout: float) -> 
                 "mode": "smoke",
                 "run_label": f"demo-{int(time.time())}",
                 "datasets": [dataset],
+                "track": track,
             },
         )
-        submitted.raise_for_status()
+        if submitted.status_code != 201:
+            print(f"aml demo: the job was refused: {submitted.text}", file=sys.stderr)
+            return 1
         job_id = submitted.json()["job_id"]
         print(f"job {job_id} submitted ({dataset}); progress:", flush=True)
         status = _follow(api, job_id, timeout)
@@ -331,26 +339,44 @@ def render_results(
 ) -> str:
     """The per-category / per-dataset / Overall table, with question counts. With `numbers`
     (category_numbers), a dataset's categories are listed in their numeric order as
-    "<number> <name>"."""
+    "<number> <name>". A column MC (option accuracy) is added when a dataset has multiple-choice
+    questions; the results' track, when named, heads the table (R-2.1)."""
+    choices = any(
+        cell.get("option_questions", 0)
+        for data in results["datasets"].values()
+        for cell in [data["overall"], *data["categories"].values()]
+    )
+    ordered = {
+        dataset_id: _ordered_categories(data["categories"], (numbers or {}).get(dataset_id, {}))
+        for dataset_id, data in results["datasets"].items()
+    }
+    # 16 characters, or wider when a name needs it (a column never runs into the next).
+    wide = max((len(d) + 1 for d in results["datasets"]), default=0)
+    dw = max(16, wide)
+    cw = max([16, *(len(label) + 3 for cells in ordered.values() for _, label, _ in cells)])
     header = (
-        f"{'dataset':<16}{'category':<16}{'questions':>10}{'scored':>8}{'failed':>8}"
-        f"{'J':>8}{'F1':>8}{'BLEU-1':>8}"
+        f"{'dataset':<{dw}}{'category':<{cw}}{'questions':>10}{'scored':>8}{'failed':>8}"
+        f"{'J':>8}{'F1':>8}{'BLEU-1':>8}" + (f"{'MC':>8}" if choices else "")
     )
     rows = [header, "-" * len(header)]
+    if results.get("track"):
+        rows.insert(0, f"track {results['track']}: compare only with results of the same track")
+
+    def percent(value: float | None) -> str:
+        return "-" if value is None else f"{100 * value:.1f}"
 
     def row(dataset: str, category: str, m: dict[str, Any]) -> str:
-        j = "-" if m["judge_accuracy"] is None else f"{100 * m['judge_accuracy']:.1f}"
-        f1 = "-" if m["f1_mean"] is None else f"{100 * m['f1_mean']:.1f}"
-        bleu = "-" if m.get("bleu1_mean") is None else f"{100 * m['bleu1_mean']:.1f}"
+        figures = [m["judge_accuracy"], m["f1_mean"], m.get("bleu1_mean")]
+        if choices:
+            figures.append(m.get("option_accuracy"))
         return (
-            f"{dataset:<16}{category:<16}{m['questions']:>10}{m['scored']:>8}"
-            f"{m['failed']:>8}{j:>8}{f1:>8}{bleu:>8}"
+            f"{dataset:<{dw}}{category:<{cw}}{m['questions']:>10}{m['scored']:>8}"
+            f"{m['failed']:>8}" + ("".join(f"{percent(value):>8}" for value in figures))
         )
 
     unjudged = 0
     for dataset_id, data in results["datasets"].items():
-        ordered = _ordered_categories(data["categories"], (numbers or {}).get(dataset_id, {}))
-        for name, label, metrics in ordered:
+        for name, label, metrics in ordered[dataset_id]:
             note = " *" if name in data["excluded_from_overall"] else ""
             rows.append(row(dataset_id, label + note, metrics))
             unjudged += metrics.get("unjudged", 0)
@@ -362,6 +388,19 @@ def render_results(
             f"J is over judged questions only: not computed for {unjudged} scored "
             "question(s) without a judge verdict (not failures)"
         )
+    if choices:
+        rows.append(
+            "MC is option accuracy, over the multiple-choice questions alone (J over the judged "
+            "open ones)"
+        )
+    f1_datasets = [
+        dataset_id
+        for dataset_id, data in results["datasets"].items()
+        # Scored by token F1 alone (the `token_f1` scorer, Mem-Gallery).
+        if data["overall"].get("headline") == "f1_mean"
+    ]
+    if f1_datasets:
+        rows.append(f"scored by token F1 alone (F1 is the headline): {', '.join(f1_datasets)}")
     if any(d["excluded_from_overall"] for d in results["datasets"].values()):
         rows.append("* reported apart, not counted in the dataset or Overall figures")
     return "\n".join(rows)

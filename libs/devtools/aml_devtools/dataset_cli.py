@@ -1,16 +1,25 @@
-"""`aml dataset`: register a dataset file an operator placed under the datasets root, and list
+"""`aml dataset`: register a dataset an operator placed under the datasets root, and list
 every dataset.
 
-    aml dataset add PATH --format locomo|longmemeval|personamem --id ID [--track T]
-                    [--scorer S] [--version V] [--f1-variant F] [--exclude-from-overall N ...]
-                    [--replace]
+    aml dataset add PATH [PATH ...] --format locomo|longmemeval|personamem|mem-gallery --id ID
+                    [--track T] [--scorer S] [--version V] [--f1-variant F]
+                    [--exclude-from-overall N ...] [--images DIR] [--replace]
     aml dataset list [--json]
 
-`add` refuses a PATH outside the datasets root (`--datasets-root`, default AML_DATASETS_ROOT;
-symlinks and '..' resolved first), parses the file with the format's parser (a file that does not
-parse is refused with the parser's error, and nothing is written), and writes the manifest to
-`<datasets root>/manifests/<ID>.json` atomically: the file's sha256, format, track, scorer,
-categories and questions per category. The same manifest again is a no-op; different content under
+`add` takes the dataset's data files: one file, or every file of a bundle that spans several
+(PersonaMem: `questions_<size>.csv` and `shared_contexts_<size>.jsonl`; Mem-Gallery: one dialog
+file per conversation). Files are named one by one, never as a directory: PersonaMem's release
+directory holds every context size side by side. `add` refuses a PATH outside the datasets root
+(`--datasets-root`, default AML_DATASETS_ROOT; symlinks and '..' resolved first) or given twice,
+parses the files together with the format's parser (files that do not parse are refused with the
+parser's error, and nothing is written), and writes the manifest to
+`<datasets root>/manifests/<ID>.json` atomically: each file's path and sha256 (in path order,
+whatever order they were named in), format, track, scorer, categories and questions per
+category. A format with images (mem-gallery) needs `--images DIR`, the directory under the
+datasets root that holds the images the files reference (Mem-Gallery's `benchmark/data/image`):
+each referenced image is checked (type, size) and pinned in the manifest by path and sha256;
+files whose images are not all there are refused, naming how many are missing and the first of
+them. The same manifest again is a no-op; different content under
 a registered id needs `--replace`; a shipped id is refused. Licensed benchmark files are never
 shipped with AML: the manifest pins them by sha256 and every load checks it.
 
@@ -58,10 +67,25 @@ def add_arguments(parser: argparse.ArgumentParser, default_root: Path) -> None:
     )
     sub = parser.add_subparsers(dest="dataset_command", required=True)
     add = sub.add_parser("add", parents=[common], help="register a file under the datasets root")
-    add.add_argument("path", type=Path, help="the data file, inside the datasets root")
+    add.add_argument(
+        "paths",
+        type=Path,
+        nargs="+",
+        metavar="PATH",
+        help="the data file, or every file of the bundle (personamem: the questions .csv and "
+        "the shared contexts .jsonl), inside the datasets root",
+    )
     add.add_argument("--format", required=True, choices=FORMATS, dest="format_name")
     add.add_argument("--id", required=True, dest="dataset_id", help="e.g. longmemeval_s")
-    add.add_argument("--track", choices=get_args(Track), default="textual")
+    add.add_argument(
+        "--track", choices=get_args(Track), help="default: the format's (mem-gallery: multimodal)"
+    )
+    add.add_argument(
+        "--images",
+        type=Path,
+        metavar="DIR",
+        help="the image directory of a format with images, inside the datasets root",
+    )
     add.add_argument("--scorer", help="default: the format's (personamem: multiple_choice)")
     add.add_argument("--version", help="default: the file name and the start of its sha256")
     add.add_argument(
@@ -95,7 +119,7 @@ def _add(args: argparse.Namespace, out: TextIO) -> int:
         options["f1_variant"] = args.f1_variant
     try:
         done = register_dataset(
-            args.path,
+            args.paths,
             args.format_name,
             args.dataset_id,
             args.datasets_root,
@@ -104,6 +128,7 @@ def _add(args: argparse.Namespace, out: TextIO) -> int:
             version=args.version,
             excluded_from_overall=args.exclude_from_overall,
             replace=args.replace,
+            images=args.images,
             **options,
         )
     except (RegistrationError, OSError) as exc:
@@ -111,11 +136,13 @@ def _add(args: argparse.Namespace, out: TextIO) -> int:
         return REFUSED
     manifest = done.manifest
     counts = manifest.question_counts or {}
+    images = len(done.images)
     print(
         f"{done.outcome} {manifest.dataset_id} ({manifest.format}, {manifest.track}, "
         f"{sum(counts.values())} questions): {done.path}\n"
-        f"file {manifest.files[0].path} sha256 {manifest.files[0].sha256}\n"
-        f"bundle {bundle_hash(manifest)}\n"
+        + "".join(f"file {entry.path} sha256 {entry.sha256}\n" for entry in done.data_files)
+        + (f"{images} images pinned under {manifest.image_dir}\n" if images else "")
+        + f"bundle {bundle_hash(manifest)}\n"
         f"runs once {manifest.dataset_id} is in AML_SMOKE_DATASETS or AML_FULL_SUITE",
         file=out,
     )

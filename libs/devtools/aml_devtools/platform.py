@@ -105,6 +105,8 @@ def start_platform(stack: EmbeddedStack, config: PlatformConfig) -> Platform:
         # Spans as OTLP-JSON files beside the other data, for `aml trace`.
         "AML_TRACE_DIR": str(data_dir / "traces"),
         "AML_ANSWER_MODEL": stack.llm_model,
+        # The local model reads text only: images are shown to it as a placeholder.
+        "AML_ANSWER_MODEL_IMAGES": "false",
         "AML_JUDGE_MODEL": stack.llm_model,
         "AML_ACK_WAIT_SECONDS": str(config.ack_wait_seconds),
         "AML_RECONCILE_INTERVAL_SECONDS": str(config.reconcile_interval_seconds),
@@ -182,13 +184,15 @@ def register_participant(
     auth_method: str = "none",
     key: str | None = None,
     capacity: dict[str, float] | None = None,
+    track: str = "textual",
 ) -> tuple[str, str]:
     """Bind a participant serving /add, /search and /health under `base_url` as a system
-    version of `team`; returns (version_id, leaderboard key of a new team)."""
+    version of `team` on `track`; returns (version_id, leaderboard key of a new team)."""
     version: dict[str, object] = {
         "team": team,
         "system_name": system_name,
         "version_label": "1.0",
+        "track": track,
         "add_url": f"{base_url}/add",
         "search_url": f"{base_url}/search",
         "health_url": f"{base_url}/health",
@@ -209,10 +213,14 @@ def register_participant(
 
 
 def register_memory_server(
-    platform: Platform, memory: MemoryServer, team: str, auth_method: str = "bearer"
+    platform: Platform,
+    memory: MemoryServer,
+    team: str,
+    auth_method: str = "bearer",
+    track: str = "textual",
 ) -> tuple[str, str]:
     """Bind the reference memory server as a system version of `team` (a system name belongs
     to one team, so the team's name is part of it)."""
     return register_participant(
-        platform, memory.url, team, f"reference-bm25-{team}", auth_method, memory.key
+        platform, memory.url, team, f"reference-bm25-{team}", auth_method, memory.key, track=track
     )

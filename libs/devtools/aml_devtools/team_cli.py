@@ -374,7 +374,8 @@ def _submit(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     job = api.call("POST", "/v1/jobs", body=body)
     print(
         f"job {job['job_id']} submitted: {job['mode']} run {job['run_label']!r} of "
-        f"{job['version_id']} on {', '.join(job['datasets'])} ({job['state']})",
+        f"{job['version_id']} on track {job['track']}: {', '.join(job['datasets'])} "
+        f"({job['state']})",
         file=out,
     )
     if not args.watch:

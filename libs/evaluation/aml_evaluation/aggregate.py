@@ -16,10 +16,17 @@ Rules, in the order they apply:
   outside `judge_accuracy` and `accuracy`.
 - With N judge runs, each run's own accuracy (over the questions that run could judge) is
   reported as a mean and a population standard deviation across runs.
+- A cell's `headline` names the metric that ranks it: `accuracy` when some question in it has a
+  verdict (judge or option), `f1_mean` when its scored questions were scored by token F1 alone
+  (a dataset whose scorer is `token_f1`, Mem-Gallery's, is never judged).
 - A dataset's overall is the micro-average over its categories except the excluded ones (LoCoMo's
   adversarial category is reported on its own, as the field does).
 - Overall is the micro-average over every dataset's included questions (every question weighs
   the same).
+- A streaming dataset asks a question at several points of its conversation: each (question,
+  point) is one item, counted in its category, the dataset's overall and Overall like any other,
+  and the dataset also reports `points`: its overall split by the point's ordinal among its
+  question's points ("1", "2", ...). Other datasets have no `points`.
 """
 
 from __future__ import annotations
@@ -32,9 +39,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
-from aml_contract.api.results import DatasetResults, JobResults, Metrics
+from aml_contract.api.results import DatasetResults, Headline, JobResults, Metrics
 from aml_contract.api.vocabulary import JobState
 
 JudgeLabel = Literal["CORRECT", "WRONG"]
@@ -51,9 +58,11 @@ class QuestionOutcome(BaseModel):
     judge_labels: list[JudgeLabel | None] = Field(
         default_factory=list, description="One label (or None) per judge run."
     )
-    judged: bool = Field(
-        default=True,
-        description="False: no judge verdict was asked for; F1 and BLEU-1 still count.",
+    judged: bool | None = Field(
+        default=None,
+        description="False: no judge verdict was asked for; F1 and BLEU-1 still count. Not "
+        "given: judged iff a judge label or a judge run is recorded (a `token_f1` dataset's "
+        "scores carry neither; every judged score has one label per run, None when unreadable).",
     )
     f1: float | None = None
     bleu1: float | None = None
@@ -61,6 +70,14 @@ class QuestionOutcome(BaseModel):
     multiple_choice: bool = False
     choice_correct: bool | None = None
     question_id: str | None = None
+    # Streaming datasets: the ordinal of the point the item was asked at (1-based).
+    point_index: int | None = None
+
+    @model_validator(mode="after")
+    def _judged_when_a_judge_ran(self) -> QuestionOutcome:
+        if self.judged is None:
+            self.judged = self.judge_label is not None or bool(self.judge_labels)
+        return self
 
     @property
     def failure(self) -> str | None:
@@ -131,12 +148,25 @@ class _Tally:
             option_correct=self.option_correct,
             option_questions=self.options,
             option_accuracy=self.option_correct / self.options if self.options else None,
+            headline=_headline(verdicts, self.f1_values),
             f1_mean=_mean(self.f1_values),
             bleu1_mean=_mean(self.bleu_values),
             judge_runs=max(1, len(self.runs)),
             judge_run_accuracy_mean=_mean(per_run),
             judge_run_accuracy_spread=statistics.pstdev(per_run) if per_run else None,
         )
+
+
+def _headline(verdicts: int, f1_values: list[float]) -> Headline:
+    """`accuracy` whenever some question has a verdict; `f1_mean` when the scored questions
+    were scored by F1 alone (a `token_f1` dataset such as Mem-Gallery)."""
+    return "f1_mean" if not verdicts and f1_values else "accuracy"
+
+
+def _point_metrics(points: dict[int, _Tally] | None) -> dict[str, Metrics] | None:
+    if not points:
+        return None
+    return {str(index): points[index].metrics() for index in sorted(points)}
 
 
 def _mean(values: list[float]) -> float | None:
@@ -154,6 +184,7 @@ def aggregate(
     `f1_variants` names each dataset's token F1 (default the LoCoMo variant)."""
     per_category: dict[str, dict[str, _Tally]] = {}
     per_dataset: dict[str, _Tally] = {}
+    per_point: dict[str, dict[int, _Tally]] = {}
     overall = _Tally()
     for outcome in outcomes:
         categories = per_category.setdefault(outcome.dataset_id, {})
@@ -162,6 +193,9 @@ def aggregate(
             continue
         per_dataset.setdefault(outcome.dataset_id, _Tally()).add(outcome)
         overall.add(outcome)
+        if outcome.point_index is not None:
+            points = per_point.setdefault(outcome.dataset_id, {})
+            points.setdefault(outcome.point_index, _Tally()).add(outcome)
     variants = f1_variants or {}
     datasets = {
         dataset_id: DatasetResults(
@@ -169,6 +203,7 @@ def aggregate(
             overall=per_dataset.get(dataset_id, _Tally()).metrics(),
             categories={name: tally.metrics() for name, tally in sorted(categories.items())},
             excluded_from_overall=sorted(excluded.get(dataset_id, [])),
+            points=_point_metrics(per_point.get(dataset_id)),
             **({"f1_variant": variants[dataset_id]} if dataset_id in variants else {}),
         )
         for dataset_id, categories in sorted(per_category.items())
@@ -178,7 +213,7 @@ def aggregate(
 
 # Metrics computed from others in the fingerprint: left out, so adding one to the results
 # does not change the fingerprint of the same numbers (results stored before it was added).
-_DERIVED_METRICS = frozenset({"option_accuracy"})
+_DERIVED_METRICS = frozenset({"option_accuracy", "headline"})
 
 
 def results_fingerprint(datasets: Mapping[str, Any]) -> str:
@@ -186,7 +221,8 @@ def results_fingerprint(datasets: Mapping[str, Any]) -> str:
     canonical JSON: sorted keys, no spaces, UTF-8, and integral floats written as integers so a
     store that reads `1.0` back as `1` gives the same fingerprint. Two jobs with the same
     fingerprint reported the same numbers for every dataset and category (R-3.8 duplicates).
-    Derived metrics (`option_accuracy` = option_correct / option_questions) are left out."""
+    Derived metrics (`option_accuracy` = option_correct / option_questions, `headline` which
+    follows from the counts) are left out."""
     canonical = json.dumps(
         _canonical(datasets), sort_keys=True, separators=(",", ":"), ensure_ascii=False
     )

@@ -21,6 +21,37 @@ words being counted on each message's ``content`` as sent, with the frozen count
 :data:`aml_evaluation.wordcount.WORD_COUNTER_VERSION`. A message is never split: one longer than
 ``max_words`` forms a chunk of its own. Chunks never span sessions.
 
+**Streaming datasets** (SPEC R-4.5): a chunk is also cut at every point where a question of the
+conversation is asked (:attr:`Question.asked_at`, in turns written before it), so that once Add
+``seq`` n is confirmed exactly the first P turns are written and the question can be searched
+there. Chunks are packed as above, then a chunk that holds a point's boundary is cut there (a
+point inside a session thus splits that session's Add); a conversation without points is
+chunked exactly as before.
+
+**Multimodal datasets** (track ``"multimodal"``): ``chunk-mm-v1``
+(:data:`MULTIMODAL_CHUNKER_VERSION`).
+
+- A turn that shares images becomes a message whose ``content`` is an ordered array: a ``text``
+  part holding the turn's text as above but *without* the ``[shares an image: ...]`` suffix (the
+  participant gets the image itself; no text part when the turn's text is blank), then one
+  ``image_url`` part per image, in the turn's order, whose URL is the image as a
+  ``data:<mime>;base64,...`` URL (:func:`aml_evaluation.media.data_url`) of the bytes the
+  registry verified against the manifest (:attr:`Dataset.image_files`). A turn without images
+  is sent exactly as by ``chunk-v1``.
+- Chunks follow the rule above (words counted on text parts only) and also the media limits:
+  a new chunk starts when the next message's images would take the Add over
+  :data:`aml_evaluation.media.MAX_IMAGES_PER_ADD` images or
+  :data:`aml_evaluation.media.MAX_ADD_IMAGE_BYTES` bytes (:func:`aml_evaluation.media.fits_in_add`).
+- A message over the per-message limits, an image over the per-image limit, or a question
+  showing more than a Search may carry is an :class:`aml_evaluation.media.ImageError`
+  (:func:`check_media_limits`, run when the dataset is loaded and again when bodies are built):
+  an image is never dropped.
+- A question that shows images is searched with ``query`` = [the question's text part, its
+  ``image_url`` parts] (:func:`search_query`); any other query stays the plain string.
+
+``chunk-v1`` is what the evaluation spec records; jobs over text datasets are unchanged by the
+multimodal rule (:func:`chunker_version` names the rule a dataset's Adds follow).
+
 **Add requests.** Per conversation, chunks are numbered ``seq`` = 1, 2, ... across its sessions
 in session order; ids come from the contract helpers. The request body is serialised once by
 ``aml_contract.participant.encode`` and those bytes are what every retry re-sends (R-4.10).
@@ -29,22 +60,37 @@ in session order; ids come from the contract helpers. The request body is serial
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import Final
 
 from pydantic import BaseModel, ConfigDict
 
 from aml_contract.participant import (
     AddRequest,
+    Content,
+    ContentPart,
+    ImageUrl,
+    ImageUrlPart,
     Message,
     TextPart,
     add_request_id,
     memory_session_id,
     memory_user_id,
 )
-from aml_evaluation.datasets import Conversation, Dataset, Session, Turn
+from aml_evaluation.datasets import Conversation, Dataset, Question, Session, Turn
+from aml_evaluation.media import (
+    ImageError,
+    check_image,
+    check_message_images,
+    check_query_images,
+    data_url,
+    fits_in_add,
+)
 from aml_evaluation.wordcount import count_words
 
 CHUNKER_VERSION: Final = "chunk-v1"
+MULTIMODAL_CHUNKER_VERSION: Final = "chunk-mm-v1"
+MULTIMODAL_TRACK: Final = "multimodal"
 MAX_MESSAGES: Final = 20
 MAX_WORDS: Final = 2000
 
@@ -62,8 +108,12 @@ class AddChunk(BaseModel):
     request: AddRequest
 
 
+def turn_text(turn: Turn) -> str:
+    return f"{turn.speaker}: {turn.text}"
+
+
 def turn_content(turn: Turn) -> str:
-    content = f"{turn.speaker}: {turn.text}"
+    content = turn_text(turn)
     if turn.image_caption is not None:
         content += f" [shares an image: {turn.image_caption}]"
     return content
@@ -126,15 +176,165 @@ def chunk_messages(
     return chunks
 
 
-def _conversation_adds(dataset_id: str, conversation: Conversation, run: str) -> list[AddChunk]:
+# --- multimodal (chunk-mm-v1) -----------------------------------------------------------------
+
+
+def chunker_version(dataset: Dataset) -> str:
+    """The chunk rule the dataset's Add requests follow."""
+    return MULTIMODAL_CHUNKER_VERSION if dataset.track == MULTIMODAL_TRACK else CHUNKER_VERSION
+
+
+def _image_bytes(dataset: Dataset, reference: str) -> bytes:
+    data = dataset.image_files.get(reference)
+    if data is None:
+        raise ImageError(
+            f"dataset {dataset.dataset_id!r}: image {reference!r} is not among the bundle's "
+            "verified files"
+        )
+    return data
+
+
+def _image_sizes(dataset: Dataset, references: Sequence[str]) -> list[tuple[str, int]]:
+    sizes = []
+    for reference in references:
+        data = _image_bytes(dataset, reference)
+        check_image(reference, data)
+        sizes.append((reference, len(data)))
+    return sizes
+
+
+def check_media_limits(dataset: Dataset) -> None:
+    """ImageError naming the turn or question whose images break a media limit (per image,
+    per message, per Search query), or whose image has no verified bytes."""
+    for conversation in dataset.conversations:
+        for session in conversation.sessions:
+            for turn in session.turns:
+                where = (
+                    f"conversation {conversation.conversation_id!r} session "
+                    f"{session.session_key!r} turn {turn.turn_id!r}"
+                )
+                check_message_images(_image_sizes(dataset, turn.images), where)
+    for question in dataset.questions:
+        where = f"question {question.question_id!r}"
+        check_query_images(_image_sizes(dataset, question.images), where)
+
+
+def _image_parts(dataset: Dataset, references: Sequence[str]) -> list[ContentPart]:
+    return [
+        ImageUrlPart(
+            type="image_url",
+            image_url=ImageUrl(url=data_url(reference, _image_bytes(dataset, reference))),
+        )
+        for reference in references
+    ]
+
+
+def multimodal_message(
+    dataset: Dataset, turn: Turn, role: str, text: str, timestamp: int | None
+) -> Message:
+    """A turn's message under chunk-mm-v1: ``text`` (the turn's text without the caption
+    suffix), then its images as data URLs; a turn without images keeps ``content`` (str)."""
+    parts: list[ContentPart] = [TextPart(type="text", text=text)] if turn.text.strip() else []
+    parts += _image_parts(dataset, turn.images)
+    return Message(role=role, content=parts, timestamp=timestamp)
+
+
+def multimodal_messages(
+    dataset: Dataset, session: Session, conversation: Conversation
+) -> list[tuple[Message, int, int]]:
+    """(message, image count, image bytes) of each turn of a session under chunk-mm-v1."""
+    out: list[tuple[Message, int, int]] = []
+    plain = conversation_messages(
+        session, conversation.speakers, speakers_are_roles=conversation.speakers_are_roles
+    )
+    for turn, message in zip(session.turns, plain, strict=True):
+        if not turn.images:
+            out.append((message, 0, 0))
+            continue
+        where = f"conversation {conversation.conversation_id!r} turn {turn.turn_id!r}"
+        sizes = _image_sizes(dataset, turn.images)
+        check_message_images(sizes, where)
+        text = turn.text if conversation.speakers_are_roles else turn_text(turn)
+        out.append(
+            (
+                multimodal_message(dataset, turn, message.role, text, message.timestamp),
+                len(sizes),
+                sum(size for _, size in sizes),
+            )
+        )
+    return out
+
+
+def chunk_multimodal_messages(
+    messages: Sequence[tuple[Message, int, int]],
+    max_messages: int = MAX_MESSAGES,
+    max_words: int = MAX_WORDS,
+) -> list[list[Message]]:
+    """chunk_messages' rule plus the per-Add media limits (see the module docstring)."""
+    chunks: list[list[Message]] = []
+    current: list[Message] = []
+    words = count = size = 0
+    for message, images, image_bytes in messages:
+        message_word_count = message_words(message)
+        if current and (
+            len(current) + 1 > max_messages
+            or words + message_word_count > max_words
+            or not fits_in_add(count, size, images, image_bytes)
+        ):
+            chunks.append(current)
+            current, words, count, size = [], 0, 0, 0
+        current.append(message)
+        words, count, size = words + message_word_count, count + images, size + image_bytes
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def search_query(dataset: Dataset, question: Question) -> Content:
+    """A question's Search ``query``: the plain text, or under chunk-mm-v1 for a question that
+    shows images, [its text part, its images as data URLs] within the Search media limits."""
+    if dataset.track != MULTIMODAL_TRACK or not question.images:
+        return question.question
+    check_query_images(_image_sizes(dataset, question.images), f"question {question.question_id!r}")
+    return [TextPart(type="text", text=question.question), *_image_parts(dataset, question.images)]
+
+
+def _session_chunks(
+    dataset: Dataset, conversation: Conversation, session: Session
+) -> list[list[Message]]:
+    if dataset.track == MULTIMODAL_TRACK:
+        return chunk_multimodal_messages(multimodal_messages(dataset, session, conversation))
+    messages = conversation_messages(
+        session, conversation.speakers, speakers_are_roles=conversation.speakers_are_roles
+    )
+    return chunk_messages(messages)
+
+
+def cut_at_points(
+    chunks: Sequence[list[Message]], written: int, points: Sequence[int]
+) -> list[list[Message]]:
+    """A session's chunks, each cut wherever the conversation's written turns reach one of
+    `points` inside it (`written` turns precede the session): an Add ends at every point."""
+    cut: list[list[Message]] = []
+    for chunk in chunks:
+        inside = [point - written for point in points if written < point < written + len(chunk)]
+        cut += [chunk[start:end] for start, end in pairwise([0, *inside, len(chunk)])]
+        written += len(chunk)
+    return cut
+
+
+def _conversation_adds(
+    dataset: Dataset, conversation: Conversation, run: str, points: Sequence[int] = ()
+) -> list[AddChunk]:
+    dataset_id = dataset.dataset_id
     user_id = memory_user_id(run, dataset_id, conversation.conversation_id)
     adds: list[AddChunk] = []
+    written = 0  # turns of the conversation in earlier sessions (one message per turn)
     for session in conversation.sessions:
         session_id = memory_session_id(run, conversation.conversation_id, session.session_key)
-        messages = conversation_messages(
-            session, conversation.speakers, speakers_are_roles=conversation.speakers_are_roles
-        )
-        for chunk in chunk_messages(messages):
+        chunks = cut_at_points(_session_chunks(dataset, conversation, session), written, points)
+        written += sum(len(chunk) for chunk in chunks)
+        for chunk in chunks:
             seq = len(adds) + 1
             request_id = add_request_id(run, dataset_id, conversation.conversation_id, seq)
             adds.append(
@@ -157,8 +357,11 @@ def _conversation_adds(dataset_id: str, conversation: Conversation, run: str) ->
 
 def plan_adds(dataset: Dataset, run: str) -> list[AddChunk]:
     """All Add requests of a dataset for one run, conversation by conversation, in send order."""
+    points = dataset.asked_points()
     return [
         add
         for conversation in dataset.conversations
-        for add in _conversation_adds(dataset.dataset_id, conversation, run)
+        for add in _conversation_adds(
+            dataset, conversation, run, points.get(conversation.conversation_id, ())
+        )
     ]

@@ -34,9 +34,10 @@ import calendar
 import json
 import re
 from collections.abc import Mapping, Sequence
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 if TYPE_CHECKING:
     from aml_evaluation.registry import DatasetManifest
@@ -107,6 +108,10 @@ class Conversation(_Frozen):
     # role with its text unchanged, without LoCoMo's "speaker: " prefix.
     speakers_are_roles: bool = False
 
+    @property
+    def turn_count(self) -> int:
+        return sum(len(session.turns) for session in self.sessions)
+
 
 class Question(_Frozen):
     question_id: str
@@ -137,6 +142,17 @@ class Question(_Frozen):
     # references relative to the dataset's image directory, and the source's caption of them.
     images: tuple[str, ...] = ()
     image_caption: str | None = None
+    # Streaming datasets (SPEC R-4.5, R-4.7): where the question is asked, as numbers of the
+    # conversation's turns written before it is searched, increasing; the question is searched
+    # once at each. Empty: once, after the whole conversation.
+    asked_at: tuple[int, ...] = ()
+
+    @field_validator("asked_at")
+    @classmethod
+    def _increasing_points(cls, points: tuple[int, ...]) -> tuple[int, ...]:
+        if any(point < 0 for point in points) or any(a >= b for a, b in pairwise(points)):
+            raise ValueError(f"asked_at {list(points)} must be increasing turn counts from 0")
+        return points
 
     @property
     def unanswerable(self) -> bool:
@@ -152,6 +168,38 @@ class Dataset(_Frozen):
     f1_variant: str = DEFAULT_F1_VARIANT
     conversations: list[Conversation]
     questions: list[Question]
+    # The manifest's track (the registry sets it): "multimodal" sends a turn's images to the
+    # participant (aml_evaluation.chunker, chunk-mm-v1); otherwise turns are text only.
+    track: str = "textual"
+    # Multimodal datasets: reference -> the image's bytes, read from the bundle and checked
+    # against the manifest's sha256 (Add and Search bodies are built from these). Never dumped.
+    image_files: dict[str, bytes] = Field(default_factory=dict, exclude=True, repr=False)
+
+    @model_validator(mode="after")
+    def _points_inside_their_conversation(self) -> Dataset:
+        asked = [question for question in self.questions if question.asked_at]
+        if asked:
+            turns = {c.conversation_id: c.turn_count for c in self.conversations}
+            for question in asked:
+                written = turns.get(question.conversation_id, 0)
+                if question.asked_at[-1] > written:
+                    raise ValueError(
+                        f"question {question.question_id!r}: asked_at {question.asked_at[-1]} "
+                        f"is past its conversation's {written} turns"
+                    )
+        return self
+
+    @property
+    def streaming(self) -> bool:
+        """A streaming dataset asks some question at declared points of its conversation."""
+        return any(question.asked_at for question in self.questions)
+
+    def asked_points(self) -> dict[str, tuple[int, ...]]:
+        """Per conversation, every point some question of it is asked at, in order."""
+        points: dict[str, set[int]] = {}
+        for question in self.questions:
+            points.setdefault(question.conversation_id, set()).update(question.asked_at)
+        return {conversation: tuple(sorted(p)) for conversation, p in points.items() if p}
 
 
 # --- LoCoMo parsing -------------------------------------------------------------------------
@@ -250,7 +298,18 @@ def _question(
         evidence=[str(item) for item in raw.get("evidence", [])],
         adversarial=category == LOCOMO_ADVERSARIAL_CATEGORY,
         options=_options(sample_id, index, raw),
+        asked_at=_asked_at(sample_id, index, raw),
     )
+
+
+def _asked_at(sample_id: str, index: int, raw: Mapping[str, Any]) -> tuple[int, ...]:
+    """A streaming item's points (an optional AML field, see docs/evaluation.md)."""
+    points = raw.get("asked_at", [])
+    if not isinstance(points, list) or not all(
+        isinstance(point, int) and not isinstance(point, bool) for point in points
+    ):
+        raise ValueError(f"sample {sample_id!r} qa[{index}]: asked_at must be a list of integers")
+    return tuple(points)
 
 
 def _optional_text(value: object) -> str | None:

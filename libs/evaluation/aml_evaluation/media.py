@@ -82,6 +82,14 @@ class ImageError(ValueError):
     missing, not an image of a supported type, or over a limit. The message names the image."""
 
 
+class MissingImagesError(ValueError):
+    """Images a dataset references are not there; ``missing`` lists their references."""
+
+    def __init__(self, message: str, missing: Sequence[str]) -> None:
+        super().__init__(message)
+        self.missing = list(missing)
+
+
 # --- pure -------------------------------------------------------------------------------------
 
 

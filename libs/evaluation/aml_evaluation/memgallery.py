@@ -35,12 +35,15 @@ path with its leading ``"../image/"`` removed, relative to the **image directory
 ``benchmark/data/image``); a path that does not start with ``"../image/"`` is an error, and the
 rest must be a clean relative path (:func:`aml_evaluation.media.check_reference`). The same
 mapping applies to a question's ``question_image``. :func:`parse` checks that every referenced
-image is there without reading it (bytes are read when Add and Search bodies are built, by
-:mod:`aml_evaluation.media`): an image is there when the bundle lists it (at
+image is there: an image is there when the bundle lists it (at
 ``<dialog dir>/../image/<reference>``, as :func:`bundle_image_path` says) or when it is a
-regular file under the ``image_dir`` given. Mem-Gallery's images are not shipped with the
-dialog files; a missing one is a :class:`MissingImagesError` naming the images and the place
-looked in.
+regular file under the ``image_dir`` given (such an image has no bytes in the dataset, so only
+bundle-listed images can be sent to a participant). A manifest whose ``image_dir`` names a bundle
+directory (``aml dataset add --images``) lists its images at ``<image_dir>/<reference>``
+instead. The bytes of listed images, verified by the registry, are kept in
+:attr:`Dataset.image_files` for the Add and Search bodies. Mem-Gallery's images are not
+shipped with the dialog files; a missing one is a :class:`MissingImagesError` naming the images
+and the place looked in.
 
 **Questions.** ``"human-annotated QAs"`` in order; ``question_id`` is
 ``f"{conversation_id}:q{index:04d}"`` (``index`` 0-based), ``evidence`` the ``clue`` round ids,
@@ -72,7 +75,13 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Final, Protocol
 
 from aml_evaluation.datasets import Conversation, Dataset, Question, Session, Turn
-from aml_evaluation.media import IMAGE_SUFFIXES, ImageError, check_reference, resolve_image
+from aml_evaluation.media import (
+    IMAGE_SUFFIXES,
+    ImageError,
+    MissingImagesError,
+    check_reference,
+    resolve_image,
+)
 
 FORMAT: Final = "mem-gallery"
 # The task types in their fixed order; category n is MEMGALLERY_TASK_TYPES[n - 1].
@@ -103,8 +112,11 @@ MEMGALLERY_CATEGORY_OF_TYPE: Final[Mapping[str, int]] = {
 }
 ANSWER_REFUSAL: Final = MEMGALLERY_CATEGORY_OF_TYPE["AR"]
 REFUSAL_GOLD: Final = "not mentioned"  # AR's gold, compared without case and punctuation
-# The scorer and F1 a Mem-Gallery manifest declares (Mem-Gallery reports token F1).
+# The scorer and F1 a Mem-Gallery manifest declares: Mem-Gallery reports token F1, normalised
+# its own way (aml_evaluation.scoring.F1_MEMGALLERY_VERSION, named here rather than imported so
+# parsing does not load the scorer's NLTK).
 DEFAULT_SCORER: Final = "token_f1"
+DEFAULT_F1_VARIANT: Final = "f1-memgallery-v1"
 SPEAKERS: Final = ("user", "assistant")
 IMAGE_PREFIX: Final = "../image/"
 CAPTION_SEPARATOR: Final = " | "
@@ -133,13 +145,8 @@ class MemGalleryManifest(Protocol):
     @property
     def categories(self) -> Mapping[int, str]: ...
 
-
-class MissingImagesError(ValueError):
-    """Images the dataset references are not there; ``missing`` lists their references."""
-
-    def __init__(self, message: str, missing: Sequence[str]) -> None:
-        super().__init__(message)
-        self.missing = list(missing)
+    @property
+    def image_dir(self) -> str | None: ...
 
 
 # --- the bundle parser ------------------------------------------------------------------------
@@ -155,11 +162,11 @@ def parse(
     the module docstring). A manifest without categories (a draft) gets Mem-Gallery's."""
     documents: list[tuple[str, Mapping[str, Any]]] = []
     dialog_paths: dict[str, str] = {}  # conversation id -> its file's bundle path
-    listed: set[str] = set()
+    listed: dict[str, bytes] = {}
     for name, content in contents:
         suffix = PurePosixPath(name).suffix.lower()
         if suffix in IMAGE_SUFFIXES:
-            listed.add(PurePosixPath(name).as_posix())
+            listed[PurePosixPath(name).as_posix()] = content
             continue
         if suffix != ".json":
             raise ValueError(
@@ -190,14 +197,26 @@ def parse(
         scorer=manifest.scorer,
         f1_variant=manifest.f1_variant,
     )
-    unlisted = [
-        reference
-        for conversation_id, references in _references_by_conversation(dataset).items()
-        for reference in references
-        if bundle_image_path(dialog_paths[conversation_id], reference) not in listed
-    ]
+    unlisted: list[str] = []
+    image_files: dict[str, bytes] = {}
+    for conversation_id, references in _references_by_conversation(dataset).items():
+        for reference in references:
+            path = listed_image_path(dialog_paths[conversation_id], reference, manifest.image_dir)
+            if path not in listed:
+                unlisted.append(reference)
+            elif image_files.setdefault(reference, listed[path]) != listed[path]:
+                raise ValueError(f"image {reference!r} is listed twice with different bytes")
     check_images(unlisted, image_dir)
-    return dataset
+    return dataset.model_copy(update={"image_files": image_files})
+
+
+def listed_image_path(dialog_path: str, reference: str, image_dir: str | None) -> str | None:
+    """The bundle path of a referenced image: under the manifest's ``image_dir`` when it names
+    one (an operator's image directory, ``aml dataset add --images``), else where the source's
+    layout puts it (:func:`bundle_image_path`)."""
+    if image_dir is not None:
+        return f"{image_dir.rstrip('/')}/{reference}"
+    return bundle_image_path(dialog_path, reference)
 
 
 def bundle_image_path(dialog_path: str, reference: str) -> str | None:
@@ -283,7 +302,7 @@ def parse_memgallery(
     *,
     categories: Mapping[int, str] = MEMGALLERY_CATEGORIES,
     scorer: str = DEFAULT_SCORER,
-    f1_variant: str = "f1-locomo-v1",
+    f1_variant: str = DEFAULT_F1_VARIANT,
 ) -> Dataset:
     """The dataset of Mem-Gallery dialog files, each given as (conversation id, parsed JSON
     object). Pure: image references are mapped, not looked up (see :func:`parse`)."""

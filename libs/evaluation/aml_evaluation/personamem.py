@@ -45,11 +45,15 @@ the paper's order (:data:`PERSONAMEM_CATEGORIES`); released files spell some typ
 manifest's name for that number, so the manifest must declare it; a manifest that declares no
 categories (a draft, while ``aml dataset add`` checks the files) gets the paper's seven.
 
-**Where a question is asked.** ``end_index_in_shared_context`` says how far into its context a
-question is asked (PersonaMem asks each question after the first ``end_index`` messages). In
-this release the whole context is written before any question is searched, as for LoCoMo; asking
-each question at its end index is the streaming feature, not built here. The index is still
-checked (an integer from 0 to the context's length).
+**Where a question is asked: a streaming dataset.** ``end_index_in_shared_context`` says how
+far into its context a question is asked: PersonaMem asks it after the first ``end_index``
+messages. The index must be an integer from 0 to the context's length. The question is searched
+once, at that point (:attr:`Question.asked_at`, docs/evaluation.md "Streaming datasets"): after
+the turns written from those ``end_index`` messages, i.e. the messages before the index less the
+``system`` messages and the messages left empty, which are not written. A question whose end
+index has no written turn before it (0, or only system messages before it) is searched before
+the context's first Add, against a memory that holds nothing of the user yet, which is where
+the benchmark asks it; one at the context's end is searched after the whole context.
 
 Malformed input raises ValueError naming the file and the row (1-based, header excluded) or the
 context and message. Work is linear in the input; an ``all_options`` cell longer than
@@ -152,7 +156,8 @@ def parse(contents: Sequence[tuple[str, bytes]], manifest: PersonaMemManifest) -
     # format's own become the dataset's, and so the manifest's.
     categories = manifest.categories or PERSONAMEM_CATEGORIES
     contexts = _read_contexts(*contexts_file)
-    rows = list(_read_questions(*questions_file, contexts, categories))
+    written = {context_id: _written_before(messages) for context_id, messages in contexts.items()}
+    rows = list(_read_questions(*questions_file, contexts, written, categories))
     personas: dict[str, str] = {}  # context id -> the persona_id its questions name
     seen: set[str] = set()
     for row in rows:
@@ -272,6 +277,16 @@ def _conversation(context_id: str, messages: list[Mapping[str, Any]]) -> Convers
     )
 
 
+def _written_before(messages: list[Mapping[str, Any]]) -> list[int]:
+    """For each index 0..len(messages), how many turns the messages before it write."""
+    counts = [0]
+    for message in messages:
+        role, content = str(message["role"]), str(message["content"])
+        kept = role != SYSTEM_ROLE and bool(_without_speaker_tag(role, content))
+        counts.append(counts[-1] + kept)
+    return counts
+
+
 def _blocks(messages: list[Mapping[str, Any]]) -> Iterator[list[tuple[int, str, str]]]:
     """The context split at its system messages: (index, role, text) of each kept message."""
     block: list[tuple[int, str, str]] = []
@@ -301,6 +316,7 @@ def _read_questions(
     name: str,
     data: bytes,
     contexts: Mapping[str, list[Mapping[str, Any]]],
+    written: Mapping[str, list[int]],
     categories: Mapping[int, str],
 ) -> Iterator[_Row]:
     reader = csv.DictReader(io.StringIO(_text(name, data), newline=""))
@@ -326,7 +342,7 @@ def _read_questions(
         question_id = raw["question_id"].strip()
         _check_id(where, "question_id", question_id)
         where = f"{where} (question_id {question_id})"
-        yield _row(where, question_id, raw, contexts, categories)
+        yield _row(where, question_id, raw, contexts, written, categories)
 
 
 def _row(
@@ -334,12 +350,13 @@ def _row(
     question_id: str,
     raw: Mapping[str, str],
     contexts: Mapping[str, list[Mapping[str, Any]]],
+    written: Mapping[str, list[int]],
     categories: Mapping[int, str],
 ) -> _Row:
     context_id = raw["shared_context_id"].strip()
     if context_id not in contexts:
         raise ValueError(f"{where}: shared context {context_id!r} is not in the contexts file")
-    _end_index(where, raw["end_index_in_shared_context"], len(contexts[context_id]))
+    end = _end_index(where, raw["end_index_in_shared_context"], len(contexts[context_id]))
     question_type = raw["question_type"].strip()
     category = _TYPE_IDS.get(question_type)
     if category is None:
@@ -368,6 +385,7 @@ def _row(
         evidence=[],
         adversarial=False,
         options=options,
+        asked_at=(written[context_id][end],),
     )
     return _Row(where=where, persona_id=persona_id, question=question)
 

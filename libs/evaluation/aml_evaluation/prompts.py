@@ -9,6 +9,7 @@ import re
 import string
 from collections.abc import Sequence
 from importlib.resources import files
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
@@ -17,6 +18,23 @@ from pydantic import BaseModel, ConfigDict
 # the name from escaping the prompts directory.
 _PROMPT_NAME = re.compile(r"[a-z][a-z0-9_]*_(v[0-9]+)")
 _NO_MEMORIES = "(none)"
+# What an answer model that does not take images reads where an image was (see
+# aml_evaluation.context): it knows an image was there without seeing it.
+IMAGE_PLACEHOLDER = "[image]"
+# How every image is given to the answer model; aml_evaluation.context.IMAGE_TOKENS is its cost.
+IMAGE_DETAIL = "low"
+
+# One part of an OpenAI chat message's content array.
+ContentPart = dict[str, Any]
+
+
+class Memory(NamedTuple):
+    """A candidate as the answer prompt shows it: its line's text, its date when known and the
+    images given to the model right after the line (data URLs, in the participant's order)."""
+
+    text: str
+    created_at: str | None
+    images: tuple[str, ...] = ()
 
 
 class Prompt(BaseModel):
@@ -56,7 +74,7 @@ def load_prompt(name: str) -> Prompt:
     )
 
 
-def format_memories(candidates: Sequence[tuple[str, str | None]]) -> str:
+def format_memories(candidates: Sequence[tuple[str, str | None] | Memory]) -> str:
     """The `{memories}` block of the answer prompt: one `- [created_at] content` line per
     (content, created_at) candidate, in the order given (the participant's relevance order,
     SPEC R-6.1), without brackets when there is no created_at. Continuation lines of a
@@ -65,10 +83,65 @@ def format_memories(candidates: Sequence[tuple[str, str | None]]) -> str:
     if not candidates:
         return _NO_MEMORIES
     lines = []
-    for content, created_at in candidates:
+    for candidate in candidates:
+        content, created_at = candidate[0], candidate[1]
         prefix = f"- [{created_at}] " if created_at else "- "
         lines.append(prefix + content.replace("\n", "\n  "))
     return "\n".join(lines)
+
+
+def image_part(url: str) -> ContentPart:
+    return {"type": "image_url", "image_url": {"url": url, "detail": IMAGE_DETAIL}}
+
+
+def answer_content(
+    prompt: Prompt,
+    memories: Sequence[Memory],
+    question: str,
+    question_images: Sequence[str] = (),
+) -> str | list[ContentPart]:
+    """The answer model's user message: the prompt with its `{memories}` and `{question}`.
+
+    Without images it is the prompt's text, exactly `prompt.text.format(...)`. With images it
+    is OpenAI's content array, in order: the prompt's text up to and including the first
+    memory line that has images, then that memory's images (`image_url` parts), then the text
+    on to the next such line, and so on; the question's images come right after the question's
+    text. Joining the array's text parts gives exactly the text form, so a model sees the same
+    words either way. Raises ValueError for a template field other than memories and question
+    (or one with a conversion or format spec) when there are images."""
+    if not question_images and not any(memory.images for memory in memories):
+        return prompt.text.format(memories=format_memories(memories), question=question)
+    parts: list[ContentPart] = []
+    text: list[str] = []
+
+    def close_text() -> None:
+        joined = "".join(text)
+        text.clear()
+        if joined:
+            parts.append({"type": "text", "text": joined})
+
+    def then_images(urls: Sequence[str]) -> None:
+        if urls:
+            close_text()
+            parts.extend(image_part(url) for url in urls)
+
+    for literal, field, spec, conversion in string.Formatter().parse(prompt.text):
+        text.append(literal)
+        if field is None:
+            continue
+        if spec or conversion or field not in ("memories", "question"):
+            raise ValueError(f"prompt {prompt.name}: unsupported field {{{field}}} with images")
+        if field == "question":
+            text.append(question)
+            then_images(question_images)
+            continue
+        if not memories:
+            text.append(_NO_MEMORIES)
+        for index, memory in enumerate(memories):
+            text.append(("\n" if index else "") + format_memories([memory]))
+            then_images(memory.images)
+    close_text()
+    return parts
 
 
 def question_with_options(

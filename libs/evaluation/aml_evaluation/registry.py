@@ -10,8 +10,9 @@ hands the verified bytes to the parser of the manifest's ``format`` (:func:`pars
 is :func:`aml_evaluation.datasets.parse_locomo_bundle`, "longmemeval" and "personamem" are
 ``aml_evaluation.longmemeval.parse`` and ``aml_evaluation.personamem.parse``, imported only when a
 bundle of that format is read. A parser raises ``ValueError`` naming what is wrong. When
-``aml dataset add`` checks a new file, the parser gets a draft manifest whose ``categories`` is
-empty: it returns the categories its format defines, and those become the manifest's.
+``aml dataset add`` checks new files (one, or every file of a bundle that spans several, parsed
+together), the parser gets a draft manifest whose ``categories`` is empty: it returns the
+categories its format defines, and those become the manifest's.
 
 **Where manifests live.** Shipped manifests are package data (``data/manifests/<id>.json``).
 Operator manifests are written by ``aml dataset add`` to ``<datasets root>/manifests/<id>.json``:
@@ -43,12 +44,14 @@ from typing import Any, Final, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from aml_contract.api.vocabulary import Track
+from aml_evaluation.chunker import check_media_limits
 from aml_evaluation.datasets import (
     DEFAULT_F1_VARIANT,
     DEFAULT_SCORER,
     LOCOMO_ADVERSARIAL_CATEGORY,
     Dataset,
 )
+from aml_evaluation.media import ImageError, MissingImagesError, read_image, resolve_image
 
 PACKAGE_DATA_DIR: Final = Path(__file__).resolve().parent / "data"
 MANIFESTS_DIR: Final = PACKAGE_DATA_DIR / "manifests"
@@ -68,6 +71,13 @@ DEFAULT_SCORER_OF_FORMAT: Final[dict[str, str]] = {
     # docs/architecture.md "Not yet").
     "mem-gallery": "token_f1",
 }
+# The token F1 a dataset of the format reports unless the operator names another: Mem-Gallery's
+# own (aml_evaluation.scoring.token_f1_memgallery).
+DEFAULT_F1_VARIANT_OF_FORMAT: Final[dict[str, str]] = {"mem-gallery": "f1-memgallery-v1"}
+# The track a dataset of the format is registered on unless the operator names another.
+DEFAULT_TRACK_OF_FORMAT: Final[dict[str, str]] = {"mem-gallery": "multimodal"}
+# Formats whose datasets reference image files (`aml dataset add --images DIR` pins them).
+IMAGE_FORMATS: Final = frozenset({"mem-gallery"})
 # Categories reported apart, not counted in Overall, unless the operator names others.
 DEFAULT_EXCLUDED_OF_FORMAT: Final[dict[str, list[int]]] = {
     "locomo": [LOCOMO_ADVERSARIAL_CATEGORY],
@@ -84,7 +94,11 @@ _PARSERS: Final[dict[str, tuple[str, str]]] = {
 }
 # Fields added after the first manifests, with the default a manifest without them means; left
 # out of the canonical JSON while they hold it (bundle hashes of old manifests stay the same).
-_ADDED_FIELD_DEFAULTS: Final[dict[str, object]] = {"track": "textual", "question_counts": None}
+_ADDED_FIELD_DEFAULTS: Final[dict[str, object]] = {
+    "track": "textual",
+    "question_counts": None,
+    "image_dir": None,
+}
 _DATASET_ID = re.compile(r"[a-z0-9][a-z0-9_.-]*")
 
 
@@ -123,6 +137,16 @@ class DatasetManifest(_Frozen):
     # datasets root (licensed data that the repository must not carry).
     location: Literal["package", "datasets_root"] = "datasets_root"
     files: list[ManifestFile] = Field(min_length=1)
+    # Multimodal bundles: the bundle directory the listed images are under, each at
+    # `<image_dir>/<reference>` (`aml dataset add --images`); None: the format's own layout.
+    image_dir: str | None = None
+
+    @field_validator("image_dir")
+    @classmethod
+    def _image_dir_inside_the_root(cls, value: str | None) -> str | None:
+        if value is not None:
+            ManifestFile._inside_the_root(value)
+        return value
 
 
 BundleParser = Callable[[Sequence[tuple[str, bytes]], DatasetManifest], Dataset]
@@ -130,6 +154,14 @@ BundleParser = Callable[[Sequence[tuple[str, bytes]], DatasetManifest], Dataset]
 
 class DatasetFileError(ValueError):
     """A bundle file is missing, its bytes differ from the manifest, or it cannot be parsed."""
+
+
+class MissingImagesFileError(DatasetFileError):
+    """Images the bundle's data references are not in the bundle; ``missing`` names them."""
+
+    def __init__(self, message: str, missing: Sequence[str]) -> None:
+        super().__init__(message)
+        self.missing = list(missing)
 
 
 class FormatUnavailableError(DatasetFileError):
@@ -222,13 +254,24 @@ def parse_contents(contents: Sequence[tuple[str, bytes]], manifest: DatasetManif
     DatasetFileError naming the dataset and the format."""
     parse = parser_of(manifest.format)
     try:
-        return parse(contents, manifest)
+        dataset = parse(contents, manifest)
+        # The track is the manifest's; a multimodal one is checked against the media limits
+        # here, so an image too many is refused when the dataset is loaded, never dropped.
+        if dataset.track != manifest.track:
+            dataset = dataset.model_copy(update={"track": manifest.track})
+        if dataset.track == "multimodal":
+            check_media_limits(dataset)
     except DatasetFileError:
         raise
+    except MissingImagesError as error:
+        raise MissingImagesFileError(
+            f"dataset {manifest.dataset_id!r} ({manifest.format}): {error}", error.missing
+        ) from None
     except ValueError as error:
         raise DatasetFileError(
             f"dataset {manifest.dataset_id!r} ({manifest.format}): {error}"
         ) from None
+    return dataset
 
 
 def bundle_root(manifest: DatasetManifest, datasets_root: Path) -> Path:
@@ -300,6 +343,17 @@ def known_ids(datasets_root: Path | None) -> list[str]:
     return sorted(ids)
 
 
+def dataset_id_of(spelling: str, datasets_root: Path | None) -> str:
+    """The registered id a user's spelling names: the spelling itself when it is an id, else
+    the id it names with '-' written for '_' (``synthetic-multimodal`` is
+    ``synthetic_multimodal``); the spelling unchanged when neither is registered."""
+    known = set(known_ids(datasets_root))
+    underscored = spelling.replace("-", "_")
+    if spelling not in known and underscored in known:
+        return underscored
+    return spelling
+
+
 def _read_registered(path: Path, source: Source) -> RegisteredManifest:
     manifest = read_manifest(path)
     if manifest.dataset_id != path.stem:
@@ -366,10 +420,18 @@ class Registration:
     path: Path
     # "added", "replaced", or "unchanged" (the same manifest was already registered).
     outcome: Literal["added", "replaced", "unchanged"]
+    # The manifest's data files, the ones given to `add`; the rest of `manifest.files` are the
+    # images pinned for them.
+    data_files: tuple[ManifestFile, ...]
+
+    @property
+    def images(self) -> tuple[ManifestFile, ...]:
+        return tuple(self.manifest.files[len(self.data_files) :])
 
 
-def _inside(path: Path, datasets_root: Path) -> str:
-    """`path` relative to the datasets root (POSIX), after resolving symlinks and '..'."""
+def _inside(path: Path, datasets_root: Path, *, directory: bool = False) -> str:
+    """`path` relative to the datasets root (POSIX), after resolving symlinks and '..'; a
+    regular file, or with `directory` a directory."""
     root = datasets_root.resolve()
     if not root.is_dir():
         raise RegistrationError(f"the datasets root {datasets_root} is not a directory")
@@ -382,33 +444,47 @@ def _inside(path: Path, datasets_root: Path) -> str:
     relative = target.relative_to(root)
     if relative.parts[0] == OPERATOR_MANIFESTS:
         raise RegistrationError(f"{path} is in the manifests directory, not a data file")
-    if not target.is_file():
+    if directory and not target.is_dir():
+        raise RegistrationError(f"{path} is not a directory")
+    if not directory and not target.is_file():
         raise RegistrationError(f"{path} is not a regular file")
     return relative.as_posix()
 
 
+def default_version(files: Sequence[ManifestFile]) -> str:
+    """A dataset's version when the operator names none: the file's name and the start of its
+    sha256; for several files, their names and the start of the sha256 of their hashes."""
+    names = "+".join(PurePosixPath(entry.path).name for entry in files)
+    if len(files) == 1:
+        return f"{names}@sha256:{files[0].sha256[:12]}"
+    combined = hashlib.sha256("".join(entry.sha256 for entry in files).encode("ascii"))
+    return f"{names}@sha256:{combined.hexdigest()[:12]}"
+
+
 def draft_manifest(
     dataset_id: str,
-    relative_path: str,
-    sha256: str,
+    files: Sequence[ManifestFile],
     format_name: str,
     *,
-    track: str = "textual",
+    track: str | None = None,
     scorer: str | None = None,
     version: str | None = None,
-    f1_variant: str = DEFAULT_F1_VARIANT,
+    f1_variant: str | None = None,
     excluded_from_overall: Sequence[int] | None = None,
+    image_dir: str | None = None,
 ) -> DatasetManifest:
-    """The manifest `add` checks a file against: categories and counts still empty."""
+    """The manifest `add` checks the data files against: categories and counts still empty."""
     if format_name not in FORMATS:
         raise RegistrationError(f"unknown format {format_name!r}; known: {', '.join(FORMATS)}")
     payload: dict[str, Any] = {
         "dataset_id": dataset_id,
-        "version": version or f"{PurePosixPath(relative_path).name}@sha256:{sha256[:12]}",
+        "version": version or default_version(files),
         "format": format_name,
-        "track": track,
+        "track": track or DEFAULT_TRACK_OF_FORMAT.get(format_name, "textual"),
         "scorer": scorer or DEFAULT_SCORER_OF_FORMAT[format_name],
-        "f1_variant": f1_variant,
+        "f1_variant": (
+            f1_variant or DEFAULT_F1_VARIANT_OF_FORMAT.get(format_name, DEFAULT_F1_VARIANT)
+        ),
         "categories": {},
         "excluded_from_overall": list(
             DEFAULT_EXCLUDED_OF_FORMAT[format_name]
@@ -416,7 +492,8 @@ def draft_manifest(
             else excluded_from_overall
         ),
         "location": "datasets_root",
-        "files": [{"path": relative_path, "sha256": sha256}],
+        "files": [entry.model_dump() for entry in files],
+        "image_dir": image_dir,
     }
     try:
         return DatasetManifest.model_validate(payload)
@@ -427,8 +504,9 @@ def draft_manifest(
 def manifest_json(manifest: DatasetManifest) -> str:
     """A manifest file's text, as the shipped ones are written (absent defaults left out)."""
     payload = manifest.model_dump(mode="json")
-    if payload["question_counts"] is None:
-        del payload["question_counts"]
+    for name in ("question_counts", "image_dir"):
+        if payload[name] is None:
+            del payload[name]
     return json.dumps(payload, indent=2, ensure_ascii=False) + "\n"
 
 
@@ -446,23 +524,93 @@ def _write_atomically(path: Path, text: str) -> None:
         raise
 
 
+def _pin_images(
+    refused: str, references: Sequence[str], datasets_root: Path, image_dir: str | None
+) -> list[tuple[ManifestFile, bytes]]:
+    """The manifest entries (and bytes) of the images a dataset file references, read from the
+    image directory under the datasets root; RegistrationError naming the missing ones."""
+    if image_dir is None:
+        raise RegistrationError(
+            f"{refused} refused: it references {len(references)} images and no image directory "
+            f"was given ({_first(references)}); pass --images DIR, the directory under the "
+            "datasets root that holds them (Mem-Gallery: the source's benchmark/data/image)"
+        )
+    directory = datasets_root / image_dir
+    missing: list[str] = []
+    for reference in references:
+        try:
+            resolve_image(directory, reference)
+        except ImageError:
+            missing.append(reference)
+    if missing:
+        raise RegistrationError(
+            f"{refused} refused: {len(missing)} of {len(references)} referenced images are "
+            f"missing under {directory} ({_first(missing)}); pass --images DIR naming the "
+            "directory that holds them"
+        )
+    pinned: list[tuple[ManifestFile, bytes]] = []
+    for reference in references:
+        try:
+            data = read_image(directory, reference)
+        except ImageError as error:
+            raise RegistrationError(f"{refused} refused: {error}") from None
+        entry = ManifestFile(
+            path=f"{image_dir}/{reference}", sha256=hashlib.sha256(data).hexdigest()
+        )
+        pinned.append((entry, data))
+    return pinned
+
+
+def _first(references: Sequence[str], shown: int = 5) -> str:
+    more = len(references) - shown
+    return ", ".join(references[:shown]) + (f" and {more} more" if more > 0 else "")
+
+
+def _read_data_files(
+    paths: Sequence[Path], datasets_root: Path
+) -> list[tuple[ManifestFile, bytes]]:
+    """The manifest entries (and bytes) of the data files given to `add`, in path order, so
+    the manifest does not depend on the order they were named in."""
+    read: dict[str, tuple[ManifestFile, bytes]] = {}
+    for path in paths:
+        relative = _inside(path, datasets_root)
+        if relative in read:
+            raise RegistrationError(f"{path} is given twice (as {relative!r} in the root)")
+        try:
+            content = (datasets_root / relative).read_bytes()
+        except OSError as error:
+            raise RegistrationError(f"{path} cannot be read: {error.strerror}") from None
+        entry = ManifestFile(path=relative, sha256=hashlib.sha256(content).hexdigest())
+        read[relative] = (entry, content)
+    return [read[relative] for relative in sorted(read)]
+
+
 def register_dataset(
-    path: Path,
+    paths: Path | Sequence[Path],
     format_name: str,
     dataset_id: str,
     datasets_root: Path,
     *,
-    track: str = "textual",
+    track: str | None = None,
     scorer: str | None = None,
     version: str | None = None,
-    f1_variant: str = DEFAULT_F1_VARIANT,
+    f1_variant: str | None = None,
     excluded_from_overall: Sequence[int] | None = None,
     replace: bool = False,
+    images: Path | None = None,
 ) -> Registration:
-    """Verify a data file under the datasets root and write its operator manifest
-    (`<datasets root>/manifests/<id>.json`, atomically). The file is parsed by its format's
-    parser first, so a file that does not parse is refused with the parser's error and nothing
-    is written. Re-registering the same manifest is a no-op; a different one needs `replace`."""
+    """Verify the data files of a dataset under the datasets root and write its operator
+    manifest (`<datasets root>/manifests/<id>.json`, atomically). `paths` is one file or every
+    file of a bundle that spans several (PersonaMem: its questions .csv and shared contexts
+    .jsonl; Mem-Gallery: one dialog file per conversation); the manifest lists each with its
+    sha256, in path order. The files are parsed together by the format's parser first, so
+    files that do not parse are refused with the parser's error and nothing is written.
+    Re-registering the same manifest is a no-op; a different one needs `replace`.
+
+    A format with images (:data:`IMAGE_FORMATS`) takes the directory holding them, `images`
+    (under the datasets root): every image the files reference is pinned in the manifest
+    (path and sha256) after its type and size are checked; a reference that is not there
+    refuses the dataset, naming how many are missing and the first of them."""
     try:
         _check_id(dataset_id)
     except KeyError as error:
@@ -474,29 +622,43 @@ def register_dataset(
         raise RegistrationError(f"{dataset_id!r} is a shipped dataset; choose another id")
     if format_name not in FORMATS:
         raise RegistrationError(f"unknown format {format_name!r}; known: {', '.join(FORMATS)}")
-    relative = _inside(path, datasets_root)
-    try:
-        content = (datasets_root / relative).read_bytes()
-    except OSError as error:
-        raise RegistrationError(f"{path} cannot be read: {error.strerror}") from None
-    sha256 = hashlib.sha256(content).hexdigest()
+    if images is not None and format_name not in IMAGE_FORMATS:
+        raise RegistrationError(
+            f"--images applies to formats with images ({', '.join(sorted(IMAGE_FORMATS))}), "
+            f"not {format_name!r}"
+        )
+    given = [paths] if isinstance(paths, Path) else list(paths)
+    if not given:
+        raise RegistrationError("no data file given")
+    refused = f"{given[0]} is" if len(given) == 1 else f"{', '.join(map(str, given))} are"
+    data_files = _read_data_files(given, datasets_root)
+    image_dir = None if images is None else _inside(images, datasets_root, directory=True)
     draft = draft_manifest(
         dataset_id,
-        relative,
-        sha256,
+        [entry for entry, _ in data_files],
         format_name,
         track=track,
         scorer=scorer,
         version=version,
         f1_variant=f1_variant,
         excluded_from_overall=excluded_from_overall,
+        image_dir=image_dir,
     )
+    contents = [(entry.path, content) for entry, content in data_files]
     try:
-        dataset = parse_contents([(relative, content)], draft)
+        try:
+            dataset = parse_contents(contents, draft)
+        except MissingImagesFileError as error:
+            pinned = _pin_images(refused, error.missing, datasets_root, image_dir)
+            draft = draft.model_copy(
+                update={"files": [*draft.files, *(entry for entry, _ in pinned)]}
+            )
+            contents += [(entry.path, data) for entry, data in pinned]
+            dataset = parse_contents(contents, DatasetManifest.model_validate(draft.model_dump()))
     except DatasetFileError as error:
-        raise RegistrationError(f"{path} is refused: {error}") from None
+        raise RegistrationError(f"{refused} refused: {error}") from None
     if not dataset.questions:
-        raise RegistrationError(f"{path} is refused: it holds no questions")
+        raise RegistrationError(f"{refused} refused: the dataset holds no questions")
     categories = dict(sorted(dataset.categories.items()))
     unknown = sorted(set(draft.excluded_from_overall) - set(categories))
     if unknown:
@@ -507,6 +669,7 @@ def register_dataset(
     manifest = draft.model_copy(
         update={"categories": categories, "question_counts": count_questions(dataset)}
     )
+    draft_files = tuple(entry for entry, _ in data_files)
     # Validated whole once more, so what is written reads back as the same manifest.
     manifest = DatasetManifest.model_validate(manifest.model_dump())
     target = operator_manifests_dir(datasets_root) / f"{dataset_id}.json"
@@ -517,7 +680,9 @@ def register_dataset(
         except (OSError, ValueError):
             existing = None
         if existing == manifest:
-            return Registration(manifest=manifest, path=target, outcome="unchanged")
+            return Registration(
+                manifest=manifest, path=target, outcome="unchanged", data_files=draft_files
+            )
         if not replace:
             was = "unreadable" if existing is None else f"bundle {bundle_hash(existing)}"
             raise RegistrationError(
@@ -526,4 +691,4 @@ def register_dataset(
             )
         outcome = "replaced"
     _write_atomically(target, manifest_json(manifest))
-    return Registration(manifest=manifest, path=target, outcome=outcome)
+    return Registration(manifest=manifest, path=target, outcome=outcome, data_files=draft_files)

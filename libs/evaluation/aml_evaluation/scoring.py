@@ -31,9 +31,13 @@ from aml_evaluation.punkt import require_punkt_tab
 F1_VERSION: Final = "f1-locomo-v1"
 F1_SET_VERSION: Final = "f1-set-v1"
 F1_CATEGORY_VERSION: Final = "f1-locomo-category-v1"
+F1_MEMGALLERY_VERSION: Final = "f1-memgallery-v1"
 ABSTENTION_VERSION: Final = "abstention-phrase-v1"
 BLEU_VERSION: Final = "bleu1-nltk-word_tokenize-v2"
 MC_VERSION: Final = "mc-parse-v1"
+# A dataset's manifest scorer that scores open questions by token F1 alone, no judge asked
+# (Mem-Gallery's own evaluation reports F1; R-6.2 "multimodal Mem-Gallery -> F1").
+TOKEN_F1_SCORER: Final = "token_f1"
 
 # LoCoMo's category numbers, as in its data files (and the dataset manifests).
 LOCOMO_MULTI_HOP: Final = 1
@@ -79,9 +83,19 @@ def normalize_answer(s: str) -> str:
     return " ".join(s.split())
 
 
-def _stemmed_tokens(text: str) -> list[str]:
+def _stemmed_tokens(text: str, normalize: Callable[[str], str] = normalize_answer) -> list[str]:
     # str(): nltk is untyped, this keeps the Any from leaking into the scores' types.
-    return [str(_STEMMER.stem(word)) for word in normalize_answer(text).split()]
+    return [str(_STEMMER.stem(word)) for word in normalize(text).split()]
+
+
+def _multiset_f1(prediction_tokens: list[str], gold_tokens: list[str]) -> float:
+    """F1 of two token lists compared as multisets; 0.0 when no token is shared."""
+    shared = sum((Counter(prediction_tokens) & Counter(gold_tokens)).values())
+    if shared == 0:
+        return 0.0
+    precision = shared / len(prediction_tokens)
+    recall = shared / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
 
 
 def token_f1(prediction: str, gold: str | int) -> float:
@@ -95,14 +109,7 @@ def token_f1(prediction: str, gold: str | int) -> float:
     `gold` may be an int because some LoCoMo gold answers are JSON numbers (years); it is
     compared by its decimal string, as the reference does with `str(answer)`.
     """
-    prediction_tokens = _stemmed_tokens(prediction)
-    gold_tokens = _stemmed_tokens(str(gold))
-    shared = sum((Counter(prediction_tokens) & Counter(gold_tokens)).values())
-    if shared == 0:
-        return 0.0
-    precision = shared / len(prediction_tokens)
-    recall = shared / len(gold_tokens)
-    return 2 * precision * recall / (precision + recall)
+    return _multiset_f1(_stemmed_tokens(prediction), _stemmed_tokens(str(gold)))
 
 
 # The characters mem0's `simple_tokenize` turns into spaces; everything else stays in the token.
@@ -213,9 +220,61 @@ def f1_locomo_category(prediction: str, gold: str | int | None, category: int) -
     raise ValueError(f"{F1_CATEGORY_VERSION} scores LoCoMo categories 1-5, not {category}")
 
 
+# Mem-Gallery's placeholders for what its normalisation protects; lower-case input never holds
+# them (they are upper case), so they cannot collide with the text.
+_MEMGALLERY_DOT: Final = "DOTPLACEHOLDER"
+_MEMGALLERY_UNDERSCORE: Final = "UNDERSCOREPLACEHOLDER"
+_DECIMAL_POINT: Final = regex.compile(r"(?<=\d)\.(?=\d)")
+
+
+def normalize_answer_memgallery(s: str) -> str:
+    """Normalisation of Mem-Gallery's evaluation code (YuanchenBei/Mem-Gallery
+    `benchmark/memengine/evaluate/evaluation.py::normalize_answer_universal`), step for step:
+
+    1. lowercase (commas are NOT removed first, unlike LoCoMo: "1,000" becomes "1 000"),
+    2. protect a decimal point between two digits ("3.14" stays one token),
+    3. protect every underscore (image ids such as "IMG_001" stay one token),
+    4. replace the words a, an, the and "and" by a space (`regex` word boundaries, as there),
+    5. replace every other ASCII punctuation character by a space (LoCoMo deletes it, so
+       "D1:IMG_001" is the two tokens "d1" and "img_001" here, one token "d1img001" there),
+    6. restore the protected characters and collapse whitespace.
+    """
+    s = s.lower()
+    s = str(_DECIMAL_POINT.sub(_MEMGALLERY_DOT, s))
+    s = s.replace("_", _MEMGALLERY_UNDERSCORE)
+    s = str(_ARTICLES.sub(" ", s))
+    s = "".join(" " if ch in _PUNCTUATION else ch for ch in s)
+    s = s.replace(_MEMGALLERY_DOT, ".").replace(_MEMGALLERY_UNDERSCORE, "_")
+    return " ".join(s.split())
+
+
+def token_f1_memgallery(prediction: str, gold: str | int) -> float:
+    """Token F1 of Mem-Gallery (`f1_score` in the file named at normalize_answer_memgallery):
+    both sides normalised by normalize_answer_memgallery, split on whitespace, Porter-stemmed
+    (nltk) and compared as multisets, as token_f1 does; no shared token gives 0.0, which
+    includes either or both sides empty."""
+    return _multiset_f1(
+        _stemmed_tokens(prediction, normalize_answer_memgallery),
+        _stemmed_tokens(str(gold), normalize_answer_memgallery),
+    )
+
+
+def f1_memgallery(prediction: str, gold: str | int | None, category: int) -> float:
+    """`f1-memgallery-v1`: token_f1_memgallery against the whole gold, in every category, as
+    Mem-Gallery scores every question. An abstention question (gold None: Mem-Gallery's answer
+    refusal, whose source gold is the reply "Not mentioned.") by abstention_score, as every
+    variant does; Mem-Gallery itself compares the reply's words."""
+    return abstention_score(prediction) if gold is None else token_f1_memgallery(prediction, gold)
+
+
 # Version name -> scorer, so a dataset manifest can declare which token F1 it reports.
 F1_VARIANTS: Final[Mapping[str, F1Scorer]] = MappingProxyType(
-    {F1_VERSION: f1_locomo, F1_SET_VERSION: f1_set, F1_CATEGORY_VERSION: f1_locomo_category}
+    {
+        F1_VERSION: f1_locomo,
+        F1_SET_VERSION: f1_set,
+        F1_CATEGORY_VERSION: f1_locomo_category,
+        F1_MEMGALLERY_VERSION: f1_memgallery,
+    }
 )
 
 _BLEU_SMOOTHING: Final = SmoothingFunction().method1

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 # /2 added `judge_abstention`, the judge call for questions without a gold answer; /3 added
 # `judge_rules`, the judge calls of questions that carry a judge rule (LongMemEval's types).
 SPEC_SCHEMA: Final = "aml-eval-spec/3"
+# Fields added within the schema, with the default that a spec without them means.
+_ADDED_FIELD_DEFAULTS: Final[dict[str, object]] = {"answer_images": True}
 
 
 class _Frozen(BaseModel):
@@ -58,11 +60,22 @@ class EvaluationSpec(_Frozen):
     top_k: int = Field(ge=1)
     chunker: str
     word_counter: str
+    answer_images: bool = Field(
+        default=True,
+        description="Whether the answer model is given the images of multimodal candidates and "
+        "questions (low-detail image parts); false: each image is shown as a placeholder.",
+    )
 
     def canonical_json(self) -> bytes:
-        """Sorted keys, no insignificant whitespace: the bytes the hash is taken over."""
+        """Sorted keys, no insignificant whitespace: the bytes the hash is taken over. A field
+        added after the schema's first specs is left out while it holds its default, so the
+        hash of a deployment that does not set it stays what it was."""
+        document = self.model_dump(mode="json")
+        for name, default in _ADDED_FIELD_DEFAULTS.items():
+            if document[name] == default:
+                del document[name]
         return json.dumps(
-            self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+            document, sort_keys=True, separators=(",", ":"), ensure_ascii=False
         ).encode("utf-8")
 
     @property
@@ -77,6 +90,7 @@ class EvaluationSpec(_Frozen):
             "chunker": self.chunker,
             "word_counter": self.word_counter,
             "answer_model": self.answer.model,
+            "answer_images": "image parts (low detail)" if self.answer_images else "placeholder",
             "answer_prompt": f"{self.answer.prompt}@{self.answer.prompt_sha256[:12]}",
             "context_budget": f"{self.context.max_tokens} tokens ({self.context.counter})",
             "judge_model": self.judge.model,

@@ -81,4 +81,5 @@ def build_evaluation_spec(settings: EvaluationSettings) -> EvaluationSpec:
         top_k=settings.top_k,
         chunker=CHUNKER_VERSION,
         word_counter=WORD_COUNTER_VERSION,
+        answer_images=settings.answer_model_images,
     )

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from typing import cast
 
 import httpx
 from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionContentPartParam, ChatCompletionUserMessageParam
 
 from aml_evaluation.context import TokenCount, estimated
+from aml_evaluation.prompts import ContentPart
 from aml_pipeline.capacity import Admission, Capacity, Departure
 from aml_runtime.metrics import LLM_CALLS, LLM_ERRORS
 from aml_runtime.settings import LLMSettings
 from aml_runtime.telemetry import stage_span
 
 LLM_CAPACITY_KEY = "llm"
+_Parts = list[ChatCompletionContentPartParam]
 
 
 def make_llm_client(settings: LLMSettings) -> AsyncOpenAI:
@@ -31,13 +35,20 @@ def make_llm_client(settings: LLMSettings) -> AsyncOpenAI:
 async def complete(
     client: AsyncOpenAI,
     model: str,
-    prompt: str,
+    prompt: str | Sequence[ContentPart],
     max_tokens: int,
     admission: Admission | None = None,
     seed: int = 0,
 ) -> str:
-    """One chat completion. Under a work item's `admission` of the deployment's LLM budget, each
-    call also takes one of the budget's rate slots (when the provider sets a request rate)."""
+    """One chat completion of one user message: the prompt's text, or its ordered content
+    parts in OpenAI's form (`text` and `image_url` parts, aml_evaluation.prompts.answer_content).
+    Under a work item's `admission` of the deployment's LLM budget, each call also takes one of
+    the budget's rate slots (when the provider sets a request rate)."""
+    # The parts are built in OpenAI's shape (aml_evaluation stays free of the SDK's types).
+    message: ChatCompletionUserMessageParam = {
+        "role": "user",
+        "content": prompt if isinstance(prompt, str) else cast(_Parts, list(prompt)),
+    }
     # openai's own HTTP stack is not the instrumented httpx: the call gets its span here.
     with stage_span("llm.chat", model=model, max_tokens=max_tokens):
         async with _llm_request(admission) as departure:
@@ -47,7 +58,7 @@ async def complete(
             try:
                 response = await client.chat.completions.create(
                     model=model,
-                    messages=[{"role": "user", "content": prompt}],
+                    messages=[message],
                     temperature=0,
                     max_tokens=max_tokens,
                     seed=seed,

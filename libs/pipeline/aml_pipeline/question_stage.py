@@ -6,7 +6,10 @@ re-announces the hand-off (de-duplicated by the broker), so no question is searc
 scored twice. A question that cannot pass a stage gets a `failed` document with the reason and
 counts as final, so the job never waits for it. The writer of a terminal document counts it on
 the job (`aml_pipeline.progress`); the one whose count makes every question final tells the
-scheduler. The question's facts travel with the work (the scheduler sends them).
+scheduler. The question's facts travel with the work (the scheduler sends them). A search that
+holds back its user's next Add (a streaming dataset's question asked mid-conversation, work
+flagged `holds_add`) is announced final on `aml.done.search`, done or failed, every time it is
+handed on (de-duplicated by the broker).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from aml_contract.messages import (
     QuestionFacts,
     QuestionStage,
     QuestionWork,
+    SearchDone,
     message_id,
 )
 from aml_contract.subjects import WorkStage
@@ -210,6 +214,9 @@ class QuestionStageWorker:
         return Stored(state, written=True, last=last)
 
     async def _hand_on(self, work: QuestionWork, state: str, announce: bool) -> None:
+        if self.stage == "search" and work.holds_add:
+            # Every time, like the hand-on (de-duplicated): the scheduler may not have heard it.
+            await self._announce_search_final(work)
         following = _NEXT[self.stage]
         if state == "done" and following is not None:
             await publish_work(self.broker, following, work, work.item_id)
@@ -222,4 +229,14 @@ class QuestionStageWorker:
         )
         await publish(
             self.broker, subjects.QUESTION_DONE, done, message_id("question-done", work.item_id)
+        )
+
+    async def _announce_search_final(self, work: QuestionWork) -> None:
+        user_id = work.facts.user_id if work.facts is not None else None
+        if user_id is None:
+            question = await self.db.questions.find_one({"_id": work.item_id}, {"user_id": 1})
+            user_id = str((question or {}).get("user_id", ""))
+        done = SearchDone(job_id=work.job_id, item_id=work.item_id, user_id=user_id)
+        await publish(
+            self.broker, subjects.SEARCH_DONE, done, message_id("search-done", work.item_id)
         )

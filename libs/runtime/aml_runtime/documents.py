@@ -198,6 +198,8 @@ class JobDocument(Stored):
     users: list[str] = Field(default_factory=list)
     excluded_categories: dict[str, list[str]] = Field(default_factory=dict)
     f1_variants: dict[str, str] = Field(default_factory=dict)
+    # Dataset id -> the chunk rule its Adds were planned with (absent on older jobs).
+    chunkers: dict[str, str] = Field(default_factory=dict)
     totals: JobTotals | None = None
     progress: dict[str, Any] = Field(default_factory=dict)
     # Written when the job ends.
@@ -230,6 +232,9 @@ class AddChunkDocument(Stored):
     body: bytes | None
     state: ItemState
     trace_id: str | None = None
+    # Streaming datasets: the item ids of the questions asked right before this Add (after
+    # Add seq - 1); the scheduler sends it only once their searches are final. Absent otherwise.
+    searched_before: list[str] | None = None
     finished_at: StoredTime | None = None
     at_us: int | None = None
     failure_kind: FailureKind | None = None
@@ -257,8 +262,20 @@ class QuestionDocument(Stored):
     judge_rule: str | None = None
     gold_explanation: str | None = None
     question_date: str | None = None
+    # Written only when set (see QuestionFacts): a scorer other than the default, and how many
+    # images the question shows.
+    scorer: str | None = None
+    question_images: int | None = None
     search_body: bytes | None = None
     trace_id: str | None = None
+    # Streaming datasets only (absent otherwise): the question is asked after `point` turns,
+    # its `point_index`-th point (1-based), i.e. after Add `after_seq` (0: before the first);
+    # `holds_add` is the seq of the Add that waits for this search (absent when the point is
+    # the end of the conversation: then it is released with the user's other questions).
+    point: int | None = None
+    point_index: int | None = None
+    after_seq: int | None = None
+    holds_add: int | None = None
 
 
 class StageRecord(Stored):
@@ -288,6 +305,10 @@ class AnswerDocument(StageRecord):
     candidates_returned: int | None = None
     candidates_used: int | None = None
     context_tokens: int | None = None
+    # Written only when there were images: how many reached the answer model, and how many were
+    # shown as a placeholder instead (a text-only model, or not an image data URL).
+    images_sent: int | None = None
+    images_withheld: int | None = None
     token_counter: str | None = None
 
 

@@ -69,6 +69,10 @@ class EvaluationSettings(CommonSettings):
     # `llama.cpp`: the answer model's own tokenizer through the server's /tokenize; `estimate`:
     # the stated conservative estimate, for models whose tokenizer is not available offline.
     token_counter: Literal["estimate", "llama.cpp"] = "estimate"
+    # Whether the answer model reads images (gpt-4o-mini does): multimodal candidates and
+    # questions then reach it as image parts; false (a text-only model, such as the local
+    # stack's) shows each image as the placeholder "[image]" (aml_evaluation.context).
+    answer_model_images: bool = True
     # The fixed judge model.
     judge_model: str = "gpt-4o-mini"
     # The judge prompt's name (aml_evaluation/prompts/<name>.txt).

@@ -108,8 +108,28 @@ class Chart:
 
 
 def _metric(metrics: Metrics | None) -> Cell:
+    """The headline of a cell: a percentage, or "F1 0.523" where the cell was scored without a
+    judge (token F1 is no share of correct answers, so it is never shown as one)."""
     value = headline(metrics) if metrics is not None else None
+    if value is not None and metrics is not None and metrics.headline == "f1_mean":
+        return Cell(f"F1 {value:.3f}", f"{value:.6f}")
     return Cell(percent(value), "" if value is None else f"{value:.6f}")
+
+
+def _option_accuracy(metrics: Metrics | None) -> Cell:
+    value = metrics.option_accuracy if metrics is not None else None
+    return Cell(percent(value), "" if value is None else f"{value:.6f}")
+
+
+def multiple_choice_datasets(entries: Iterable[LeaderboardEntry]) -> set[str]:
+    """The datasets on which some entry answered multiple-choice questions: their option
+    accuracy gets a column of its own."""
+    return {
+        dataset_id
+        for entry in entries
+        for dataset_id, results in entry.datasets.items()
+        if results.overall.option_questions
+    }
 
 
 def _f1(metrics: Metrics) -> Cell:
@@ -167,8 +187,11 @@ def board_table(entries: Sequence[LeaderboardEntry], caption: str) -> Table:
         Column("Board", "text"),
         Column("Declared models", "text"),
     ]
+    choices = multiple_choice_datasets(entries)
     for dataset_id, categories in datasets:
         columns.append(Column(dataset_id))
+        if dataset_id in choices:
+            columns.append(Column(f"{dataset_id}: option accuracy"))
         columns.extend(
             Column(f"{dataset_id}: {category}", excluded=category in excluded[dataset_id])
             for category in categories
@@ -189,6 +212,8 @@ def board_table(entries: Sequence[LeaderboardEntry], caption: str) -> Table:
         for dataset_id, categories in datasets:
             results = entry.datasets.get(dataset_id)
             row.append(_metric(results.overall if results else None))
+            if dataset_id in choices:
+                row.append(_option_accuracy(results.overall if results else None))
             row.extend(
                 _metric(results.categories.get(category) if results else None)
                 for category in categories

@@ -1,5 +1,8 @@
 """How a board orders its entries (R-5.3): plain functions over public entries, shared by the
-API (`publication.board_entries`) and the pages, which show the same headline number."""
+API (`publication.board_entries`) and the pages, which show the same headline number.
+
+A board is one track's (`publication.board_entries` reads one track): scores are never compared
+across tracks (R-2.1), so nothing here looks at the track."""
 
 from __future__ import annotations
 
@@ -11,7 +14,10 @@ from aml_contract.api.results import Metrics
 
 
 def headline(metrics: Metrics) -> float | None:
-    """The number a board ranks by: accuracy, else the judge's accuracy."""
+    """The number a board ranks by: the mean token F1 of a cell scored by F1 alone; else
+    accuracy, else the judge's accuracy (entries published before `accuracy` existed)."""
+    if metrics.headline == "f1_mean":
+        return metrics.f1_mean
     return metrics.accuracy if metrics.accuracy is not None else metrics.judge_accuracy
 
 

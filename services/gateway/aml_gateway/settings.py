@@ -27,7 +27,9 @@ class GatewaySettings(ParticipantCallSettings):
     # The datasets of a smoke run that names none (the public sample, R-3.4).
     smoke_suite: list[str] = Field(default=["synthetic"], min_length=1)
     # What a smoke run may name instead of the sample.
-    smoke_datasets: list[str] = Field(default=["synthetic", "locomo", "locomo_refined"])
+    smoke_datasets: list[str] = Field(
+        default=["synthetic", "locomo", "locomo_refined", "synthetic_multimodal"]
+    )
     # Where the gateway reads the operator's dataset manifests (`manifests/`, written by
     # `aml dataset add`) and the benchmark files to count the questions `GET /v1/datasets`
     # lists (the scheduler's AML_DATASETS_ROOT); without counts in the manifest or the files

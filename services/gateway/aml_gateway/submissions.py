@@ -8,7 +8,7 @@ failed (`platform_error`) is not counted, so an outage on our side never costs a
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
 from pydantic import BaseModel, Field, field_validator, model_validator
@@ -153,6 +153,23 @@ def check_submission(
     if submission.mode == "smoke":
         return _smoke_quota(submission, counted, now, policy, season)
     return _full_rules(submission, prior, counted, now, policy, season)
+
+
+def check_dataset_tracks(track: Track, dataset_tracks: Mapping[str, Track]) -> Refused | None:
+    """None when every dataset of the job belongs to the job's track, else `Invalid` naming the
+    datasets of another track and the ones of this track (`valid_datasets`). Scores are never
+    compared across tracks (R-2.1): a job, its results and its leaderboard entry are one
+    track's, so a job mixing tracks, or running another track's dataset, is refused."""
+    foreign = {dataset: other for dataset, other in dataset_tracks.items() if other != track}
+    if not foreign:
+        return None
+    named = ", ".join(f"{dataset} is {other}" for dataset, other in sorted(foreign.items()))
+    own = sorted(dataset for dataset, other in dataset_tracks.items() if other == track)
+    return Invalid(
+        f"a job on track {track} runs datasets of track {track} only ({named}); scores are "
+        "never compared across tracks: submit one job per track (`track`, GET /v1/datasets)",
+        valid_datasets=own,
+    )
 
 
 def _season_over(policy: QuotaPolicy, season: Season) -> datetime | None:

@@ -21,8 +21,10 @@ from aml_contract.messages import (
     QuestionDone,
     QuestionFacts,
     QuestionWork,
+    SearchDone,
 )
 from aml_evaluation.aggregate import QuestionOutcome, aggregate
+from aml_evaluation.chunker import chunker_version
 from aml_evaluation.registry import DatasetFileError, bundle_hash, open_dataset
 from aml_evaluation.spec import EvaluationSpec
 from aml_pipeline.jobs import (
@@ -132,6 +134,10 @@ class ScheduleJobs:
     async def on_question_done(self, event: QuestionDone) -> None:
         await self.complete_if_done(event.job_id)
 
+    async def on_search_done(self, event: SearchDone) -> None:
+        """A search that held back its user's next Add is final: that Add may go out."""
+        await self.release(event.job_id, event.user_id)
+
     async def purge_expired(self) -> None:
         """Retention (R-7.5), run with the reconciliation."""
         retention = timedelta(days=self.settings.retention_days)
@@ -205,12 +211,15 @@ class ScheduleJobs:
         excluded: dict[str, list[str]] = {}
         bundles: dict[str, str] = {}
         f1_variants: dict[str, str] = {}
+        # The chunk rule of each dataset's Adds (`chunk-v1`, or `chunk-mm-v1` for images).
+        chunkers: dict[str, str] = {}
         for dataset_id in job["datasets"]:
             # Shipped or operator-registered (its manifest under the datasets root).
             manifest, dataset = open_dataset(dataset_id, self.settings.datasets_root)
             excluded[dataset_id] = [manifest.categories[c] for c in manifest.excluded_from_overall]
             bundles[dataset_id] = bundle_hash(manifest)
             f1_variants[dataset_id] = dataset.f1_variant
+            chunkers[dataset_id] = chunker_version(dataset)
             chunks += plan_chunks(job_id, dataset)
             questions += plan_questions(job_id, dataset, self.evaluation_spec.top_k)
         await _insert_once(self.db, ADD_CHUNKS, [chunk.stored() for chunk in chunks])
@@ -241,6 +250,7 @@ class ScheduleJobs:
                     "users": sorted({chunk.user_id for chunk in chunks}),
                     "excluded_categories": excluded,
                     "f1_variants": f1_variants,
+                    "chunkers": chunkers,
                     "totals": {"add": len(chunks), "questions": len(questions)},
                 }
             },
@@ -251,7 +261,9 @@ class ScheduleJobs:
         """Per user, publish the first Add not yet confirmed, or, once all are, the questions.
 
         Only one Add per user is ever outstanding because the next is published only after the
-        previous one is confirmed; users progress independently of each other."""
+        previous one is confirmed; users progress independently of each other. A streaming
+        dataset's Add that questions are asked right before (`searched_before`) is published
+        only once their searches are final: they are released first (`_held_searches_final`)."""
         job = await self.db.jobs.find_one(
             {"_id": job_id}, {"state": 1, "users": 1, "version_id": 1}
         )
@@ -268,6 +280,12 @@ class ScheduleJobs:
             if pending is None:
                 await self._release_questions(job_id, version_id, user)
             elif pending["state"] == "pending":
+                if pending.get("searched_before") and not await self._held_searches_final(
+                    job_id, version_id, user, pending
+                ):
+                    # The Add goes out when the last of those searches is announced final
+                    # (on_search_done) or, should that be lost, at the reconciliation's re-drive.
+                    continue
                 chunk_id = pending["_id"]
                 work = AddWork(job_id=job_id, version_id=version_id, request_id=chunk_id)
                 # An Add chunk's item id is its request_id: the span carries both names.
@@ -280,20 +298,46 @@ class ScheduleJobs:
         if await self.db.question_releases.find_one({"_id": marker}) is not None:
             self._remember_released(job_id, user_id)
             return
-        async for question in self.db.questions.find({"job_id": job_id, "user_id": user_id}):
+        query = {"job_id": job_id, "user_id": user_id}
+        # A question that held an Add back was released before that Add, at its point.
+        await self._publish_questions(version_id, query, held=False)
+        # Written only after every publish went out: a crash before it re-publishes (harmless).
+        await _insert_once(self.db, QUESTION_RELEASES, [{"_id": marker, "job_id": job_id}])
+        self._remember_released(job_id, user_id)
+
+    async def _held_searches_final(
+        self, job_id: str, version_id: str, user_id: str, chunk: Document
+    ) -> bool:
+        """Release the questions asked right before this Add (once, behind a marker per user
+        and point) and tell whether all their searches are final (done or failed): a search
+        document is written once, terminal."""
+        held = [str(item_id) for item_id in chunk["searched_before"]]
+        marker = f"{job_id}/{user_id}@{int(chunk['seq']) - 1}"
+        if await self.db.question_releases.find_one({"_id": marker}) is None:
+            await self._publish_questions(version_id, {"_id": {"$in": held}}, held=True)
+            marker_doc = {"_id": marker, "job_id": job_id, "held": len(held)}
+            await _insert_once(self.db, QUESTION_RELEASES, [marker_doc])
+        final = await self.db.searches.find({"_id": {"$in": held}}, {"_id": 1}).to_list()
+        return len(final) >= len(held)
+
+    async def _publish_questions(self, version_id: str, query: Document, held: bool) -> None:
+        """Publish the search work of the questions `query` finds that hold an Add back
+        (`held`) or of those that do not."""
+        async for question in self.db.questions.find(query):
+            if (question.get("holds_add") is not None) != held:
+                continue
+            job_id, user_id = question["job_id"], question["user_id"]
             work = QuestionWork(
                 job_id=job_id,
                 version_id=version_id,
                 item_id=question["_id"],
                 facts=QuestionFacts.of(question),
                 search_body=body.decode() if (body := question.get("search_body")) else None,
+                holds_add=held,
             )
             ids = {"job_id": job_id, "item_id": question["_id"], "user_id": user_id}
             with item_trace("aml.release", question["_id"], stage="search", **ids):
                 await publish_work(self.broker, "search", work, question["_id"])
-        # Written only after every publish went out: a crash before it re-publishes (harmless).
-        await _insert_once(self.db, QUESTION_RELEASES, [{"_id": marker, "job_id": job_id}])
-        self._remember_released(job_id, user_id)
 
     def _remember_released(self, job_id: str, user_id: str) -> None:
         if len(self._released) >= _RELEASED_KEPT:
@@ -348,7 +392,8 @@ class ScheduleJobs:
             final.setdefault(doc["_id"], ScoreDocument.model_validate(doc))
         outcomes = []
         async for question in self.db.questions.find(
-            {"job_id": job_id}, {"dataset_id": 1, "category_name": 1, "question_id": 1}
+            {"job_id": job_id},
+            {"dataset_id": 1, "category_name": 1, "question_id": 1, "point_index": 1},
         ):
             outcomes.append(question_outcome(question, final.get(question["_id"])))
         return outcomes
@@ -363,6 +408,7 @@ def question_outcome(question: Document, record: StageRecord | None) -> Question
         kind = record.failure_kind if record is not None else None
         return QuestionOutcome(
             question_id=question.get("question_id"),
+            point_index=question.get("point_index"),
             dataset_id=question["dataset_id"],
             category_name=question["category_name"],
             scored=False,
@@ -371,6 +417,7 @@ def question_outcome(question: Document, record: StageRecord | None) -> Question
         )
     return QuestionOutcome(
         question_id=question.get("question_id"),
+        point_index=question.get("point_index"),
         dataset_id=question["dataset_id"],
         category_name=question["category_name"],
         scored=True,

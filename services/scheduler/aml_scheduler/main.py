@@ -8,7 +8,7 @@ from faststream import FastStream
 from faststream.nats import NatsMessage
 
 from aml_contract import subjects
-from aml_contract.messages import AddDone, JobSubmitted, QuestionDone
+from aml_contract.messages import AddDone, JobSubmitted, QuestionDone, SearchDone
 from aml_pipeline.evaluation_spec import build_evaluation_spec
 from aml_pipeline.participants import ParticipantClient
 from aml_runtime.broker import FastStreamDelivery, Handler, consume, run_delivery
@@ -53,6 +53,11 @@ def create_app(settings: SchedulerSettings | None = None) -> FastStream:
     async def on_question_done(event: QuestionDone, msg: NatsMessage) -> None:
         delivery = FastStreamDelivery(msg)
         await run_delivery(delivery, settings, lambda: scheduler.on_question_done(event), _dropped)
+
+    @events(subjects.SEARCH_DONE)
+    async def on_search_done(event: SearchDone, msg: NatsMessage) -> None:
+        delivery = FastStreamDelivery(msg)
+        await run_delivery(delivery, settings, lambda: scheduler.on_search_done(event), _dropped)
 
     async def stop() -> None:
         await client.aclose()

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
-from aml_contract.participant import AddRequest, SearchRequest, encode, memory_user_id
-from aml_evaluation.chunker import plan_adds
-from aml_evaluation.datasets import Dataset
+from aml_contract.participant import (
+    AddRequest,
+    SearchRequest,
+    add_request_id,
+    encode,
+    memory_user_id,
+)
+from aml_evaluation.chunker import AddChunk, plan_adds, search_query
+from aml_evaluation.datasets import DEFAULT_SCORER, Dataset
 from aml_evaluation.isolation import content_text, owners_of_texts
 from aml_runtime.documents import AddChunkDocument, QuestionDocument
 from aml_runtime.telemetry import item_trace_hex
@@ -19,7 +26,64 @@ def question_item_id(job_id: str, dataset_id: str, question_id: str) -> str:
     return f"{job_id}/{dataset_id}/{question_id}"
 
 
+class AskedPoint(NamedTuple):
+    """One point where a streaming question is asked (see docs/evaluation.md)."""
+
+    point: int  # turns of the conversation written before the search
+    ordinal: int  # 1-based, among the question's points
+    after_seq: int  # the Add after which exactly `point` turns are written (0: before the first)
+    holds_add: int | None  # the Add that waits for the search; None: after the last Add
+
+    def fields(self) -> Document:
+        named = {"point": self.point, "point_index": self.ordinal, "after_seq": self.after_seq}
+        return named if self.holds_add is None else {**named, "holds_add": self.holds_add}
+
+
+def asked_points(dataset: Dataset, adds: Sequence[AddChunk]) -> dict[str, list[AskedPoint]]:
+    """Where each streaming question of the dataset is asked, by question id. The chunker ends
+    an Add at every point, so each point is the end of some Add (or 0, before the first)."""
+    ends: dict[str, dict[int, int]] = {}  # conversation -> turns written -> seq of that Add
+    written: dict[str, int] = {}
+    last_seq: dict[str, int] = {}
+    for add in adds:
+        turns = written.get(add.conversation_id, 0) + len(add.request.messages)
+        written[add.conversation_id], last_seq[add.conversation_id] = turns, add.seq
+        ends.setdefault(add.conversation_id, {0: 0})[turns] = add.seq
+    points: dict[str, list[AskedPoint]] = {}
+    for question in dataset.questions:
+        seqs = ends.get(question.conversation_id, {0: 0})
+        last = last_seq.get(question.conversation_id, 0)
+        points[question.question_id] = [
+            AskedPoint(point, ordinal, seqs[point], seqs[point] + 1 if seqs[point] < last else None)
+            for ordinal, point in enumerate(question.asked_at, start=1)
+        ]
+    return points
+
+
+def _searches_held(
+    job_id: str, dataset: Dataset, points: dict[str, list[AskedPoint]]
+) -> dict[str, list[str]]:
+    """Request id of an Add -> the item ids of the questions searched right before it."""
+    held: dict[str, list[str]] = {}
+    for question in dataset.questions:
+        for asked in points.get(question.question_id, []):
+            if asked.holds_add is not None:
+                add = add_request_id(
+                    job_id, dataset.dataset_id, question.conversation_id, asked.holds_add
+                )
+                item_id = point_item_id(job_id, dataset.dataset_id, question.question_id, asked)
+                held.setdefault(add, []).append(item_id)
+    return held
+
+
+def point_item_id(job_id: str, dataset_id: str, question_id: str, asked: AskedPoint) -> str:
+    """A streaming question's item at one point: its id carries the point."""
+    return question_item_id(job_id, dataset_id, f"{question_id}@{asked.point}")
+
+
 def plan_chunks(job_id: str, dataset: Dataset) -> list[AddChunkDocument]:
+    adds = plan_adds(dataset, job_id)
+    held = _searches_held(job_id, dataset, asked_points(dataset, adds)) if dataset.streaming else {}
     return [
         AddChunkDocument(
             id=chunk.request_id,
@@ -34,12 +98,17 @@ def plan_chunks(job_id: str, dataset: Dataset) -> list[AddChunkDocument]:
             state="pending",
             # The trace every release of this item lands in (derived from its id).
             trace_id=item_trace_hex(chunk.request_id),
+            # Only on an Add some search is held before, so other Adds are stored as before.
+            **({"searched_before": held[chunk.request_id]} if chunk.request_id in held else {}),
         )
-        for chunk in plan_adds(dataset, job_id)
+        for chunk in adds
     ]
 
 
 def plan_questions(job_id: str, dataset: Dataset, top_k: int) -> list[QuestionDocument]:
+    """One item per question, or, for a streaming question, one per point it is asked at (the
+    same Search body at each: only the memory differs)."""
+    points = asked_points(dataset, plan_adds(dataset, job_id)) if dataset.streaming else {}
     documents = []
     for question in dataset.questions:
         # Only when set, so a question without them (LoCoMo) is stored exactly as before.
@@ -49,14 +118,20 @@ def plan_questions(job_id: str, dataset: Dataset, top_k: int) -> list[QuestionDo
                 ("judge_rule", question.judge_rule),
                 ("gold_explanation", question.gold_explanation),
                 ("question_date", question.question_date),
+                ("scorer", None if dataset.scorer == DEFAULT_SCORER else dataset.scorer),
+                ("question_images", len(question.images) or None),
             )
             if value is not None
         }
         item_id = question_item_id(job_id, dataset.dataset_id, question.question_id)
         user_id = memory_user_id(job_id, dataset.dataset_id, question.conversation_id)
         # Only the question (and options, for multiple choice) goes out: never the gold answer.
+        # A multimodal question that shows images asks with them (a content array).
         request = SearchRequest(
-            query=question.question, user_id=user_id, top_k=top_k, options=question.options
+            query=search_query(dataset, question),
+            user_id=user_id,
+            top_k=top_k,
+            options=question.options,
         )
         documents.append(
             QuestionDocument(
@@ -79,7 +154,21 @@ def plan_questions(job_id: str, dataset: Dataset, top_k: int) -> list[QuestionDo
                 **extras,
             )
         )
-    return documents
+    return [item for document in documents for item in _at_points(document, points)]
+
+
+def _at_points(
+    document: QuestionDocument, points: dict[str, list[AskedPoint]]
+) -> list[QuestionDocument]:
+    asked_at = points.get(document.question_id)
+    if not asked_at:
+        return [document]
+    items = []
+    for asked in asked_at:
+        item_id = point_item_id(document.job_id, document.dataset_id, document.question_id, asked)
+        update = {"id": item_id, "trace_id": item_trace_hex(item_id), **asked.fields()}
+        items.append(document.model_copy(update=update))
+    return items
 
 
 def plan_written_texts(job_id: str, bodies: list[bytes]) -> list[Document]:

@@ -21,7 +21,9 @@ platform's: planning is immediate, so it keeps failing to plan.
 **The stage** is read from the counters against the totals: the first of add (chunks not all
 final), search (questions not all searched), answer (searched questions not all answered),
 score (answered questions not all scored); all final yet still running is the platform's own
-completion (`aggregate`).
+completion (`aggregate`). A streaming dataset's user whose next Add waits for the searches of
+questions asked before it is held by those searches, not by its Adds: a job stuck at add with
+such searches not final is stuck at search (`searches_holding_adds`).
 
 **The cause.** Answering, scoring and completion are the platform's (the LLM is the platform's
 budget). For add and search: the newest error-summary entry since the job last moved (its kind:
@@ -137,11 +139,32 @@ async def diagnose(
     if idle < limit_seconds:
         return None
     stage, figures = stuck_stage(job)
+    if stage == "add" and (held := await searches_holding_adds(db, str(job["_id"]))):
+        stage, figures = "search", f"{figures}, held back by {held} searches not final"
     if stage not in ("add", "search"):
         llm = "the platform's LLM stage" if stage != "aggregate" else "the platform's completion"
         return Stall(stage, "platform", idle, limit_seconds, f"{figures}; {llm}")
     cause, why = await _participant_or_platform(db, str(job["_id"]), stage, moved)
     return Stall(stage, cause, idle, limit_seconds, f"{figures}; {why}")
+
+
+async def searches_holding_adds(db: AsyncDatabase[Document], job_id: str) -> int:
+    """How many searches the users' next Adds wait for (streaming datasets: an Add goes out
+    only once the searches of the questions asked right before it are final). Once per stalled
+    job: it reads the job's pending Adds."""
+    first: dict[str, Document] = {}
+    pending = db.add_chunks.find(
+        {"job_id": job_id, "state": "pending"}, {"user_id": 1, "seq": 1, "searched_before": 1}
+    )
+    async for chunk in pending:
+        earliest = first.get(chunk["user_id"])
+        if earliest is None or chunk["seq"] < earliest["seq"]:
+            first[chunk["user_id"]] = chunk
+    held = [item for chunk in first.values() for item in chunk.get("searched_before") or ()]
+    if not held:
+        return 0
+    final = await db.searches.find({"_id": {"$in": held}}, {"_id": 1}).to_list()
+    return len(held) - len(final)
 
 
 async def _participant_or_platform(

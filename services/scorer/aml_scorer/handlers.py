@@ -7,7 +7,11 @@ A question without a gold answer (`gold_answer` None: the conversation does not 
 judged with the abstention prompt, correct iff the answer says the information is not there;
 its F1 follows the abstention rule of every variant and it has no BLEU-1 (see
 docs/evaluation.md). A question that carries a judge rule (`judge_rule`, LongMemEval's question
-types) is judged with that rule's prompt instead (aml_evaluation.judging.JUDGE_RULE_PROMPTS)."""
+types) is judged with that rule's prompt instead (aml_evaluation.judging.JUDGE_RULE_PROMPTS).
+
+A question of a dataset whose scorer is `token_f1` (Mem-Gallery's format) is scored by token F1
+alone, as Mem-Gallery's own evaluation does: no judge is asked (no LLM budget spent), and the
+score has no judge fields, which the aggregation counts as `unjudged` (F1 is its headline)."""
 
 from __future__ import annotations
 
@@ -22,8 +26,10 @@ from aml_evaluation.judging import judge, judge_prompt_for, load_judge_rule_prom
 from aml_evaluation.prompts import Prompt
 from aml_evaluation.scoring import (
     BLEU_VERSION,
+    F1_VARIANTS,
     F1_VERSION,
     MC_VERSION,
+    TOKEN_F1_SCORER,
     open_answer_scores,
     score_choice,
 )
@@ -61,7 +67,19 @@ class ScoreAnswer:
         options = question.get("options")
         if options:
             return found | self.choice(answer["answer"], options, question["gold_answer"])
+        if question.get("scorer") == TOKEN_F1_SCORER:
+            return found | self.f1_only(question, answer["answer"])
         return found | await self.open_question(question, answer["answer"], item)
+
+    def f1_only(self, question: Document, answer: str) -> Document:
+        variant = question.get("f1_variant", F1_VERSION)
+        scorer = F1_VARIANTS.get(variant)
+        if scorer is None:
+            raise FinalFailure(FailureKind.PLATFORM_ERROR, f"unknown F1 variant {variant!r}")
+        return {
+            "f1": scorer(answer, question["gold_answer"], question["category"]),
+            "f1_version": variant,
+        }
 
     def choice(self, answer: str, options: list[str], gold: str) -> Document:
         choice = score_choice(answer, options, gold)

@@ -4,7 +4,9 @@
   `capacity` others are being served is answered 429 at once, in OpenAI's error shape; the
   others are answered after `latency_s` with a deterministic reply (see replies.py);
 - `GET /health`; `GET /stats` (a StatsReport); `POST /stats/reset` (between a benchmark's
-  scenarios, so that each reads its own figures).
+  scenarios, so that each reads its own figures; it also forgets the recorded requests);
+- `GET /requests`: the `messages` of the last RECENT_REQUESTS valid chat requests, oldest
+  first, as received (content parts included), so a test can see what the platform sent.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import asyncio
 import itertools
 import math
 import time
+from collections import deque
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -25,6 +28,8 @@ from .replies import is_judge_prompt, reply_for
 from .stats import CallStats
 
 MODEL_FINGERPRINT = "aml-llm-standin"
+# Requests kept for `GET /requests`: enough for a test's few calls, bounded under a benchmark.
+RECENT_REQUESTS = 32
 
 
 class ChatMessage(BaseModel):
@@ -90,6 +95,7 @@ def _completion(number: int, request: ChatRequest, prompt: str, reply: str) -> d
 def create_app(latency_s: float, capacity: int) -> Starlette:
     stats = CallStats(latency_s, capacity)
     numbers = itertools.count(1)
+    recent: deque[list[dict[str, Any]]] = deque(maxlen=RECENT_REQUESTS)
 
     async def chat(request: Request) -> Response:
         try:
@@ -98,6 +104,7 @@ def create_app(latency_s: float, capacity: int) -> Starlette:
             stats.invalid()
             text = f"invalid request: {exc.error_count()} error(s)"
             return _error(400, text, "invalid_request_error", None)
+        recent.append([message.model_dump(exclude_unset=True) for message in chat_request.messages])
         admitted = stats.arrive()
         try:
             if not admitted:
@@ -121,7 +128,11 @@ def create_app(latency_s: float, capacity: int) -> Starlette:
 
     async def reset(request: Request) -> Response:
         stats.reset()
+        recent.clear()
         return JSONResponse({"reset": True})
+
+    async def requests(request: Request) -> Response:
+        return JSONResponse({"requests": list(recent)})
 
     return Starlette(
         routes=[
@@ -129,5 +140,6 @@ def create_app(latency_s: float, capacity: int) -> Starlette:
             Route("/health", health, methods=["GET"]),
             Route("/stats", report, methods=["GET"]),
             Route("/stats/reset", reset, methods=["POST"]),
+            Route("/requests", requests, methods=["GET"]),
         ]
     )

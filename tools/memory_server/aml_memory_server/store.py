@@ -1,5 +1,8 @@
 """SQLite + FTS5 storage of memories, scoped by user_id.
 
+A message whose content is an array of parts (text and images) is indexed by its text parts and
+kept whole (`parts`, its JSON): Search returns it as it was written, images included.
+
 One connection guarded by a lock: SQLite serialises writers anyway, and a single connection
 makes "committed before responding" trivially true for every later search. The handlers that
 call in are sync, so FastAPI runs them in its thread pool and the lock never blocks the event
@@ -9,12 +12,15 @@ loop.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import sqlite3
 import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+
+from pydantic import TypeAdapter
 
 from aml_contract.participant import AddRequest, Content, SearchItem, TextPart
 
@@ -23,6 +29,7 @@ _MAX_LIMIT = 2**62
 # Words for the FTS query: letters/digits/underscore runs. Everything else (quotes, operators,
 # parentheses, column filters) is dropped, which is what makes arbitrary text safe for MATCH.
 _WORD = re.compile(r"\w+")
+_CONTENT: TypeAdapter[Content] = TypeAdapter(Content)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS add_requests (
@@ -39,7 +46,8 @@ CREATE TABLE IF NOT EXISTS memories (
     session_id TEXT NOT NULL,
     role TEXT NOT NULL,
     content TEXT NOT NULL,
-    created_at TEXT
+    created_at TEXT,
+    parts TEXT
 );
 CREATE INDEX IF NOT EXISTS memories_user ON memories(user_id);
 """
@@ -68,8 +76,14 @@ class MemoryRow:
     user_id: str
     session_id: str
     role: str
-    content: str
+    content: str  # the searchable text
     created_at: str | None
+    # The content array as written (JSON), for a message that had one; None: `content` is it.
+    parts: str | None = None
+
+    def stored_content(self) -> Content:
+        """What Search hands back: the content as it was written."""
+        return stored_content(self.content, self.parts)
 
 
 def content_text(content: Content) -> str:
@@ -78,6 +92,11 @@ def content_text(content: Content) -> str:
     if isinstance(content, str):
         return content
     return "\n".join(part.text for part in content if isinstance(part, TextPart))
+
+
+def stored_content(text: str, parts: str | None) -> Content:
+    """A memory's content as written: its parts (JSON) when it had an array, else its text."""
+    return text if parts is None else _CONTENT.validate_json(parts)
 
 
 def iso_utc_from_ms(timestamp_ms: int | None) -> str | None:
@@ -110,6 +129,9 @@ def rows_from_add(request: AddRequest) -> list[MemoryRow]:
                 role=message.role,
                 content=text,
                 created_at=iso_utc_from_ms(message.timestamp),
+                parts=None
+                if isinstance(message.content, str)
+                else json.dumps(message.model_dump(mode="json")["content"], separators=(",", ":")),
             )
         )
     return rows
@@ -141,6 +163,10 @@ class SqliteMemoryStore:
             # FULL: a 200 on Add promises the memory is persisted, also across a power loss.
             self._conn.execute("PRAGMA synchronous=FULL")
             self._conn.executescript(_SCHEMA)
+            # A database written before content arrays were kept gains the column.
+            columns = {row[1] for row in self._conn.execute("PRAGMA table_info(memories)")}
+            if "parts" not in columns:
+                self._conn.execute("ALTER TABLE memories ADD COLUMN parts TEXT")
 
     def close(self) -> None:
         with self._lock:
@@ -177,7 +203,7 @@ class SqliteMemoryStore:
         for row in rows:
             cursor = self._conn.execute(
                 "INSERT INTO memories (id, request_id, user_id, session_id, role, content,"
-                " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                " created_at, parts) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     row.id,
                     row.request_id,
@@ -186,6 +212,7 @@ class SqliteMemoryStore:
                     row.role,
                     row.content,
                     row.created_at,
+                    row.parts,
                 ),
             )
             table = _fts_table(row.user_id)
@@ -213,7 +240,7 @@ class SqliteMemoryStore:
             if exists is None:
                 return []
             found = self._conn.execute(
-                f"SELECT m.id, m.content, m.created_at, bm25({table}) AS rank"
+                f"SELECT m.id, m.content, m.created_at, m.parts, bm25({table}) AS rank"
                 f" FROM {table} JOIN memories AS m ON m.rowid = {table}.rowid"
                 f" WHERE {table} MATCH ? AND m.user_id = ?"
                 " ORDER BY rank ASC, m.id ASC LIMIT ?",
@@ -221,6 +248,11 @@ class SqliteMemoryStore:
                 (match, user_id, min(top_k, _MAX_LIMIT)),
             ).fetchall()
         return [
-            SearchItem(id=memory_id, content=content, score=-float(rank), created_at=created_at)
-            for memory_id, content, created_at, rank in found
+            SearchItem(
+                id=memory_id,
+                content=stored_content(content, parts),
+                score=-float(rank),
+                created_at=created_at,
+            )
+            for memory_id, content, created_at, parts, rank in found
         ]

@@ -9,7 +9,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from aml_contract.participant import AddRequest
+from aml_contract.participant import AddRequest, Content
 from aml_memory_server.store import rows_from_add
 
 _WORD = re.compile(r"\w+")
@@ -19,9 +19,12 @@ _WORD = re.compile(r"\w+")
 class Memory:
     id: str
     user_id: str
-    content: str
+    content: str  # the searchable text
     created_at: str | None
     words: frozenset[str]
+    # The content as written (an array of text and image parts, or the text itself): what
+    # Search hands back.
+    stored: Content
 
 
 def words(text: str) -> frozenset[str]:
@@ -30,7 +33,9 @@ def words(text: str) -> frozenset[str]:
 
 def item(memory: Memory, score: float) -> dict[str, Any]:
     """A Search item in the contract shape (R-4.8); created_at only when known."""
-    out: dict[str, Any] = {"id": memory.id, "content": memory.content, "score": score}
+    stored = memory.stored
+    content = stored if isinstance(stored, str) else [part.model_dump() for part in stored]
+    out: dict[str, Any] = {"id": memory.id, "content": content, "score": score}
     if memory.created_at is not None:
         out["created_at"] = memory.created_at
     return out
@@ -53,7 +58,14 @@ class InProcessMemoryStore:
                 return False
             self._request_ids.add(request.request_id)
             self._memories.extend(
-                Memory(row.id, row.user_id, row.content, row.created_at, words(row.content))
+                Memory(
+                    row.id,
+                    row.user_id,
+                    row.content,
+                    row.created_at,
+                    words(row.content),
+                    row.stored_content(),
+                )
                 for row in rows
             )
             return True

@@ -41,8 +41,9 @@ class Leaderboard(BaseModel):
     track: Track
     board: Board | None = Field(description="null: the entries of every board of the track.")
     entries: list[LeaderboardEntry] = Field(
-        description="Best Overall first (accuracy, else judge accuracy; none last), then the "
-        "earlier publication."
+        description="Best Overall first (its headline: accuracy, else judge accuracy, or "
+        "the mean token F1 where `headline` is `f1_mean`; none last), then the earlier "
+        "publication. Only entries of this track: scores are never compared across tracks."
     )
 
 

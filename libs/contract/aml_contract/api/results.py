@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
-from aml_contract.api.vocabulary import JobState
+from aml_contract.api.vocabulary import JobState, Track
+
+# The Metrics field that is a cell's headline score.
+Headline = Literal["accuracy", "f1_mean"]
 
 
 class Metrics(BaseModel):
@@ -36,6 +41,12 @@ class Metrics(BaseModel):
         description="option_correct / option_questions: multiple-choice questions alone, over "
         "the answers that named an option (those naming none are failures, unreadable_choice).",
     )
+    headline: Headline = Field(
+        default="accuracy",
+        description="Which field is this cell's headline: `accuracy`, or `f1_mean` when its "
+        "questions were scored by token F1 alone (a `token_f1` dataset such as Mem-Gallery, "
+        "whose questions are `unjudged` and whose accuracy is None).",
+    )
     f1_mean: float | None
     bleu1_mean: float | None = None
     judge_runs: int = Field(default=1, description="Judge calls per question (majority vote).")
@@ -53,10 +64,25 @@ class DatasetResults(BaseModel):
     categories: dict[str, Metrics]
     excluded_from_overall: list[str]
     f1_variant: str = Field(default="f1-locomo-v1", description="Which token F1 `f1_mean` is.")
+    # Absent (not null) for a dataset that is not streaming, so earlier results, and their
+    # fingerprints, are unchanged.
+    points: dict[str, Metrics] | None = Field(
+        default=None,
+        exclude_if=lambda points: points is None,
+        description="Streaming datasets only: the dataset's overall split by the point where "
+        "each question was asked, keyed by the point's ordinal among its question's points "
+        '("1" = its first point, "2" = its second, ...).',
+    )
 
 
 class JobResults(BaseModel):
     job_id: str
     state: JobState
+    track: Track | None = Field(
+        default=None,
+        description="The job's track (R-2.1): every dataset of the job is of this track, and "
+        "its scores compare only with other results of the same track. Set by the API from "
+        "the job.",
+    )
     overall: Metrics
     datasets: dict[str, DatasetResults]

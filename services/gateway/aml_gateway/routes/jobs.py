@@ -16,14 +16,21 @@ from aml_contract import subjects
 from aml_contract.api.audit import AuditPage, AuditRecord, AuditStage, SearchAudit
 from aml_contract.api.jobs import JobStatus, JobSubmission, QuotaExceeded
 from aml_contract.api.results import JobResults
+from aml_contract.api.vocabulary import Track
 from aml_contract.messages import JobSubmitted, message_id
+from aml_evaluation.registry import registered
 from aml_gateway.deps import GuardedRoute, ServicesDep, TeamDep
 from aml_gateway.errors import error_responses
 from aml_gateway.progress import job_status
 from aml_gateway.refusals import Conflict, Invalid, NotFound
 from aml_gateway.routes.datasets import smoke_ids
 from aml_gateway.services import Services
-from aml_gateway.submissions import PriorRun, Submission, check_submission
+from aml_gateway.submissions import (
+    PriorRun,
+    Submission,
+    check_dataset_tracks,
+    check_submission,
+)
 from aml_runtime.broker import publish
 from aml_runtime.db import Document, read_time
 from aml_runtime.documents import FailureKind, JobDocument
@@ -71,6 +78,19 @@ def _datasets(body: JobSubmission, svc: Services) -> list[str]:
     return datasets
 
 
+def _dataset_tracks(datasets: list[str], svc: Services) -> dict[str, Track]:
+    """The track of each dataset, from its manifest. A configured id without a readable
+    manifest is left out: `GET /v1/datasets` does not list it and the scheduler fails the job
+    with the reason, as before."""
+    tracks: dict[str, Track] = {}
+    for dataset_id in datasets:
+        try:
+            tracks[dataset_id] = registered(dataset_id, svc.settings.datasets_root).manifest.track
+        except (KeyError, OSError, ValueError):
+            continue
+    return tracks
+
+
 async def _prior_runs(svc: Services, team_id: str) -> tuple[list[PriorRun], int]:
     """The team's jobs as the rules see them, and the highest submission number so far."""
     jobs = await svc.db.jobs.find({"team_id": team_id}).to_list()
@@ -114,8 +134,9 @@ async def submit_job(body: JobSubmission, svc: ServicesDep, team: TeamDep) -> Jo
     """Start a smoke or full run of one of the team's versions on one track.
 
     The checks, in order: the version is the team's (404) and declares the track (422); auth
-    `none` only for smoke (R-3.3); a full run has every checklist item ticked (422); then the
-    rules of `aml_gateway.submissions` (Run Label, running job, season, passed smoke, quotas)."""
+    `none` only for smoke (R-3.3); a full run has every checklist item ticked (422); the
+    datasets are known and all of the job's track (422, R-2.1); then the rules of
+    `aml_gateway.submissions` (Run Label, running job, season, passed smoke, quotas)."""
     team_id = team["_id"]
     version = await svc.db.versions.find_one({"_id": body.version_id, "team_id": team_id})
     if version is None:
@@ -129,6 +150,9 @@ async def submit_job(body: JobSubmission, svc: ServicesDep, team: TeamDep) -> Jo
         if unticked:
             raise Invalid(f"a full run needs every checklist item: {', '.join(unticked)}")
     datasets = _datasets(body, svc)
+    mixed = check_dataset_tracks(body.track, _dataset_tracks(datasets, svc))
+    if mixed is not None:
+        raise mixed
     submission = Submission(
         mode=body.mode, version_id=body.version_id, track=body.track, run_label=body.run_label
     )
@@ -186,7 +210,7 @@ async def get_results(job_id: str, svc: ServicesDep, team: TeamDep) -> JobResult
     job = await _own_job(svc, team, job_id)
     if "results" not in job:
         raise Conflict(f"job {job_id} has no results yet ({job['state']})")
-    return JobResults.model_validate(job["results"])
+    return JobResults.model_validate(job["results"] | {"track": job["track"]})
 
 
 @router.get("/{job_id}/audit", responses=_ERRORS)

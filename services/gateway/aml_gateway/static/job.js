@@ -208,6 +208,8 @@
       { text: String(metrics.failed), className: "number" },
       { text: percent(metrics.accuracy), className: "number" },
       { text: percent(metrics.judge_accuracy), className: "number" },
+      // Over the multiple-choice questions alone; "-" where there are none.
+      { text: percent(metrics.option_accuracy), className: "number" },
       { text: number(metrics.f1_mean, 3), className: "number" },
       { text: number(metrics.bleu1_mean, 3), className: "number" },
     ];

@@ -4,7 +4,8 @@ benchmark of the multimodal track for smoke runs and tests.
 Everything here is invented. Nothing is random, so running this script always writes the same
 bytes: one dialog file per conversation, ``dialog/<conversation>.json``, their images under
 ``image/<conversation>/`` (the source's layout: a dialog file names ``../image/<conversation>/...``)
-and the bundle manifest ``synthetic_multimodal.manifest.json`` with the sha256 of every file.
+and the bundle manifest ``../manifests/synthetic_multimodal.json`` (shipped: the registry lists
+it) with the sha256 of every file.
 The outputs are committed next to this script; after any change, rerun it.
 
 The images are 16x16 RGB PNGs of a solid colour or a simple pattern (stripes, a checkerboard, a
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-MANIFEST = HERE / "synthetic_multimodal.manifest.json"
+MANIFEST = HERE.parent / "manifests" / "synthetic_multimodal.json"
 BUNDLE_DIR = "synthetic_multimodal"  # this directory, relative to the package data root
 SIZE = 16
 
@@ -322,7 +323,7 @@ def manifest(files: dict[str, bytes]) -> bytes:
         "format": "mem-gallery",
         "track": "multimodal",
         "scorer": "token_f1",
-        "f1_variant": "f1-locomo-v1",
+        "f1_variant": "f1-memgallery-v1",
         "categories": {
             "1": "factual-retrieval",
             "2": "multi-entity-reasoning",
@@ -356,7 +357,7 @@ def main(argv: list[str]) -> int:
     if "--check" in argv:
         stale = [p for p, c in outputs.items() if not p.is_file() or p.read_bytes() != c]
         for path in stale:
-            print(f"{path.relative_to(HERE)} differs from the generator output")
+            print(f"{path.relative_to(HERE.parent)} differs from the generator output")
         print("up to date" if not stale else f"{len(stale)} files differ")
         return 1 if stale else 0
     for path, content in outputs.items():

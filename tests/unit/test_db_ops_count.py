@@ -1,0 +1,96 @@
+"""The benchmark's database command count (`pipeline_load.py --db-ops`): what the listener counts
+and how a scenario's counts become commands per question."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from pymongo import monitoring
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def listener_module() -> ModuleType:
+    # Without AML_DB_OPS_DIR it registers nothing: only its listener class is used here.
+    return _load("db_ops_listener", BENCHMARKS / "db_ops" / "sitecustomize.py")
+
+
+@pytest.fixture(scope="module")
+def pipeline_load() -> ModuleType:
+    return _load("pipeline_load_bench", BENCHMARKS / "pipeline_load.py")
+
+
+def _started(request_id: int, command: dict[str, Any]) -> monitoring.CommandStartedEvent:
+    return monitoring.CommandStartedEvent(command, "aml", request_id, ("localhost", 27017), 1)
+
+
+def _succeeded(request_id: int, name: str, reply: dict[str, Any]) -> Any:
+    return monitoring.CommandSucceededEvent(
+        timedelta(0), reply, name, request_id, ("localhost", 27017), 1
+    )
+
+
+def test_the_listener_counts_commands_by_collection_and_capacity_outcomes(
+    listener_module: ModuleType,
+) -> None:
+    listener = listener_module._Listener()
+    take = {"findAndModify": "capacity_slots", "query": {"pool": "v1/r"}, "update": {}}
+    listener.started(_started(1, take))
+    listener.succeeded(_succeeded(1, "findAndModify", {"value": None, "ok": 1}))
+    reserve = {**take, "sort": {"free_at": 1}}
+    listener.started(_started(2, reserve))
+    listener.succeeded(_succeeded(2, "findAndModify", {"value": {"_id": "v1/r/0"}, "ok": 1}))
+    # A bulk write of three statements is one round trip.
+    updates = [{"q": {}, "u": {}}] * 3
+    listener.started(_started(3, {"update": "capacity_slots", "updates": updates}))
+    listener.started(_started(4, {"getMore": 7, "collection": "written_texts"}))
+    listener.started(_started(5, {"hello": 1}))
+    assert listener.counts == Counter(
+        {
+            "capacity_slots.findAndModify": 2,
+            "(rate slot refused)": 1,
+            "(rate next slot taken)": 1,
+            "capacity_slots.update": 1,
+            "written_texts.getMore": 1,
+        }
+    )
+
+
+def test_a_scenarios_commands_per_question_per_service(
+    pipeline_load: ModuleType, tmp_path: Path
+) -> None:
+    def write(name: str, counts: dict[str, int]) -> None:
+        (tmp_path / f"{name}.json").write_text(json.dumps(counts), encoding="utf-8")
+
+    write("aml_searcher-11", {"searches.find": 10, "(rate slot taken)": 4})
+    before = pipeline_load.db_ops_snapshot(tmp_path)
+    write("aml_searcher-11", {"searches.find": 30, "(rate slot taken)": 8})
+    # A second replica (or a restart) adds to the same service.
+    write("aml_searcher-12", {"searches.find": 20, "calls.insert": 20})
+    after = pipeline_load.db_ops_snapshot(tmp_path)
+    per = pipeline_load.db_ops_per_question(before, after, questions=20)
+    assert per["searcher"]["total"] == 3.0  # 40 finds and 20 inserts; outcomes are no command
+    assert per["searcher"]["commands"] == {
+        "searches.find": 2.0,
+        "calls.insert": 1.0,
+        "(rate slot taken)": 0.2,
+    }
+    assert per["answerer"] == {"total": 0.0, "commands": {}}
