@@ -99,7 +99,9 @@ def _parser() -> argparse.ArgumentParser:
         choices=sorted(F1_VARIANTS),
         help="token F1 to report (default: the one the dataset manifest declares)",
     )
-    rescore.add_argument("--rows", type=Path, help="write one JSON line per question here")
+    rescore.add_argument(
+        "--rows", type=Path, help="write one JSON line per question (per point if streaming) here"
+    )
     rescore.add_argument("--json", type=Path, help="write the results document here")
     trace_cmd = sub.add_parser("trace", help="the span tree of one work item")
     trace_cmd.add_argument("item_id", help="an Add request_id or a question item id")
@@ -415,8 +417,11 @@ async def _rescore(args: argparse.Namespace) -> int:
         print(f"aml rescore: {exc}", file=sys.stderr)
         return 2
     variant = args.f1_variant or dataset.f1_variant
-    known = {q.question_id for q in dataset.questions}
-    settings = LLMSettings() if args.judge else EvaluationSettings()
+    known = rescore.asked_items(dataset)
+    # A dataset no judge grades (token F1 alone, multiple choice) is scored without one, as a
+    # job scores it, even when --judge asks for one.
+    ask_judge = args.judge and rescore.judge_asked(dataset)
+    settings = LLMSettings() if ask_judge else EvaluationSettings()
     llm = None
     try:
         predictions = rescore.read_predictions(args.predictions, known)
@@ -463,7 +468,11 @@ async def _rescore(args: argparse.Namespace) -> int:
     judged_by = {
         "labels": f"labels from {args.judge_labels}",
         "llm": f"LLM {settings.judge_model}",
-        "none": "not computed (no --judge-labels or --judge)",
+        "none": (
+            "not asked (no question of this dataset is judged)"
+            if args.judge
+            else "not computed (no --judge-labels or --judge)"
+        ),
     }[source.kind]
     print(f"F1 variant {variant}; BLEU-1 {BLEU_VERSION}; judge: {judged_by}")
     numbers = {dataset.dataset_id: {name: n for n, name in dataset.categories.items()}}

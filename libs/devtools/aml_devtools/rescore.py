@@ -5,20 +5,37 @@ compare harnesses.
 Input files are JSON Lines:
 - predictions: `{"question_id": "conv-26:q0000", "answer": "..."}` — question ids as the
   dataset loader numbers them (`<sample_id>:q<index>`, the index zero-padded to four digits,
-  by position in the sample's `qa` list);
+  by position in the sample's `qa` list). A question of a streaming dataset asked at points of
+  its conversation (`Question.asked_at`) has one prediction per point, keyed by the item id
+  the pipeline gives it, `<question_id>@<P>` with P the point (turns written before it is
+  asked), e.g. `"str-1:q0000@2"`; its bare question id is refused with a hint naming them;
 - judge labels (optional): `{"question_id": ..., "label": "CORRECT"}` or, for several judge
   runs, `{"question_id": ..., "labels": ["CORRECT", "WRONG", "CORRECT"]}`; `null` is a run
   whose reply could not be read.
 
 A question id given twice in either file is an error, never "the last one wins"; so is an id
-the dataset does not have (with a hint when it only lacks the zero padding).
+the dataset does not have (with a hint when it only lacks the zero padding), and a label for a
+question no judge grades.
 
-Open questions take their verdict from the labels file when one is given, from the evaluation
-spec's LLM judge with `--judge`, or from no judge at all: F1 (the dataset's declared variant, or
-the one asked for) and BLEU-1 are computed for every answered open question either way. A question
-that the labels file does not label keeps its F1 and BLEU-1 and is counted as unjudged (not
-correct, not wrong, not failed); a label of null is a judge failure. A question without a
-prediction is counted as failed (`no_prediction`), never as wrong.
+Each answer is scored as the scorer service scores it (aml_evaluation.scoring.scoring_method):
+a multiple-choice question by the option it names (`choice_correct`, `option_accuracy`); an
+open question of a dataset whose manifest scorer is `token_f1` (Mem-Gallery) by token F1 alone,
+never judged, even with `--judge`, and without BLEU-1 (F1 is its headline); any other open
+question as follows.
+
+Judged open questions take their verdict from the labels file when one is given, from the
+evaluation spec's LLM judge with `--judge` (the prompt the scorer would use: the abstention
+prompt without a gold answer, a LongMemEval judge rule's prompt with its `gold_explanation`), or
+from no judge at all: F1 (the dataset's declared variant, or the one asked for) and BLEU-1 are
+computed for every answered open question either way. A question that the labels file does not label
+keeps its F1 and BLEU-1 and is counted as unjudged (not correct, not wrong, not failed); a label of
+null is a judge failure. A question without a prediction is counted as failed (`no_prediction`),
+never as wrong.
+
+The rows go through the live pipeline's aggregate() with the same outcomes a job with the same
+answers records (a streaming item carries its point's ordinal, so the dataset's results are
+split by point as a job's are), so a rescored results file reports the numbers and headline
+that job would.
 """
 
 from __future__ import annotations
@@ -28,14 +45,15 @@ import json
 import re
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal, get_args
+from types import MappingProxyType
+from typing import Any, Final, Literal, NamedTuple, get_args
 
 import nltk  # type: ignore[import-untyped]
 from pydantic import BaseModel, Field
 
 from aml_contract.api.results import JobResults
 from aml_evaluation.aggregate import QuestionOutcome, aggregate
-from aml_evaluation.datasets import Dataset, Question, question_id
+from aml_evaluation.datasets import Dataset, Question, question_at_point, question_id
 from aml_evaluation.judging import (
     JUDGE_PARSER_VERSION,
     JudgeVerdict,
@@ -50,10 +68,13 @@ from aml_evaluation.registry import DatasetManifest
 from aml_evaluation.scoring import (
     ABSTENTION_VERSION,
     BLEU_VERSION,
+    F1_VARIANTS,
     MC_VERSION,
     JudgeLabel,
+    ScoringMethod,
     open_answer_scores,
     score_choice,
+    scoring_method,
 )
 
 NO_PREDICTION = "no_prediction"
@@ -61,16 +82,51 @@ NO_PREDICTION = "no_prediction"
 Judge = Callable[[Question, str], Awaitable[JudgeVerdict]]
 # An id written without the zero padding, e.g. "conv-26:q0" for "conv-26:q0000".
 _LOOSE_ID = re.compile(r"(?P<sample>.+):q(?P<index>[0-9]+)")
+# Why a question takes no judge verdict, by how it is scored.
+_NOT_JUDGED: Final[Mapping[ScoringMethod, str]] = MappingProxyType(
+    {
+        "choice": "a multiple-choice question is scored by the option it names",
+        "f1_alone": "the dataset is scored by token F1 alone",
+    }
+)
 
 
 class RescoreInputError(ValueError):
     """A predictions or labels file that cannot be used as it is; says where and why."""
 
 
+class AskedItem(NamedTuple):
+    """One scored item: a question, or a streaming question at one of its points."""
+
+    key: str  # the question_id its prediction and label are written under
+    question: Question
+    point: int | None  # turns written before it is asked; None: after the whole conversation
+    point_index: int | None  # the point's 1-based ordinal among the question's points
+
+
+def asked_items(dataset: Dataset) -> dict[str, AskedItem]:
+    """Every item of the dataset by its key, in dataset order: a question once, or a streaming
+    question once per point, as the scheduler plans them (`<question_id>@<P>`)."""
+    items: dict[str, AskedItem] = {}
+    for question in dataset.questions:
+        if not question.asked_at:
+            items[question.question_id] = AskedItem(question.question_id, question, None, None)
+        for ordinal, point in enumerate(question.asked_at, start=1):
+            key = question_at_point(question.question_id, point)
+            items[key] = AskedItem(key, question, point, ordinal)
+    return items
+
+
 class QuestionRow(BaseModel):
-    """One question's scoring, as written to the rows file."""
+    """One item's scoring, as written to the rows file."""
 
     question_id: str
+    point: int | None = Field(
+        default=None, description="A streaming question's point (its key is question_id@point)."
+    )
+    point_index: int | None = Field(
+        default=None, description="That point's 1-based ordinal: the `points` cell it counts in."
+    )
     dataset_id: str
     category: int
     category_name: str
@@ -130,20 +186,27 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             yield number, value
 
 
-def check_known(path: Path, number: int, qid: str, known: set[str]) -> None:
-    """Refuse an id the dataset does not have; hint at the padded form when that is the fix."""
-    if qid in known:
+def check_known(path: Path, number: int, qid: str, items: Mapping[str, AskedItem]) -> None:
+    """Refuse an id the dataset does not have; hint at the padded form when that is the fix,
+    and at the item ids of a streaming question given by its bare id."""
+    if qid in items:
         return
     hint = ""
     loose = _LOOSE_ID.fullmatch(qid)
     if loose is not None:
         padded = question_id(loose["sample"], int(loose["index"]))
-        if padded != qid and padded in known:
+        if padded != qid and padded in items:
             hint = f"; ids are zero-padded to four digits: {padded!r}"
+    points = [key for key, item in items.items() if item.question.question_id == qid]
+    if points:
+        hint = (
+            f"; {qid!r} is asked at points of its conversation, each predicted under its own "
+            f"id: {', '.join(map(repr, points))}"
+        )
     raise RescoreInputError(f"{path}:{number}: unknown question_id {qid!r}{hint}")
 
 
-def read_predictions(path: Path, known: set[str]) -> dict[str, str]:
+def read_predictions(path: Path, known: Mapping[str, AskedItem]) -> dict[str, str]:
     predictions: dict[str, str] = {}
     for number, row in read_jsonl(path):
         qid = row["question_id"]
@@ -157,7 +220,7 @@ def read_predictions(path: Path, known: set[str]) -> dict[str, str]:
     return predictions
 
 
-def read_labels(path: Path, known: set[str]) -> dict[str, list[JudgeLabel | None]]:
+def read_labels(path: Path, known: Mapping[str, AskedItem]) -> dict[str, list[JudgeLabel | None]]:
     allowed = set(get_args(JudgeLabel))
     labels: dict[str, list[JudgeLabel | None]] = {}
     for number, row in read_jsonl(path):
@@ -181,30 +244,44 @@ async def score_questions(
     judge: Judge | None,
     f1_variant: str | None = None,
 ) -> list[QuestionRow]:
-    """One row per question of the dataset, in dataset order. Verdicts come from `labels` if
-    given, else from `judge` if given, else there are none. `f1_variant` defaults to the
-    dataset's declared one."""
+    """One row per item of the dataset (asked_items), in dataset order; `predictions` and
+    `labels` are keyed by item. Verdicts of judged questions come from `labels` if given, else
+    from `judge` if given, else there are none. `f1_variant` defaults to the dataset's declared
+    one. Raises RescoreInputError for a label of a question no judge grades."""
     variant = f1_variant or dataset.f1_variant
     rows = []
-    for question in dataset.questions:
+    for item in asked_items(dataset).values():
+        question = item.question
+        method = scoring_method(question.options, dataset.scorer)
+        if labels is not None and item.key in labels and method != "judge":
+            raise RescoreInputError(
+                f"a judge label is given for {item.key!r}, which no judge grades: "
+                f"{_NOT_JUDGED[method]}"
+            )
         row = QuestionRow(
             question_id=question.question_id,
+            point=item.point,
+            point_index=item.point_index,
             dataset_id=dataset.dataset_id,
             category=question.category,
             category_name=question.category_name,
             failure=None,
         )
-        answer = predictions.get(question.question_id)
+        answer = predictions.get(item.key)
         if answer is None:
             rows.append(row.model_copy(update={"failure": NO_PREDICTION}))
             continue
-        if question.options:
-            choice = score_choice(answer, question.options, question.answer)
+        if method == "choice":
+            choice = score_choice(answer, question.options or [], question.answer)
             rows.append(row.model_copy(update={"choice_correct": choice.correct}))
+            continue
+        if method == "f1_alone":
+            f1 = F1_VARIANTS[variant](answer, question.answer, question.category)
+            rows.append(row.model_copy(update={"f1": f1}))
             continue
         runs: list[JudgeLabel | None] | None = None
         if labels is not None:
-            runs = labels.get(question.question_id)
+            runs = labels.get(item.key)
         elif judge is not None:
             runs = (await judge(question, answer)).labels
         scores = open_answer_scores(answer, question.answer, question.category, variant)
@@ -236,6 +313,7 @@ def outcome_of(row: QuestionRow, multiple_choice: bool) -> QuestionOutcome:
         bleu1=row.bleu1,
         multiple_choice=multiple_choice,
         choice_correct=row.choice_correct,
+        point_index=row.point_index,
     )
 
 
@@ -257,6 +335,12 @@ def results_of(
         {dataset.dataset_id: excluded},
         {dataset.dataset_id: f1_variant or dataset.f1_variant},
     )
+
+
+def judge_asked(dataset: Dataset) -> bool:
+    """Whether a judge grades some question of the dataset: `--judge` asks it nothing when
+    every question is multiple choice or the dataset is scored by token F1 alone."""
+    return any(scoring_method(q.options, dataset.scorer) == "judge" for q in dataset.questions)
 
 
 def llm_judge(

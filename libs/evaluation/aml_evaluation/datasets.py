@@ -160,6 +160,13 @@ class Question(_Frozen):
         return self.answer is None
 
 
+def question_at_point(question_id: str, point: int) -> str:
+    """A streaming question asked at one point, `<question_id>@<point>` (the point in turns
+    written, not its ordinal): the tail of the pipeline's item id, and the key of its
+    prediction in `aml rescore`."""
+    return f"{question_id}@{point}"
+
+
 class Dataset(_Frozen):
     dataset_id: str
     version: str

@@ -14,7 +14,7 @@ import json
 import re
 import string
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Final, Literal, NamedTuple
 
@@ -315,6 +315,21 @@ def bleu1(prediction: str, gold: str | int) -> float:
             smoothing_function=_BLEU_SMOOTHING,
         )
     )
+
+
+# How one answer is scored; see scoring_method.
+ScoringMethod = Literal["choice", "f1_alone", "judge"]
+
+
+def scoring_method(options: Sequence[str] | None, dataset_scorer: str | None) -> ScoringMethod:
+    """How the scorer service and `aml rescore` both score an answer: a question with options
+    by the option it names (`score_choice`), whatever the dataset's scorer; an open question
+    of a dataset whose manifest scorer is `token_f1` by token F1 alone (no judge asked, no
+    BLEU-1), as Mem-Gallery's own evaluation scores it; any other open question by the LLM
+    judge, token F1 and BLEU-1 (`open_answer_scores`)."""
+    if options:
+        return "choice"
+    return "f1_alone" if dataset_scorer == TOKEN_F1_SCORER else "judge"
 
 
 class OpenAnswerScores(NamedTuple):

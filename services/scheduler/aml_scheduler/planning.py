@@ -14,7 +14,7 @@ from aml_contract.participant import (
     memory_user_id,
 )
 from aml_evaluation.chunker import AddChunk, plan_adds, search_query
-from aml_evaluation.datasets import DEFAULT_SCORER, Dataset
+from aml_evaluation.datasets import DEFAULT_SCORER, Dataset, question_at_point
 from aml_evaluation.isolation import content_text, owners_of_texts
 from aml_runtime.documents import AddChunkDocument, QuestionDocument
 from aml_runtime.telemetry import item_trace_hex
@@ -78,7 +78,7 @@ def _searches_held(
 
 def point_item_id(job_id: str, dataset_id: str, question_id: str, asked: AskedPoint) -> str:
     """A streaming question's item at one point: its id carries the point."""
-    return question_item_id(job_id, dataset_id, f"{question_id}@{asked.point}")
+    return question_item_id(job_id, dataset_id, question_at_point(question_id, asked.point))
 
 
 def plan_chunks(job_id: str, dataset: Dataset) -> list[AddChunkDocument]:

@@ -29,9 +29,9 @@ from aml_evaluation.scoring import (
     F1_VARIANTS,
     F1_VERSION,
     MC_VERSION,
-    TOKEN_F1_SCORER,
     open_answer_scores,
     score_choice,
+    scoring_method,
 )
 from aml_pipeline.llm import complete
 from aml_pipeline.stage_worker import StageCall
@@ -64,10 +64,12 @@ class ScoreAnswer:
             "category": question["category"],
             "category_name": question["category_name"],
         }
-        options = question.get("options")
-        if options:
-            return found | self.choice(answer["answer"], options, question["gold_answer"])
-        if question.get("scorer") == TOKEN_F1_SCORER:
+        method = scoring_method(question.get("options"), question.get("scorer"))
+        if method == "choice":
+            return found | self.choice(
+                answer["answer"], question["options"], question["gold_answer"]
+            )
+        if method == "f1_alone":
             return found | self.f1_only(question, answer["answer"])
         return found | await self.open_question(question, answer["answer"], item)
 
