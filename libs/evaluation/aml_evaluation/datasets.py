@@ -35,7 +35,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -73,6 +73,25 @@ _MONTHS: Final[Mapping[str, int]] = {
     "november": 11,
     "december": 12,
 }
+
+
+class BundleManifest(Protocol):
+    """What a format's parser reads of a bundle manifest (registry.DatasetManifest has it)."""
+
+    @property
+    def dataset_id(self) -> str: ...
+
+    @property
+    def version(self) -> str: ...
+
+    @property
+    def scorer(self) -> str: ...
+
+    @property
+    def f1_variant(self) -> str: ...
+
+    @property
+    def categories(self) -> Mapping[int, str]: ...
 
 
 class _Frozen(BaseModel):

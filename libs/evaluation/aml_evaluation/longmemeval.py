@@ -71,11 +71,12 @@ import calendar
 import json
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from aml_evaluation.datasets import (
     DEFAULT_F1_VARIANT,
     DEFAULT_SCORER,
+    BundleManifest,
     Conversation,
     Dataset,
     Question,
@@ -130,23 +131,8 @@ _DATE: Final = re.compile(
 _WEEKDAYS: Final = frozenset({"mon", "tue", "wed", "thu", "fri", "sat", "sun"})
 
 
-class LongMemEvalManifest(Protocol):
-    """What the parser reads of a bundle manifest (aml_evaluation.registry.DatasetManifest)."""
-
-    @property
-    def dataset_id(self) -> str: ...
-
-    @property
-    def version(self) -> str: ...
-
-    @property
-    def scorer(self) -> str: ...
-
-    @property
-    def f1_variant(self) -> str: ...
-
-    @property
-    def categories(self) -> Mapping[int, str]: ...
+# What the parser reads of a bundle manifest.
+LongMemEvalManifest = BundleManifest
 
 
 def parse_longmemeval_datetime(text: str) -> int:

@@ -74,7 +74,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any, Final, Protocol
 
-from aml_evaluation.datasets import Conversation, Dataset, Question, Session, Turn
+from aml_evaluation.datasets import BundleManifest, Conversation, Dataset, Question, Session, Turn
 from aml_evaluation.media import (
     IMAGE_SUFFIXES,
     ImageError,
@@ -127,23 +127,8 @@ _ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _DATE: Final = re.compile(r"(\d{4})-(\d{2})-(\d{2})")
 
 
-class MemGalleryManifest(Protocol):
-    """What the parser reads of a bundle manifest (aml_evaluation's DatasetManifest has it)."""
-
-    @property
-    def dataset_id(self) -> str: ...
-
-    @property
-    def version(self) -> str: ...
-
-    @property
-    def scorer(self) -> str: ...
-
-    @property
-    def f1_variant(self) -> str: ...
-
-    @property
-    def categories(self) -> Mapping[int, str]: ...
+class MemGalleryManifest(BundleManifest, Protocol):
+    """A bundle manifest with the directory its images are under."""
 
     @property
     def image_dir(self) -> str | None: ...

@@ -69,9 +69,9 @@ import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
-from aml_evaluation.datasets import Conversation, Dataset, Question, Session, Turn
+from aml_evaluation.datasets import BundleManifest, Conversation, Dataset, Question, Session, Turn
 
 PERSONAMEM_CATEGORIES: Final[Mapping[int, str]] = {
     1: "recall_user_shared_facts",
@@ -122,23 +122,8 @@ _ANSWER: Final = re.compile(r"\s*\(?\s*([A-Za-z])\s*\)?\s*")
 _SPEAKER_TAGS: Final[Mapping[str, str]] = {"user": "User:", "assistant": "Assistant:"}
 
 
-class PersonaMemManifest(Protocol):
-    """What the parser reads of a bundle manifest (aml_evaluation's DatasetManifest has it)."""
-
-    @property
-    def dataset_id(self) -> str: ...
-
-    @property
-    def version(self) -> str: ...
-
-    @property
-    def scorer(self) -> str: ...
-
-    @property
-    def f1_variant(self) -> str: ...
-
-    @property
-    def categories(self) -> Mapping[int, str]: ...
+# What the parser reads of a bundle manifest.
+PersonaMemManifest = BundleManifest
 
 
 @dataclass
