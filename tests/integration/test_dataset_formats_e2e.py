@@ -14,7 +14,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import time
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
+from job_support import submit_and_wait
 from pymongo import MongoClient
 
 from aml_devtools.cli import render_results
@@ -257,22 +257,15 @@ def _run(stack: Stack, dataset_id: str) -> Run:
         platform, stack.participant_url, f"team-{dataset_id}", f"sim-{dataset_id}"
     )
     seen_requests, seen_prompts = len(stack.simulator.requests), len(stack.llm.prompts)
-    auth = {"Authorization": f"Bearer {key}"}
-    with httpx.Client(base_url=platform.gateway_url, headers=auth, timeout=30) as api:
-        job = {"version_id": version_id, "run_label": dataset_id, "datasets": [dataset_id]}
-        created = api.post("/v1/jobs", json=job)
-        assert created.status_code == 201, created.text
-        job_id = created.json()["job_id"]
-        deadline = time.monotonic() + JOB_TIMEOUT
-        while (status := api.get(f"/v1/jobs/{job_id}").json())["state"] not in (
-            "completed",
-            "failed",
-        ):
-            assert time.monotonic() < deadline, f"job {job_id} stuck: {status}"
-            time.sleep(0.5)
-        assert status["state"] == "completed", status
-        results = api.get(f"/v1/jobs/{job_id}/results")
-        assert results.status_code == 200, results.text
+    job = {"version_id": version_id, "run_label": dataset_id, "datasets": [dataset_id]}
+    job_id, status = submit_and_wait(platform.gateway_url, key, job, JOB_TIMEOUT)
+    assert status["state"] == "completed", status
+    results = httpx.get(
+        f"{platform.gateway_url}/v1/jobs/{job_id}/results",
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=30,
+    )
+    assert results.status_code == 200, results.text
     requests = stack.simulator.requests[seen_requests:]
     with MongoClient(platform.stack.mongo_url) as mongo:
         db = mongo["aml"]

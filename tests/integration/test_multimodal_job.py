@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+from job_support import submit_and_wait
 from pymongo import MongoClient
 
 from aml_devtools.platform import PlatformConfig, register_participant, start_platform
@@ -97,18 +97,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             "run_label": "multimodal",
             "datasets": [DATASET],
         }
-        with httpx.Client(base_url=platform.gateway_url, headers=auth, timeout=30) as api:
-            created = api.post("/v1/jobs", json=job)
-            assert created.status_code == 201, created.text
-            job_id: str = created.json()["job_id"]
-            deadline = time.monotonic() + JOB_TIMEOUT
-            while (status := api.get(f"/v1/jobs/{job_id}").json())["state"] not in (
-                "completed",
-                "failed",
-            ):
-                assert time.monotonic() < deadline, f"job {job_id} stuck: {status}"
-                time.sleep(0.5)
-            results = api.get(f"/v1/jobs/{job_id}/results")
+        job_id, status = submit_and_wait(platform.gateway_url, key, job, JOB_TIMEOUT)
+        results = httpx.get(
+            f"{platform.gateway_url}/v1/jobs/{job_id}/results", headers=auth, timeout=30
+        )
         mongo: MongoClient[dict[str, Any]]
         with MongoClient(platform.stack.mongo_url) as mongo:
             scores: list[dict[str, Any]] = list(mongo["aml"]["scores"].find({"job_id": job_id}))

@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from job_support import submit_and_wait
 from pymongo import AsyncMongoClient
 
 from aml_devtools.platform import Platform, PlatformConfig, register_participant, start_platform
@@ -84,19 +84,8 @@ def _run(platform: Platform, team: str, dataset_id: str) -> tuple[str, str, list
     simulator = Simulator(Script())
     with running_simulator(simulator) as url:
         version_id, key = register_participant(platform, url, team, f"sim-{team}")
-        auth = {"Authorization": f"Bearer {key}"}
         job = {"version_id": version_id, "run_label": team, "datasets": [dataset_id]}
-        with httpx.Client(base_url=platform.gateway_url, headers=auth, timeout=30) as api:
-            created = api.post("/v1/jobs", json=job)
-            assert created.status_code == 201, created.text
-            job_id: str = created.json()["job_id"]
-            deadline = time.monotonic() + JOB_TIMEOUT
-            while (status := api.get(f"/v1/jobs/{job_id}").json())["state"] not in (
-                "completed",
-                "failed",
-            ):
-                assert time.monotonic() < deadline, f"job {job_id} stuck: {status}"
-                time.sleep(0.5)
+        job_id, status = submit_and_wait(platform.gateway_url, key, job, JOB_TIMEOUT)
         assert status["state"] == "completed", status
     return job_id, key, list(simulator.requests)
 
