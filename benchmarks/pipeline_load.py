@@ -429,46 +429,98 @@ def max_in_declared_window(arrivals: Sequence[float], max_rps: float) -> tuple[i
     return max_in_window(arrivals, window), allowed, window
 
 
-def add_departures(bench: Bench, job_ids: Iterable[str]) -> dict[str, list[datetime]]:
-    """Per Add request_id, when each of its attempts left, as the platform's audit says (the
-    moment its headers started going out)."""
+@dataclass
+class AuditedDepartures:
+    """When the platform's audit says each attempt left (the moment its headers started going
+    out): per request as the participant can name it ("add <request_id>", "search <body>"), and
+    every attempt of a job, status polls included (what the rate limit counts)."""
+
+    by_request: dict[str, list[datetime]] = field(default_factory=dict)
+    by_job: dict[str, list[datetime]] = field(default_factory=dict)
+
+
+def audited_departures(bench: Bench, job_ids: Iterable[str]) -> AuditedDepartures:
     client: MongoClient[dict[str, Any]] = MongoClient(bench.stack.mongo_url, tz_aware=True)
+    jobs = list(job_ids)
     try:
-        departures: dict[str, list[datetime]] = defaultdict(list)
+        bodies = {
+            str(question["_id"]): bytes(question["search_body"])
+            for question in client["aml"].questions.find(
+                {"job_id": {"$in": jobs}}, {"search_body": 1}
+            )
+        }
+        by_request: dict[str, list[datetime]] = defaultdict(list)
+        by_job: dict[str, list[datetime]] = defaultdict(list)
         calls = client["aml"].calls.find(
-            {"job_id": {"$in": list(job_ids)}, "operation": "add"},
-            {"item_id": 1, "started_at": 1},
+            {"job_id": {"$in": jobs}},
+            {"item_id": 1, "started_at": 1, "operation": 1, "job_id": 1},
         )
         for call in calls:
-            # An Add chunk's item id is its request_id.
-            departures[str(call["item_id"])].append(call["started_at"])
-        return {key: sorted(times) for key, times in departures.items()}
+            if call.get("started_at") is None:
+                continue  # never left (refused before sending)
+            by_job[call["job_id"]].append(call["started_at"])
+            item = str(call["item_id"])
+            if call["operation"] == "add":
+                # An Add chunk's item id is its request_id.
+                by_request[f"add {item}"].append(call["started_at"])
+            elif call["operation"] == "search":
+                # A streaming item "<question>@<point>" sends its question's body.
+                body = bodies.get(item.split("@", 1)[0])
+                if body is not None:
+                    by_request[f"search {body.hex()}"].append(call["started_at"])
+        return AuditedDepartures(
+            {key: sorted(times) for key, times in by_request.items()},
+            {key: sorted(times) for key, times in by_job.items()},
+        )
     finally:
         client.close()
 
 
+def request_key(record: RequestRecord) -> str | None:
+    """How `AuditedDepartures.by_request` names the request a participant received."""
+    if record.endpoint == "add":
+        return f"add {_body(record).get('request_id')}"
+    if record.endpoint == "search":
+        return f"search {record.body.hex()}"
+    return None
+
+
 def arrival_lags(
-    adds: Sequence[RequestRecord], departures: dict[str, list[datetime]]
-) -> dict[str, float]:
-    """Each Add's arrival at the participant's clock minus its departure in the platform's
-    audit (the n-th arrival of a request_id against its n-th attempt), in ms: how late the
-    receiver saw what was sent. A rate window the participant saw exceeded although the
-    departures kept it shows as a window-opening request with a lag beyond the margin."""
+    records: Sequence[RequestRecord], departures: dict[str, list[datetime]]
+) -> dict[int, float]:
+    """Per received Add and Search (by its arrival `seq`), its arrival at the participant's
+    clock minus its departure in the platform's audit (the n-th arrival of a request against
+    its n-th departure), in ms: how late the receiver saw what was sent. A rate window the
+    participant saw exceeded although the departures kept it shows as a window-opening request
+    with a lag beyond the margin."""
     arrived: dict[str, list[RequestRecord]] = defaultdict(list)
-    for record in sorted(adds, key=lambda r: r.arrived_at):
-        arrived[str(_body(record).get("request_id"))].append(record)
+    for record in sorted(records, key=lambda r: r.arrived_at):
+        key = request_key(record)
+        if key is not None:
+            arrived[key].append(record)
     lags = {}
-    for request_id, records in arrived.items():
-        for record, left in zip(records, departures.get(request_id, []), strict=False):
-            lags[f"{request_id}#{record.seq}"] = (record.arrived_at - left).total_seconds() * 1000
+    for key, received in arrived.items():
+        for record, left in zip(received, departures.get(key, []), strict=False):
+            lags[record.seq] = (record.arrived_at - left).total_seconds() * 1000
     return lags
+
+
+def _lag_figures(lags: Iterable[float]) -> dict[str, Any]:
+    ordered = sorted(lags)
+    return {
+        "matched": len(ordered),
+        "p50": round(_quantile(ordered, 0.5), 1),
+        "p99": round(_quantile(ordered, 0.99), 1),
+        "max": round(ordered[-1], 1) if ordered else 0.0,
+    }
 
 
 def participant_figures(
     team: Team,
     records: Sequence[RequestRecord],
     planned: Counter[bytes],
-    departures: dict[str, list[datetime]] | None = None,
+    departures: AuditedDepartures | None = None,
+    job_ids: Sequence[str] = (),
 ) -> dict[str, Any]:
     adds = [r for r in records if r.endpoint == "add"]
     searches = [r for r in records if r.endpoint == "search"]
@@ -481,8 +533,10 @@ def participant_figures(
     in_window, allowed, window = max_in_declared_window(arrivals, team.max_rps)
     max_concurrency = max((r.total_concurrency_at_arrival for r in records), default=0)
     request_ids: Counter[str] = Counter(dict.fromkeys(first_of_request, 1))
-    lags = arrival_lags(adds, departures or {})
-    ordered_lags = sorted(lags.values())
+    audited = departures or AuditedDepartures()
+    lags = arrival_lags(records, audited.by_request)
+    left = sorted(t.timestamp() for job in job_ids for t in audited.by_job.get(job, []))
+    departed_in_window = max_in_declared_window(left, team.max_rps)[0]
     return {
         "declared": {"max_concurrency": team.max_concurrency, "max_rps": team.max_rps},
         "requests": {"add": len(adds), "search": len(searches)},
@@ -495,17 +549,16 @@ def participant_figures(
         "within_declared": max_concurrency <= team.max_concurrency
         and in_window <= allowed
         and rejected == 0,
+        # The same window over the audited departures (the platform's own clock): what the
+        # platform promises; arrivals add the way to the participant and its clock's lag.
+        "departures_max_in_declared_window": departed_in_window,
         "duplicates": {
             "add": duplicate_calls(adds, lambda r: str(_body(r).get("request_id")), request_ids),
             "search": duplicate_calls(searches, lambda r: r.body, planned),
         },
         "busiest_1s": busiest_window(records, lags=lags),
-        "add_arrival_lag_ms": {
-            "matched": len(ordered_lags),
-            "p50": round(_quantile(ordered_lags, 0.5), 1),
-            "p99": round(_quantile(ordered_lags, 0.99), 1),
-            "max": round(ordered_lags[-1], 1) if ordered_lags else 0.0,
-        },
+        "add_arrival_lag_ms": _lag_figures(lags[r.seq] for r in adds if r.seq in lags),
+        "search_arrival_lag_ms": _lag_figures(lags[r.seq] for r in searches if r.seq in lags),
     }
 
 
@@ -514,10 +567,10 @@ def _quantile(ordered: Sequence[float], q: float) -> float:
 
 
 def busiest_window(
-    records: Sequence[RequestRecord], window: float = 1.0, lags: dict[str, float] | None = None
+    records: Sequence[RequestRecord], window: float = 1.0, lags: dict[int, float] | None = None
 ) -> list[str]:
     """The arrivals of the first window [t, t + window) holding the most, as "+seconds endpoint
-    status" from its first arrival, with an Add's arrival lag (`arrival_lags`) when known: to
+    status" from its first arrival, with its arrival lag (`arrival_lags`) when known: to
     see how a rate was exceeded, when it was."""
     ordered = sorted(records, key=lambda r: r.arrived_monotonic)
     best: tuple[int, int] = (0, 0)  # (count, start index)
@@ -531,8 +584,7 @@ def busiest_window(
     known = lags or {}
 
     def lag(record: RequestRecord) -> str:
-        key = f"{_body(record).get('request_id')}#{record.seq}"
-        return f" (lag {known[key]:.0f} ms)" if key in known else ""
+        return f" (lag {known[record.seq]:.0f} ms)" if record.seq in known else ""
 
     return [
         f"+{r.arrived_monotonic - t0:.3f} {r.endpoint} {r.status}{lag(r)}"
@@ -628,10 +680,14 @@ def collect(
     for job_id, team in jobs.items():
         by_team[team.name].append(job_id)
     planned = planned_searches(bench, jobs)
-    departures = add_departures(bench, jobs)
+    departures = audited_departures(bench, jobs)
     participants = {
         name: participant_figures(
-            bench.teams[name], simulator_records(bench.teams[name], job_ids), planned, departures
+            bench.teams[name],
+            simulator_records(bench.teams[name], job_ids),
+            planned,
+            departures,
+            job_ids,
         )
         for name, job_ids in by_team.items()
     }
@@ -865,13 +921,23 @@ def _limit_lines(f: dict[str, Any]) -> list[str]:
     lines.append(
         _limit_row("llm", llm | {"requests": llm["calls"]}, f"{llm['capacity']}", ("", ""))
     )
-    lags = ", ".join(
-        f"{name} p50 {lag['p50']:.0f} p99 {lag['p99']:.0f} max {lag['max']:.0f}"
+    for operation in ("add", "search"):
+        lags = ", ".join(
+            f"{name} p50 {lag['p50']:.0f} p99 {lag['p99']:.0f} max {lag['max']:.0f}"
+            for name, p in f["participants"].items()
+            if (lag := p.get(f"{operation}_arrival_lag_ms")) and lag["matched"]
+        )
+        if lags:
+            lines.append(
+                f"  {operation.capitalize()} arrival after its audited departure (ms): {lags}"
+            )
+    departed = ", ".join(
+        f"{name} {p['departures_max_in_declared_window']}"
         for name, p in f["participants"].items()
-        if (lag := p.get("add_arrival_lag_ms")) and lag["matched"]
+        if "departures_max_in_declared_window" in p
     )
-    if lags:
-        lines.append(f"  Add arrival after its audited departure (ms): {lags}")
+    if departed:
+        lines.append(f"  most audited departures in a declared window: {departed}")
     for name, p in f["participants"].items():
         if not p["within_declared"] and p.get("busiest_1s"):
             lines.append(f"  {name} busiest 1 s: " + "; ".join(p["busiest_1s"]))

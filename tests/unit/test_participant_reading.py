@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import zlib
 
+import bson
 import pytest
 from pydantic import ValidationError
 
@@ -15,9 +16,12 @@ from aml_pipeline.participants import (
     BodyRejected,
     CallFailed,
     _Decoder,
+    bson_size,
     parse_json,
     short,
     status_url,
+    storage_problem,
+    validate_search_response,
 )
 
 
@@ -195,3 +199,58 @@ def test_the_documented_limits_are_the_clients() -> None:
     assert f"longer than {MAX_TASK_ID_LENGTH} characters" in doc
     assert f"| connecting | {CONNECT_TIMEOUT_SECONDS:g} s |" in doc
     assert f"Health {HEALTH_TIMEOUT_SECONDS:g} s |" in doc
+
+
+# --- what an answer takes to store, counted without encoding it ---------------------------------
+
+_STORED_SHAPES: list[object] = [
+    None,
+    True,
+    0,
+    -(2**31),
+    2**31 - 1,
+    2**31,
+    -(2**63),
+    2**63 - 1,
+    1.5,
+    "",
+    "ascii",
+    "é€𝄞 multibyte",
+    [],
+    list(range(12)),
+    [0] * 1001,
+    {"id": "x", "content": "y", "extra": {"nested": [1, "two", 3.0, None, False, {"k": []}]}},
+    [{"ключ": "значение", "n": [2**40] * 3}, [[[]]], {"": ""}],
+]
+
+
+@pytest.mark.parametrize("value", _STORED_SHAPES)
+def test_the_counted_size_is_what_bson_stores(value: object) -> None:
+    # The value inside a document: 4 length bytes, its element (type byte, key "v\0"), NUL.
+    assert bson_size(value, 1 << 30) + 4 + 1 + 2 + 1 == len(bson.encode({"v": value}))
+
+
+def test_a_swelling_array_passes_the_limit() -> None:
+    swelling = [0] * 2_000_000  # ~25 MB as BSON
+    assert len(bson.encode({"v": swelling})) > 20_000_000
+    assert bson_size(swelling, 1000) > 1000
+    assert storage_problem(swelling, 1000) == "the items take more than 1000 bytes to store"
+    assert storage_problem(swelling, 30_000_000) is None
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (b'{"data":[{"id":"x","content":"y","big":1' + b"0" * 30 + b"}]}", "64 bits"),
+        (b'{"data":[{"id":"x","content":"y","z":["\\ud800"]}]}', "lone surrogate"),
+        (b'{"data":[{"id":"x","content":"y","n":[' + b"0," * 800_000 + b"0]}]}", "to store"),
+    ],
+)
+def test_an_answer_no_store_keeps_is_a_contract_error(body: bytes, problem: str) -> None:
+    # Extra fields are the participant's, so the item model lets these through; the first two
+    # used to fail only when stored, as a platform error retried instead of a contract error.
+    with pytest.raises(CallFailed) as failed:
+        validate_search_response(parse_json(body, "search"), top_k=3)
+    assert failed.value.kind == "contract_error"
+    assert failed.value.reason.startswith("search response: ")
+    assert problem in failed.value.reason

@@ -31,6 +31,10 @@ MAX_RESPONSE_BYTES: dict[str, int] = {
 }
 # Arrays and objects nested deeper than this are a contract violation (every answer).
 MAX_JSON_DEPTH = 64
+# A Search's items are kept on the question's document (16 MiB at most in MongoDB, with its
+# other fields): an answer within its 4 MiB reading limit fits unless its extra fields swell
+# when stored (long arrays of small numbers).
+MAX_STORED_SEARCH_ITEMS_BYTES = 8 * 1024 * 1024
 # A 202's task_id is put into the Add-status URL: bounded, and printable characters only.
 MAX_TASK_ID_LENGTH = 256
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-import bson
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract.messages import QuestionWork
@@ -18,12 +17,6 @@ from aml_pipeline.stage_worker import StageCall
 from aml_runtime.broker import FinalFailure
 from aml_runtime.db import Document
 from aml_runtime.documents import FailureKind
-
-# The candidates are kept on the question's document (16 MiB at most in MongoDB, with the
-# question's other fields): a Search answer within its 4 MiB reading limit fits unless its
-# extra fields swell when stored.
-MAX_STORED_CANDIDATES_BYTES = 8 * 1024 * 1024
-
 
 # Jobs whose written texts one searcher keeps in memory, and the most texts it keeps of one job
 # (beyond that, each search looks its candidates up instead: LoCoMo-10 has about 6,000).
@@ -106,19 +99,8 @@ class SearchQuestion:
             if exc.kind == FailureKind.CONTRACT_ERROR:
                 await observe.validated(exc.reason)
             raise FinalFailure(exc.kind, exc.reason) from None
-        candidates = [item.model_dump(mode="json", exclude_none=True) for item in items]
-        stored = len(bson.encode({"candidates": candidates}))
-        if stored > MAX_STORED_CANDIDATES_BYTES:
-            # Within the answer limit, but extra fields that grow in BSON (long arrays of small
-            # numbers) would not fit a document: the participant's answer, not a platform error.
-            reason = (
-                f"search response: the items take {stored} bytes to store, more than "
-                f"{MAX_STORED_CANDIDATES_BYTES}"
-            )
-            await observe.validated(reason)
-            raise FinalFailure(FailureKind.CONTRACT_ERROR, reason)
         await observe.validated(VALID)
-        return candidates
+        return [item.model_dump(mode="json", exclude_none=True) for item in items]
 
     async def leaks(self, work: QuestionWork, user_id: str, candidates: list[Document]) -> int:
         """Record every candidate that is another user's text (R-4.11); the answer still uses
