@@ -648,6 +648,21 @@ def test_private_job_page_shows_live_progress(watched: Watched, site: Site) -> N
     assert_accessible_basics(page)
     shot(page, "job-completed")
 
+    # A streaming dataset's overall is also shown split by the point where its questions were
+    # asked, in the points' order whatever order the document holds them in.
+    streamed = results(job, correct, EXCLUDED)
+    point = streamed["datasets"][DATASET]["overall"]
+    streamed["datasets"][DATASET]["points"] = {
+        "2": point | {"questions": 7, "judge_accuracy": 0.5},
+        "1": point | {"questions": 3, "judge_accuracy": 0.25},
+    }
+    site.update_job(job, {"results": streamed})
+    page.reload()
+    page.locator("#results-block").wait_for(state="visible", timeout=10_000)
+    assert column(page, table, 1)[:4] == ["all", "overall", "asked at point 1", "asked at point 2"]
+    assert column(page, table, questions)[2:4] == ["3", "7"]
+    assert column(page, table, accuracy)[2:4] == ["25.0%", "50.0%"]
+
     # The key went only into a header, never into a URL, and stays in this tab's storage.
     assert requests and all(site.team_key not in url for url in requests)
     assert all(url.startswith(site.base_url) for url in requests)

@@ -92,3 +92,27 @@ def test_a_dataset_scored_by_f1_alone_is_named_with_f1_as_its_headline() -> None
         {},
     )
     assert "F1 is the headline" not in render_results(judged.model_dump(mode="json"))
+
+
+def test_a_streaming_dataset_lists_its_points_under_its_overall() -> None:
+    # Two questions asked at two points each (right at the second point only) plus one asked
+    # once, after the whole conversation (in the dataset's overall, in no point row).
+    outcomes = [
+        QuestionOutcome(dataset_id="stream", category_name="c", scored=True, point_index=index,
+                        judge_label=label, f1=1.0 if label == "CORRECT" else 0.0)
+        for _ in range(2)
+        for index, label in ((1, "WRONG"), (2, "CORRECT"))
+    ] + [QuestionOutcome(dataset_id="stream", category_name="c", scored=True,
+                         judge_label="CORRECT", f1=1.0)]  # fmt: skip
+    results = aggregate("j1", "completed", outcomes, {}).model_dump(mode="json")
+    # Listed in the points' order whatever order the document holds them in.
+    results["datasets"]["stream"]["points"] = dict(
+        reversed(results["datasets"]["stream"]["points"].items())
+    )
+    table = render_results(results).splitlines()
+    labels = [line[16:32].strip() for line in table if line.startswith("stream")]
+    assert labels == ["c", "(dataset)", "(point 1)", "(point 2)"]
+    rows = {line[16:32].strip(): line.split() for line in table if line.startswith("stream")}
+    assert rows["(dataset)"][-6:] == ["5", "5", "0", "60.0", "60.0", "-"]
+    assert rows["(point 1)"][-6:] == ["2", "2", "0", "0.0", "0.0", "-"]
+    assert rows["(point 2)"][-6:] == ["2", "2", "0", "100.0", "100.0", "-"]

@@ -342,7 +342,8 @@ def render_results(
     """The per-category / per-dataset / Overall table, with question counts. With `numbers`
     (category_numbers), a dataset's categories are listed in their numeric order as
     "<number> <name>". A column MC (option accuracy) is added when a dataset has multiple-choice
-    questions; the results' track, when named, heads the table (R-2.1)."""
+    questions; the results' track, when named, heads the table (R-2.1). A streaming dataset's
+    overall is also split by the point where its questions were asked ("(point 1)", ...)."""
     choices = any(
         cell.get("option_questions", 0)
         for data in results["datasets"].values()
@@ -383,6 +384,9 @@ def render_results(
             rows.append(row(dataset_id, label + note, metrics))
             unjudged += metrics.get("unjudged", 0)
         rows.append(row(dataset_id, "(dataset)", data["overall"]))
+        points = (data.get("points") or {}).items()
+        for ordinal, metrics in sorted(points, key=lambda cell: int(cell[0])):
+            rows.append(row(dataset_id, f"(point {ordinal})", metrics))
     rows.append("-" * len(header))
     rows.append(row("Overall", "", results["overall"]))
     if unjudged:

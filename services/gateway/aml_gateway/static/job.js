@@ -222,6 +222,15 @@
       var dataset = results.datasets[datasetId];
       var excluded = dataset.excluded_from_overall || [];
       rows.push([{ text: datasetId }, { text: "overall" }].concat(metricCells(dataset.overall)));
+      // A streaming dataset: its overall split by the point where each question was asked.
+      var points = dataset.points || {};
+      Object.keys(points)
+        .sort(function (a, b) { return Number(a) - Number(b); })
+        .forEach(function (ordinal) {
+          rows.push([{ text: datasetId }, { text: "asked at point " + ordinal }].concat(
+            metricCells(points[ordinal])
+          ));
+        });
       var names = Object.keys(dataset.categories);
       // The categories kept out of Overall last, as on the board.
       names = names.filter(function (name) { return excluded.indexOf(name) < 0; })
