@@ -7,9 +7,9 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from aml_contract.participant import AddRequest
+from aml_contract.participant import MAX_RESPONSE_BYTES, AddRequest, SearchItem, SearchResponse
 from aml_evaluation import media
-from aml_memory_server.store import SqliteMemoryStore
+from aml_memory_server.store import SqliteMemoryStore, within_answer_limit
 from aml_participant_simulator.memory import InProcessMemoryStore
 
 IMAGE = media.data_url("red.png", b"\x89PNG\r\n\x1a\n" + bytes(8))
@@ -71,3 +71,47 @@ def test_the_simulator_returns_the_array_it_stored() -> None:
     assert [item["content"] for item in found] == [ARRAY]
     assert [item["content"] for item in store.search("u1", "bold", 5)] == ["what a bold colour"]
     assert store.search("u2", "red canvas", 5) == []
+
+
+def test_the_memory_server_keeps_its_answer_within_the_search_limit(tmp_path: Path) -> None:
+    # 12 photos of ~530 KB as data URLs, all matching: ~6.4 MB whole, over the 4 MiB a Search
+    # answer may take. The best-ranked keep their images; the rest come back as their text.
+    photo = media.data_url("photo.png", b"\x89PNG\r\n\x1a\n" + bytes(400_000))
+    store = SqliteMemoryStore(tmp_path / "m.db")
+    for add in range(3):
+        store.add(
+            AddRequest.model_validate(
+                {
+                    "request_id": f"r{add}",
+                    "user_id": "u1",
+                    "session_id": "s",
+                    "messages": [
+                        {
+                            "role": "user",
+                            "content": [
+                                {"type": "text", "text": f"canvas number {add}-{n}"},
+                                {"type": "image_url", "image_url": {"url": photo}},
+                            ],
+                        }
+                        for n in range(4)
+                    ],
+                }
+            )
+        )
+    found = store.search("u1", "canvas", 100)
+    answer = SearchResponse(data=found).model_dump_json(exclude_none=True)
+    assert len(answer) <= MAX_RESPONSE_BYTES["search"]
+    assert len(found) == 12
+    whole = [isinstance(item.content, list) for item in found]
+    assert whole == [True] * whole.count(True) + [False] * whole.count(False)
+    assert 5 <= whole.count(True) <= 7
+    assert all(
+        item.content.startswith("canvas number") for item in found if isinstance(item.content, str)
+    )
+    store.close()
+
+
+def test_an_answer_ends_before_an_item_whose_text_alone_passes_the_budget() -> None:
+    items = [(SearchItem(id=f"m{n}", content="x" * 100), "x" * 100) for n in range(5)]
+    kept = within_answer_limit(items, budget=300)
+    assert [item.id for item in kept] == ["m0", "m1"]

@@ -1,7 +1,9 @@
 """SQLite + FTS5 storage of memories, scoped by user_id.
 
 A message whose content is an array of parts (text and images) is indexed by its text parts and
-kept whole (`parts`, its JSON): Search returns it as it was written, images included.
+kept whole (`parts`, its JSON): Search returns it as it was written, images included, as long
+as the answer stays within the contract's 4 MiB Search limit; past that, lower-ranked memories
+come back as their text alone (`within_answer_limit`).
 
 One connection guarded by a lock: SQLite serialises writers anyway, and a single connection
 makes "committed before responding" trivially true for every later search. The handlers that
@@ -22,10 +24,19 @@ from pathlib import Path
 
 from pydantic import TypeAdapter
 
-from aml_contract.participant import AddRequest, Content, SearchItem, TextPart
+from aml_contract.participant import (
+    MAX_RESPONSE_BYTES,
+    AddRequest,
+    Content,
+    SearchItem,
+    TextPart,
+)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MAX_LIMIT = 2**62
+# What the items of one Search answer may take, serialised: the contract's reading limit less
+# room for the envelope (`{"data":[...]}`) and the separators.
+ANSWER_BUDGET_BYTES = MAX_RESPONSE_BYTES["search"] - 64 * 1024
 # Words for the FTS query: letters/digits/underscore runs. Everything else (quotes, operators,
 # parentheses, column filters) is dropped, which is what makes arbitrary text safe for MATCH.
 _WORD = re.compile(r"\w+")
@@ -247,12 +258,37 @@ class SqliteMemoryStore:
                 # Clamped: the contract puts no upper bound on top_k, SQLite's LIMIT is 64-bit.
                 (match, user_id, min(top_k, _MAX_LIMIT)),
             ).fetchall()
-        return [
-            SearchItem(
-                id=memory_id,
-                content=stored_content(content, parts),
-                score=-float(rank),
-                created_at=created_at,
-            )
-            for memory_id, content, created_at, parts, rank in found
-        ]
+        return within_answer_limit(
+            [
+                (
+                    SearchItem(
+                        id=memory_id,
+                        content=stored_content(content, parts),
+                        score=-float(rank),
+                        created_at=created_at,
+                    ),
+                    content,
+                )
+                for memory_id, content, created_at, parts, rank in found
+            ],
+            ANSWER_BUDGET_BYTES,
+        )
+
+
+def within_answer_limit(ranked: list[tuple[SearchItem, str]], budget: int) -> list[SearchItem]:
+    """Ranked items (each with its text) that fit `budget` bytes serialised: an item whose
+    images would pass it comes back as its text alone, and the answer ends before an item whose
+    text alone would. Images are what grows an answer (a data URL of a photo is hundreds of KB),
+    so the best-ranked ones keep theirs and every item still says what it remembers."""
+    kept: list[SearchItem] = []
+    used = 0
+    for item, text in ranked:
+        size = len(item.model_dump_json(exclude_none=True)) + 1
+        if used + size > budget and not isinstance(item.content, str):
+            item = item.model_copy(update={"content": text})
+            size = len(item.model_dump_json(exclude_none=True)) + 1
+        if used + size > budget:
+            break
+        kept.append(item)
+        used += size
+    return kept
