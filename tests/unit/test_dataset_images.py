@@ -5,14 +5,18 @@ written) and with a small image directory generated here (every referenced image
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import random
 import shutil
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from aml_devtools.cli import main
-from aml_evaluation.chunker import plan_adds
+from aml_evaluation import media
+from aml_evaluation.chunker import plan_adds, search_query
 from aml_evaluation.memgallery import parse_memgallery, referenced_images
 from aml_evaluation.registry import (
     RegistrationError,
@@ -141,3 +145,45 @@ def test_bad_image_directories_and_files_are_refused(root: Path) -> None:
     with pytest.raises(RegistrationError, match="is not a PNG, JPEG, GIF or WebP image"):
         register_dataset(_dialog(root), "mem-gallery", "mg", root, images=images)
     assert not (root / "manifests").exists()
+
+
+def _photo(width: int = 1600, height: int = 1200) -> bytes:
+    """Noise as PNG (~5.8 MB at 1600 x 1200): as large in bytes as the real dataset's photos
+    (its question images reach 11 MB)."""
+    out = io.BytesIO()
+    pixels = random.Random(width).randbytes(width * height * 3)
+    Image.frombytes("RGB", (width, height), pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
+def test_images_as_large_as_the_real_ones_are_pinned_whole_and_sent_fitted(root: Path) -> None:
+    references = _references(root)
+    images = _images(root, references)
+    parsed = parse_memgallery([(REAL.stem, json.loads(REAL.read_bytes()))], "mg", "t")
+    question = next(q for q in parsed.questions if q.images)
+    turn_image = next(r for r in references if r not in question.images)
+    photo = _photo()
+    for reference in (question.images[0], turn_image):
+        (images / reference).write_bytes(photo)
+    assert add(root, str(_dialog(root)), "--format", "mem-gallery", "--id", "mg",
+               "--images", str(images)) == 0  # fmt: skip
+    # The manifest pins the source as the operator placed it.
+    pinned = {e.path: e.sha256 for e in read_manifest(root / "manifests" / "mg.json").files}
+    assert pinned[f"mg/images/{turn_image}"] == hashlib.sha256(photo).hexdigest()
+
+    dataset = load_dataset("mg", root)
+    sent = [
+        media.parse_data_url(part.image_url.url)
+        for add in plan_adds(dataset, "r")
+        for message in add.request.messages
+        if isinstance(message.content, list)
+        for part in message.content
+        if part.type == "image_url"
+    ]
+    fitted = [data for mime, data in sent if mime == media.JPEG]
+    assert fitted and all(len(data) <= media.MAX_IMAGE_BYTES for data in fitted)
+    assert len(sent) > len(fitted)  # the small images go as they are (PNG)
+    query = search_query(dataset, next(q for q in dataset.questions if q.images))
+    assert isinstance(query, list)
+    mime, data = media.parse_data_url(query[1].image_url.url)
+    assert mime == media.JPEG and len(data) <= media.MAX_QUERY_IMAGE_BYTES

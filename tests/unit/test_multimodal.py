@@ -3,11 +3,14 @@ synthetic multimodal dataset, the media limits of a chunk, and refusals that nev
 
 from __future__ import annotations
 
+import io
 import json
+import random
 from pathlib import Path
 from typing import Any
 
 import pytest
+from PIL import Image
 
 from aml_contract.participant import AddRequest, SearchRequest
 from aml_evaluation import media
@@ -196,7 +199,8 @@ def test_a_new_add_starts_before_the_per_add_image_count_or_bytes_would_be_excee
     ("sizes", "message"),
     [
         ([[100] * 9], "9 images, over the limit of 8"),
-        ([[5 * media.MIB + 1]], "per-image limit"),
+        # Over 5 MiB it would be fitted, but these bytes are no image to decode.
+        ([[5 * media.MIB + 1]], "does not decode"),
         ([[3 * media.MIB] * 3], "more than the 8 MiB limit"),
     ],
 )
@@ -239,3 +243,26 @@ def test_the_demo_takes_the_dashed_spelling_of_the_dataset(tmp_path: Path) -> No
     assert dataset_id_of("synthetic_multimodal", tmp_path) == "synthetic_multimodal"
     assert dataset_id_of("no-such-set", tmp_path) == "no-such-set"
     assert demo_dataset_problem("synthetic_multimodal", tmp_path) is None
+
+
+def test_oversized_images_are_sent_fitted_to_where_they_go() -> None:
+    noise = random.Random(3).randbytes(1600 * 1200 * 3)
+    out = io.BytesIO()
+    Image.frombytes("RGB", (1600, 1200), noise).save(out, format="PNG")
+    photo = out.getvalue()  # ~5.8 MB: over an Add's 5 MiB per image and a Search's 512 KiB
+    dataset = _dataset([[100]], question_images=("X/q.png",))
+    dataset = dataset.model_copy(update={"image_files": {"X/1_0.png": photo, "X/q.png": photo}})
+    check_media_limits(dataset)
+    (add,) = plan_adds(dataset, "r")
+    (message,) = add.request.messages
+    assert isinstance(message.content, list)
+    sent_mime, sent = media.parse_data_url(message.content[1].image_url.url)
+    assert sent_mime == media.JPEG and len(sent) <= media.MAX_IMAGE_BYTES
+    assert sent == media.fit_image("X/1_0.png", photo, media.MAX_IMAGE_BYTES)
+    query = search_query(dataset, dataset.questions[0])
+    assert isinstance(query, list)
+    asked_mime, asked = media.parse_data_url(query[1].image_url.url)
+    assert asked_mime == media.JPEG and len(asked) <= media.MAX_QUERY_IMAGE_BYTES
+    # The Search body stays within what its NATS message carries (1 MiB by default).
+    body = SearchRequest(user_id="u", query=query, top_k=10).model_dump_json()
+    assert len(body) < 1024 * 1024

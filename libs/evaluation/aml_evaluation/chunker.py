@@ -42,10 +42,11 @@ chunked exactly as before.
   a new chunk starts when the next message's images would take the Add over
   :data:`aml_evaluation.media.MAX_IMAGES_PER_ADD` images or
   :data:`aml_evaluation.media.MAX_ADD_IMAGE_BYTES` bytes (:func:`aml_evaluation.media.fits_in_add`).
-- A message over the per-message limits, an image over the per-image limit, or a question
-  showing more than a Search may carry is an :class:`aml_evaluation.media.ImageError`
-  (:func:`check_media_limits`, run when the dataset is loaded and again when bodies are built):
-  an image is never dropped.
+- An image over the limit of where it goes (5 MiB in an Add, 512 KiB in a Search) is sent
+  fitted (rule ``fit-v1``, :func:`aml_evaluation.media.fit_image`); a message over the
+  per-message limits, an image that cannot be fitted, or a question showing more images than
+  a Search may carry is an :class:`aml_evaluation.media.ImageError` (:func:`check_media_limits`,
+  run when the dataset is loaded and again when bodies are built): an image is never dropped.
 - A question that shows images is searched with ``query`` = [the question's text part, its
   ``image_url`` parts] (:func:`search_query`); any other query stays the plain string.
 
@@ -79,8 +80,9 @@ from aml_contract.participant import (
 )
 from aml_evaluation.datasets import Conversation, Dataset, Question, Session, Turn
 from aml_evaluation.media import (
+    MAX_IMAGE_BYTES,
+    MAX_QUERY_IMAGE_BYTES,
     ImageError,
-    check_image,
     check_message_images,
     check_query_images,
     data_url,
@@ -184,8 +186,9 @@ def chunker_version(dataset: Dataset) -> str:
     return MULTIMODAL_CHUNKER_VERSION if dataset.track == MULTIMODAL_TRACK else CHUNKER_VERSION
 
 
-def _image_bytes(dataset: Dataset, reference: str) -> bytes:
-    data = dataset.image_files.get(reference)
+def _image_bytes(dataset: Dataset, reference: str, max_bytes: int) -> bytes:
+    """What is sent of an image where at most `max_bytes` fit (fitted when larger)."""
+    data = dataset.sendable_image(reference, max_bytes)
     if data is None:
         raise ImageError(
             f"dataset {dataset.dataset_id!r}: image {reference!r} is not among the bundle's "
@@ -194,13 +197,12 @@ def _image_bytes(dataset: Dataset, reference: str) -> bytes:
     return data
 
 
-def _image_sizes(dataset: Dataset, references: Sequence[str]) -> list[tuple[str, int]]:
-    sizes = []
-    for reference in references:
-        data = _image_bytes(dataset, reference)
-        check_image(reference, data)
-        sizes.append((reference, len(data)))
-    return sizes
+def _image_sizes(
+    dataset: Dataset, references: Sequence[str], max_bytes: int
+) -> list[tuple[str, int]]:
+    return [
+        (reference, len(_image_bytes(dataset, reference, max_bytes))) for reference in references
+    ]
 
 
 def check_media_limits(dataset: Dataset) -> None:
@@ -213,17 +215,19 @@ def check_media_limits(dataset: Dataset) -> None:
                     f"conversation {conversation.conversation_id!r} session "
                     f"{session.session_key!r} turn {turn.turn_id!r}"
                 )
-                check_message_images(_image_sizes(dataset, turn.images), where)
+                check_message_images(_image_sizes(dataset, turn.images, MAX_IMAGE_BYTES), where)
     for question in dataset.questions:
         where = f"question {question.question_id!r}"
-        check_query_images(_image_sizes(dataset, question.images), where)
+        check_query_images(_image_sizes(dataset, question.images, MAX_QUERY_IMAGE_BYTES), where)
 
 
-def _image_parts(dataset: Dataset, references: Sequence[str]) -> list[ContentPart]:
+def _image_parts(dataset: Dataset, references: Sequence[str], max_bytes: int) -> list[ContentPart]:
     return [
         ImageUrlPart(
             type="image_url",
-            image_url=ImageUrl(url=data_url(reference, _image_bytes(dataset, reference))),
+            image_url=ImageUrl(
+                url=data_url(reference, _image_bytes(dataset, reference, max_bytes), max_bytes)
+            ),
         )
         for reference in references
     ]
@@ -235,7 +239,7 @@ def multimodal_message(
     """A turn's message under chunk-mm-v1: ``text`` (the turn's text without the caption
     suffix), then its images as data URLs; a turn without images keeps ``content`` (str)."""
     parts: list[ContentPart] = [TextPart(type="text", text=text)] if turn.text.strip() else []
-    parts += _image_parts(dataset, turn.images)
+    parts += _image_parts(dataset, turn.images, MAX_IMAGE_BYTES)
     return Message(role=role, content=parts, timestamp=timestamp)
 
 
@@ -252,7 +256,7 @@ def multimodal_messages(
             out.append((message, 0, 0))
             continue
         where = f"conversation {conversation.conversation_id!r} turn {turn.turn_id!r}"
-        sizes = _image_sizes(dataset, turn.images)
+        sizes = _image_sizes(dataset, turn.images, MAX_IMAGE_BYTES)
         check_message_images(sizes, where)
         text = turn.text if conversation.speakers_are_roles else turn_text(turn)
         out.append(
@@ -295,8 +299,12 @@ def search_query(dataset: Dataset, question: Question) -> Content:
     shows images, [its text part, its images as data URLs] within the Search media limits."""
     if dataset.track != MULTIMODAL_TRACK or not question.images:
         return question.question
-    check_query_images(_image_sizes(dataset, question.images), f"question {question.question_id!r}")
-    return [TextPart(type="text", text=question.question), *_image_parts(dataset, question.images)]
+    where = f"question {question.question_id!r}"
+    check_query_images(_image_sizes(dataset, question.images, MAX_QUERY_IMAGE_BYTES), where)
+    return [
+        TextPart(type="text", text=question.question),
+        *_image_parts(dataset, question.images, MAX_QUERY_IMAGE_BYTES),
+    ]
 
 
 def _session_chunks(

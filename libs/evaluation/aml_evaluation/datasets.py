@@ -37,7 +37,9 @@ from collections.abc import Mapping, Sequence
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+from aml_evaluation.media import fit_image
 
 if TYPE_CHECKING:
     from aml_evaluation.registry import DatasetManifest
@@ -200,6 +202,20 @@ class Dataset(_Frozen):
     # Multimodal datasets: reference -> the image's bytes, read from the bundle and checked
     # against the manifest's sha256 (Add and Search bodies are built from these). Never dumped.
     image_files: dict[str, bytes] = Field(default_factory=dict, exclude=True, repr=False)
+    # (reference, the bytes' hash, limit) -> the bytes sent: fitting an image is done once.
+    _sendable: dict[tuple[str, int, int], bytes] = PrivateAttr(default_factory=dict)
+
+    def sendable_image(self, reference: str, max_bytes: int) -> bytes | None:
+        """The bytes of an image as sent where at most ``max_bytes`` fit (its verified bytes,
+        or fitted: :func:`aml_evaluation.media.fit_image`); None when it has no verified
+        bytes."""
+        data = self.image_files.get(reference)
+        if data is None:
+            return None
+        key = (reference, hash(data), max_bytes)
+        if key not in self._sendable:
+            self._sendable[key] = fit_image(reference, data, max_bytes)
+        return self._sendable[key]
 
     @model_validator(mode="after")
     def _points_inside_their_conversation(self) -> Dataset:

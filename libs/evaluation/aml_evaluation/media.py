@@ -29,23 +29,40 @@ in an ``image_url`` part), or inside a Search body when the question shows one. 
   (``QuestionWork.search_body``), whose default size cap is 1 MiB; 512 KiB is about 683 KiB of
   base64, leaving room for the question's facts.
 
-A limit that is broken is an :class:`ImageError` naming the image and the limit; nothing is ever
-truncated or re-encoded.
+**Fitting** (rule ``fit-v1``, :func:`fit_image`). Real datasets hold larger images than that
+(Mem-Gallery's question images reach 11 MB). An image over the limit of the place it is sent
+to (5 MiB in an Add, 512 KiB in a Search) is sent *fitted*: decoded, turned upright by its EXIF
+orientation, flattened onto white, scaled (Lanczos) to at most 2048 pixels on its long side and
+768 on its short side, never enlarged, and written as baseline JPEG at the first quality of 85,
+70, 55, 40 that fits. That is the size OpenAI's vision models scale an image to before they
+look at it ("high" detail), so the answer model loses nothing it would have seen. The source
+bytes are what the manifest pins (at most :data:`MAX_SOURCE_IMAGE_BYTES`, 64 MiB, and
+:data:`MAX_SOURCE_PIXELS`); the fitted bytes follow from them and the pinned Pillow, so every
+Add and Search carries the same bytes on every retry and every run. An image within its limit
+is sent byte for byte as the dataset has it.
 
-Everything here is pure except :func:`resolve_image`, :func:`image_file_size` and
-:func:`read_image`, the edge that touches the file system.
+A limit that is broken (an image that does not decode, is too large even as a source, or does
+not fit even at the lowest quality; too many images in one place) is an :class:`ImageError`
+naming the image and the limit; nothing is ever truncated or dropped.
+
+Everything here is pure (fitting included: bytes in, bytes out) except :func:`resolve_image`,
+:func:`image_file_size` and :func:`read_image`, the edge that touches the file system.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import io
 import os
 import re
 import stat
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Final
+
+from PIL import Image, ImageOps
 
 MIB: Final = 1024 * 1024
 KIB: Final = 1024
@@ -56,6 +73,14 @@ MAX_ADD_IMAGE_BYTES: Final = 8 * MIB
 MAX_IMAGES_PER_QUERY: Final = 1
 MAX_QUERY_IMAGE_BYTES: Final = 512 * KIB
 MAX_REFERENCE_LENGTH: Final = 1024
+# A dataset's own image files, before fitting.
+MAX_SOURCE_IMAGE_BYTES: Final = 64 * MIB
+# Below Pillow's own decompression-bomb threshold (89,478,485 pixels), so ours speaks first.
+MAX_SOURCE_PIXELS: Final = 80_000_000
+FIT_RULE: Final = "fit-v1"
+FIT_LONG_SIDE: Final = 2048
+FIT_SHORT_SIDE: Final = 768
+FIT_QUALITIES: Final = (85, 70, 55, 40)
 
 PNG: Final = "image/png"
 JPEG: Final = "image/jpeg"
@@ -142,6 +167,56 @@ def check_image(name: str, data: bytes, max_bytes: int = MAX_IMAGE_BYTES) -> str
             f"image {name!r} is not a PNG, JPEG, GIF or WebP image (first bytes {data[:8].hex()})"
         )
     return mime
+
+
+def fit_image(name: str, data: bytes, max_bytes: int = MAX_IMAGE_BYTES) -> bytes:
+    """The bytes to send of a dataset's image where at most ``max_bytes`` fit: ``data`` itself
+    when it fits, else its fitted JPEG (rule ``fit-v1``, see the module docstring).
+    ImageError when it is not a supported image, is over the source limits, does not decode,
+    or does not fit even at the lowest quality."""
+    if len(data) <= max_bytes:
+        check_image(name, data, max_bytes)
+        return data
+    check_image(name, data, MAX_SOURCE_IMAGE_BYTES)
+    too_large = f"over the {MAX_SOURCE_PIXELS:,} pixel limit of a dataset's images"
+    try:
+        with warnings.catch_warnings():
+            # Pillow warns (then refuses) past its own pixel limit when it opens the file.
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as source:
+                width, height = source.size
+                if width * height > MAX_SOURCE_PIXELS:
+                    raise ImageError(f"image {name!r} is {width}x{height} pixels, {too_large}")
+                flat = _on_white(ImageOps.exif_transpose(source))
+    except ImageError:
+        raise
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError):
+        raise ImageError(f"image {name!r} is {too_large}") from None
+    except (OSError, ValueError, SyntaxError) as error:
+        raise ImageError(f"image {name!r} does not decode: {error}") from None
+    width, height = flat.size
+    scale = min(1.0, FIT_LONG_SIDE / max(width, height), FIT_SHORT_SIDE / min(width, height))
+    if scale < 1.0:
+        size = (max(1, round(width * scale)), max(1, round(height * scale)))
+        flat = flat.resize(size, Image.Resampling.LANCZOS)
+    for quality in FIT_QUALITIES:
+        out = io.BytesIO()
+        flat.save(out, format="JPEG", quality=quality, optimize=False, progressive=False)
+        if out.tell() <= max_bytes:
+            return out.getvalue()
+    raise ImageError(
+        f"image {name!r} does not fit {_size(max_bytes)} even fitted ({flat.width}x"
+        f"{flat.height} JPEG at quality {FIT_QUALITIES[-1]}: {out.tell()} bytes)"
+    )
+
+
+def _on_white(image: Image.Image) -> Image.Image:
+    """RGB, with any transparency composited onto white (JPEG has no alpha)."""
+    if image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info:
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return image.convert("RGB")
 
 
 def data_url(name: str, data: bytes, max_bytes: int = MAX_IMAGE_BYTES) -> str:

@@ -51,7 +51,13 @@ from aml_evaluation.datasets import (
     LOCOMO_ADVERSARIAL_CATEGORY,
     Dataset,
 )
-from aml_evaluation.media import ImageError, MissingImagesError, read_image, resolve_image
+from aml_evaluation.media import (
+    MAX_SOURCE_IMAGE_BYTES,
+    ImageError,
+    MissingImagesError,
+    read_image,
+    resolve_image,
+)
 
 PACKAGE_DATA_DIR: Final = Path(__file__).resolve().parent / "data"
 MANIFESTS_DIR: Final = PACKAGE_DATA_DIR / "manifests"
@@ -551,7 +557,7 @@ def _pin_images(
     pinned: list[tuple[ManifestFile, bytes]] = []
     for reference in references:
         try:
-            data = read_image(directory, reference)
+            data = read_image(directory, reference, MAX_SOURCE_IMAGE_BYTES)
         except ImageError as error:
             raise RegistrationError(f"{refused} refused: {error}") from None
         entry = ManifestFile(
