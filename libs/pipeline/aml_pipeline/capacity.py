@@ -38,12 +38,12 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
 from aml_runtime.db import Document
+from aml_runtime.settings import RATE_MARGIN_SECONDS
 
 LEASE_SECONDS = 30.0
 # A rate slot taken but not yet stamped stays locked this long at most (a holder that crashed
 # between taking it and sending); the stamp replaces it within milliseconds otherwise.
 RATE_LOCK_SECONDS = 30.0
-DEFAULT_RATE_MARGIN_SECONDS = 0.05
 _RETRY_SECONDS = (0.01, 0.05)
 _MAX_WAIT_SECONDS = 1.0
 _TURN_WAIT_SECONDS = (0.1, 0.3)
@@ -205,7 +205,7 @@ class CapacityLimiter:
         self,
         db: AsyncDatabase[Document],
         lease_seconds: float = LEASE_SECONDS,
-        rate_margin_seconds: float = DEFAULT_RATE_MARGIN_SECONDS,
+        rate_margin_seconds: float = RATE_MARGIN_SECONDS,
         notify: Notify | None = None,
     ) -> None:
         self._db = db

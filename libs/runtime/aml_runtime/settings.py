@@ -10,6 +10,11 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# Twice the largest lag measured from a request's departure to the receiver's clock with three
+# teams on a loaded two-core machine (52 ms; docs/performance.md). It costs 1% of a LoCoMo-10
+# job's time (0.05 s: 302.2 s, 0.1 s: 305.2 s, back to back).
+RATE_MARGIN_SECONDS = 0.1
+
 
 class CommonSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AML_", extra="ignore")
@@ -33,7 +38,7 @@ class CommonSettings(BaseSettings):
     redelivery_delay_seconds: float = Field(default=1.0, ge=0)
     # Added to every rate slot's period (aml_pipeline.capacity): covers the way from the socket
     # to the receiver's clock, so a declared rate holds as the participant or LLM measures it.
-    rate_margin_seconds: float = Field(default=0.05, ge=0, le=5)
+    rate_margin_seconds: float = Field(default=RATE_MARGIN_SECONDS, ge=0, le=5)
     # Worker processes serve /health, /ready and Prometheus /metrics on this port (0: off; the
     # gateway answers /health and /ready on its own port). Each process needs its own port, so
     # processes sharing one host (`aml up`) turn it off.
