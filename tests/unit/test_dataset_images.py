@@ -156,7 +156,9 @@ def _photo(width: int = 1600, height: int = 1200) -> bytes:
     return out.getvalue()
 
 
-def test_images_as_large_as_the_real_ones_are_pinned_whole_and_sent_fitted(root: Path) -> None:
+def test_images_as_large_as_the_real_ones_are_pinned_whole_and_sent_fitted(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     references = _references(root)
     images = _images(root, references)
     parsed = parse_memgallery([(REAL.stem, json.loads(REAL.read_bytes()))], "mg", "t")
@@ -167,6 +169,9 @@ def test_images_as_large_as_the_real_ones_are_pinned_whole_and_sent_fitted(root:
         (images / reference).write_bytes(photo)
     assert add(root, str(_dialog(root)), "--format", "mem-gallery", "--id", "mg",
                "--images", str(images)) == 0  # fmt: skip
+    said = capsys.readouterr().out
+    assert "2 of them sent fitted (fit-v1" in said
+    assert question.images[0] in said and turn_image in said
     # The manifest pins the source as the operator placed it.
     pinned = {e.path: e.sha256 for e in read_manifest(root / "manifests" / "mg.json").files}
     assert pinned[f"mg/images/{turn_image}"] == hashlib.sha256(photo).hexdigest()

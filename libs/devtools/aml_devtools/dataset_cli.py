@@ -142,6 +142,14 @@ def _add(args: argparse.Namespace, out: TextIO) -> int:
         f"{sum(counts.values())} questions): {done.path}\n"
         + "".join(f"file {entry.path} sha256 {entry.sha256}\n" for entry in done.data_files)
         + (f"{images} images pinned under {manifest.image_dir}\n" if images else "")
+        + (
+            f"{len(done.fitted)} of them sent fitted (fit-v1: their source is over 5 MiB for an "
+            f"Add or 512 KiB for a Search): {', '.join(done.fitted[:5])}"
+            + (" …" if len(done.fitted) > 5 else "")
+            + "\n"
+            if done.fitted
+            else ""
+        )
         + f"bundle {bundle_hash(manifest)}\n"
         f"runs once {manifest.dataset_id} is in AML_SMOKE_DATASETS or AML_FULL_SUITE",
         file=out,

@@ -221,6 +221,25 @@ def check_media_limits(dataset: Dataset) -> None:
         check_query_images(_image_sizes(dataset, question.images, MAX_QUERY_IMAGE_BYTES), where)
 
 
+def fitted_images(dataset: Dataset) -> list[str]:
+    """The images whose source is over the limit of a place it is sent to (an Add's or a
+    Search's), so that they are sent fitted there (rule fit-v1), sorted."""
+    fitted = {
+        reference
+        for turns in (s.turns for c in dataset.conversations for s in c.sessions)
+        for turn in turns
+        for reference in turn.images
+        if len(dataset.image_files.get(reference, b"")) > MAX_IMAGE_BYTES
+    }
+    fitted |= {
+        reference
+        for question in dataset.questions
+        for reference in question.images
+        if len(dataset.image_files.get(reference, b"")) > MAX_QUERY_IMAGE_BYTES
+    }
+    return sorted(fitted)
+
+
 def _image_parts(dataset: Dataset, references: Sequence[str], max_bytes: int) -> list[ContentPart]:
     return [
         ImageUrlPart(

@@ -44,7 +44,7 @@ from typing import Any, Final, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from aml_contract.api.vocabulary import Track
-from aml_evaluation.chunker import check_media_limits
+from aml_evaluation.chunker import check_media_limits, fitted_images
 from aml_evaluation.datasets import (
     DEFAULT_F1_VARIANT,
     DEFAULT_SCORER,
@@ -429,6 +429,8 @@ class Registration:
     # The manifest's data files, the ones given to `add`; the rest of `manifest.files` are the
     # images pinned for them.
     data_files: tuple[ManifestFile, ...]
+    # Images sent fitted (fit-v1) because their source is over an Add's or a Search's limit.
+    fitted: tuple[str, ...] = ()
 
     @property
     def images(self) -> tuple[ManifestFile, ...]:
@@ -676,6 +678,7 @@ def register_dataset(
         update={"categories": categories, "question_counts": count_questions(dataset)}
     )
     draft_files = tuple(entry for entry, _ in data_files)
+    fitted = tuple(fitted_images(dataset))
     # Validated whole once more, so what is written reads back as the same manifest.
     manifest = DatasetManifest.model_validate(manifest.model_dump())
     target = operator_manifests_dir(datasets_root) / f"{dataset_id}.json"
@@ -687,7 +690,11 @@ def register_dataset(
             existing = None
         if existing == manifest:
             return Registration(
-                manifest=manifest, path=target, outcome="unchanged", data_files=draft_files
+                manifest=manifest,
+                path=target,
+                outcome="unchanged",
+                data_files=draft_files,
+                fitted=fitted,
             )
         if not replace:
             was = "unreadable" if existing is None else f"bundle {bundle_hash(existing)}"
@@ -697,4 +704,6 @@ def register_dataset(
             )
         outcome = "replaced"
     _write_atomically(target, manifest_json(manifest))
-    return Registration(manifest=manifest, path=target, outcome=outcome, data_files=draft_files)
+    return Registration(
+        manifest=manifest, path=target, outcome=outcome, data_files=draft_files, fitted=fitted
+    )
