@@ -18,7 +18,8 @@ def test_results_table_lists_every_cell_with_counts() -> None:
     assert rows["single-hop"][-6:] == ["2", "2", "0", "50.0", "50.0", "-"]
     assert rows["adversarial"][-6:] == ["1", "0", "1", "-", "-", "-"]
     assert rows["Overall"][-6:] == ["2", "2", "0", "50.0", "50.0", "-"]
-    assert table[-1].startswith("* reported apart")
+    assert table[-2].startswith("* reported apart")
+    assert table[-1] == "failed, by kind: failed 1"
 
 
 def test_categories_in_numeric_order_with_their_numbers() -> None:
@@ -116,3 +117,21 @@ def test_a_streaming_dataset_lists_its_points_under_its_overall() -> None:
     assert rows["(dataset)"][-6:] == ["5", "5", "0", "60.0", "60.0", "-"]
     assert rows["(point 1)"][-6:] == ["2", "2", "0", "0.0", "0.0", "-"]
     assert rows["(point 2)"][-6:] == ["2", "2", "0", "100.0", "100.0", "-"]
+
+
+def test_failed_questions_are_listed_by_kind_under_the_table() -> None:
+    outcomes = [
+        QuestionOutcome(dataset_id="s", category_name="c", scored=True, judge_label="CORRECT"),
+        # Replied without a verdict: a judge failure, never WRONG.
+        QuestionOutcome(dataset_id="s", category_name="c", scored=True, judge_labels=[None]),
+        QuestionOutcome(dataset_id="s", category_name="c", scored=True, judge_labels=[None]),
+        # In a category reported apart: still listed.
+        QuestionOutcome(dataset_id="s", category_name="apart", scored=False,
+                        failure_kind="participant_outage"),
+    ]  # fmt: skip
+    results = aggregate("j1", "completed", outcomes, {"s": ["apart"]}).model_dump(mode="json")
+    table = render_results(results).splitlines()
+    assert "failed, by kind: judge_failure 2, participant_outage 1" in table
+    assert any(line.startswith("judge_failure: the judge model's reply held no") for line in table)
+    clean = aggregate("j2", "completed", outcomes[:1], {}).model_dump(mode="json")
+    assert not any("failed, by kind" in line for line in render_results(clean).splitlines())

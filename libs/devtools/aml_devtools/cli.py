@@ -25,6 +25,7 @@ import os
 import signal
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from aml_devtools.platform import (
     start_platform,
 )
 from aml_devtools.stack import DataDirBusyError, EmbeddedStack, StackConfig
+from aml_evaluation.aggregate import JUDGE_FAILURE
 from aml_evaluation.prompts import load_prompt
 from aml_evaluation.punkt import PunktDataError, require_punkt_tab
 from aml_evaluation.registry import (
@@ -243,6 +245,11 @@ def _demo(platform: Any, stack: EmbeddedStack, dataset: str, timeout: float) -> 
     print()
     numbers = category_numbers(results["datasets"], Path(platform.env["AML_DATASETS_ROOT"]))
     print(render_results(results, numbers))
+    print(
+        f"\nthe answers and verdicts come from {platform.env['AML_JUDGE_MODEL']}, the local "
+        "stand-in for the deployment's models: a small model that often gives no readable "
+        "verdict; the figures show the pipeline at work, not a memory system's quality"
+    )
     for record in first["records"]:
         print(f"\nfollow one request: aml trace {record['item_id']} --data-dir {stack.data_dir}")
     return 0
@@ -409,7 +416,25 @@ def render_results(
         rows.append(f"scored by token F1 alone (F1 is the headline): {', '.join(f1_datasets)}")
     if any(d["excluded_from_overall"] for d in results["datasets"].values()):
         rows.append("* reported apart, not counted in the dataset or Overall figures")
+    rows.extend(_failure_lines(results))
     return "\n".join(rows)
+
+
+def _failure_lines(results: dict[str, Any]) -> list[str]:
+    """The failed questions by kind, over every category (those reported apart included)."""
+    failures: Counter[str] = Counter()
+    for data in results["datasets"].values():
+        for cell in data["categories"].values():
+            failures.update(cell.get("failures") or {})
+    if not failures:
+        return []
+    lines = ["failed, by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(failures.items()))]
+    if JUDGE_FAILURE in failures:
+        lines.append(
+            f"{JUDGE_FAILURE}: the judge model's reply held no readable CORRECT/WRONG verdict "
+            "(counted apart, never as WRONG)"
+        )
+    return lines
 
 
 async def _rescore(args: argparse.Namespace) -> int:
