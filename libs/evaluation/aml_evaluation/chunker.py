@@ -226,8 +226,9 @@ def fitted_images(dataset: Dataset) -> list[str]:
     Search's), so that they are sent fitted there (rule fit-v1), sorted."""
     fitted = {
         reference
-        for turns in (s.turns for c in dataset.conversations for s in c.sessions)
-        for turn in turns
+        for conversation in dataset.conversations
+        for session in conversation.sessions
+        for turn in session.turns
         for reference in turn.images
         if len(dataset.image_files.get(reference, b"")) > MAX_IMAGE_BYTES
     }
