@@ -35,10 +35,12 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO, get_args
 
 from aml_contract.api.vocabulary import Track
+from aml_evaluation import media
 from aml_evaluation.registry import (
     FORMATS,
     DatasetFileError,
@@ -142,19 +144,25 @@ def _add(args: argparse.Namespace, out: TextIO) -> int:
         f"{sum(counts.values())} questions): {done.path}\n"
         + "".join(f"file {entry.path} sha256 {entry.sha256}\n" for entry in done.data_files)
         + (f"{images} images pinned under {manifest.image_dir}\n" if images else "")
-        + (
-            f"{len(done.fitted)} of them sent fitted (fit-v1: their source is over 5 MiB for an "
-            f"Add or 512 KiB for a Search): {', '.join(done.fitted[:5])}"
-            + (" …" if len(done.fitted) > 5 else "")
-            + "\n"
-            if done.fitted
-            else ""
-        )
+        + _fitted_line(done.fitted)
         + f"bundle {bundle_hash(manifest)}\n"
         f"runs once {manifest.dataset_id} is in AML_SMOKE_DATASETS or AML_FULL_SUITE",
         file=out,
     )
     return OK
+
+
+def _fitted_line(fitted: Sequence[str], shown: int = 5) -> str:
+    """Which pinned images are sent fitted, and why ("" when none is)."""
+    if not fitted:
+        return ""
+    more = " …" if len(fitted) > shown else ""
+    return (
+        f"{len(fitted)} of them sent fitted ({media.FIT_RULE}: their source is over "
+        f"{media.MAX_IMAGE_BYTES // media.MIB} MiB for an Add or "
+        f"{media.MAX_QUERY_IMAGE_BYTES // media.KIB} KiB for a Search): "
+        f"{', '.join(fitted[:shown])}{more}\n"
+    )
 
 
 def describe(item: RegisteredManifest, datasets_root: Path) -> dict[str, Any]:
