@@ -22,7 +22,15 @@ from aml_contract.messages import AddWork, QuestionStage, QuestionWork
 from aml_gateway.progress import job_status
 from aml_pipeline.evaluation_spec import build_evaluation_spec
 from aml_pipeline.jobs import record_error
-from aml_pipeline.progress import ItemStage, _count, count_final, counters_of, repair_counters
+from aml_pipeline.progress import (
+    Counted,
+    ItemStage,
+    OutcomeCounter,
+    _count,
+    count_final,
+    counters_of,
+    repair_counters,
+)
 from aml_pipeline.question_stage import QuestionStageWorker
 from aml_runtime.clock import micros, now_us
 from aml_runtime.db import Document
@@ -106,18 +114,29 @@ async def test_an_outcome_counts_once_however_often_it_is_stored(
 ) -> None:
     await planned_job(db, "jonce", questions=2)
     search, score = stage_worker(db, broker, "search"), stage_worker(db, broker, "score")
+    announced: list[Counted] = []
+
+    async def all_final(counted: Counted) -> None:
+        announced.append(counted)
+
+    score.counter.all_final = all_final
     # A redelivery stores the same outcome again: the stored one stands, counted once.
-    assert await search.store(work("jonce", 0), {"state": "done"}) == ("done", True, False)
-    assert await search.store(work("jonce", 0), {"state": "failed"}) == ("done", False, False)
+    assert await search.store(work("jonce", 0), {"state": "done"}) == ("done", True)
+    assert await search.store(work("jonce", 0), {"state": "failed"}) == ("done", False)
     # Ten concurrent deliveries (or replicas) of one message: one writes, all see its state.
     stores = await asyncio.gather(
         *[search.store(work("jonce", 1), {"state": "failed"}) for _ in range(10)]
     )
     assert {stored.state for stored in stores} == {"failed"}
     assert sorted(stored.written for stored in stores) == [False] * 9 + [True]
+    await search.counter.drain()
     # The score that makes every question final says so, once, whoever wins the race.
     scores = [score.store(work("jonce", 0), {"state": "done"}) for _ in range(10)]
-    assert sorted(stored.last for stored in await asyncio.gather(*scores)) == [False] * 9 + [True]
+    assert sorted(stored.written for stored in await asyncio.gather(*scores)) == [False] * 9 + [
+        True
+    ]
+    await score.counter.drain()
+    assert [counted.item_id for counted in announced] == [work("jonce", 0).item_id]
     # The adder's guarded update: ten concurrent finishes of one chunk count one.
     await db.add_chunks.insert_one({"_id": "jonce/u/0", "job_id": "jonce", "state": "pending"})
     adder = SendChunk(CommonSettings(), db, broker, cast(Any, None), cast(Any, None))
@@ -137,6 +156,128 @@ async def test_an_outcome_counts_once_however_often_it_is_stored(
     # Nothing to repair: the counters are what the documents say.
     assert await repair_counters(db, "jonce") is False
     assert (await counters(db, "jonce"))["progress.questions_final"] == 2
+
+
+async def events(db: AsyncDatabase[Document], job_id: str) -> int:
+    """How many increments reached the job document (each bumps `progress.events`)."""
+    job = await db.jobs.find_one({"_id": job_id}, {"progress": 1})
+    return int(((job or {}).get("progress") or {}).get("events", 0))
+
+
+def outcome(job_id: str, i: int, stage: ItemStage = "score", state: str = "done") -> Counted:
+    return Counted(job_id, f"{job_id}/{ITEM}{i}", stage, "done" if state == "done" else "failed",
+                   now_us())  # fmt: skip
+
+
+async def test_a_stage_counts_a_jobs_outcomes_in_one_increment_per_window(
+    db: AsyncDatabase[Document],
+) -> None:
+    await planned_job(db, "jbatch", questions=10)
+    announced: list[Counted] = []
+
+    async def all_final(counted: Counted) -> None:
+        announced.append(counted)
+
+    counter = OutcomeCounter(db, all_final, window=0.3)
+    # The first outcome of a job is counted at once: the counter learns where the job stands.
+    counter.count(outcome("jbatch", 0))
+    await counter.drain()
+    assert await events(db, "jbatch") == 1
+    # The next ones, within the window, are summed and applied together.
+    counter.count(outcome("jbatch", 1, "search", "failed"))
+    for i in range(2, 6):
+        counter.count(outcome("jbatch", i, "answer"))
+        counter.count(outcome("jbatch", i))
+    assert await events(db, "jbatch") == 1
+    await asyncio.sleep(0.6)
+    assert await events(db, "jbatch") == 2
+    assert await counters(db, "jbatch") == {
+        "progress.score.done": 5,
+        "progress.search.failed": 1,
+        "progress.answer.done": 4,
+        "progress.questions_final": 6,
+    }
+    assert announced == []
+
+
+async def test_the_batch_that_may_complete_the_job_is_not_held(
+    db: AsyncDatabase[Document],
+) -> None:
+    await planned_job(db, "jlast", questions=4)
+    announced: list[Counted] = []
+
+    async def all_final(counted: Counted) -> None:
+        announced.append(counted)
+
+    counter = OutcomeCounter(db, all_final, window=60.0)
+    counter.count(outcome("jlast", 0))
+    await asyncio.sleep(0.3)
+    counter.count(outcome("jlast", 1))
+    counter.count(outcome("jlast", 2, "answer"))  # ends no question
+    counter.count(outcome("jlast", 2, "search", "failed"))
+    await asyncio.sleep(0.3)
+    assert (await counters(db, "jlast"))["progress.questions_final"] == 1  # held: 3 of 4
+    counter.count(outcome("jlast", 3))
+    deadline = asyncio.get_running_loop().time() + 10
+    while not announced and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    # Well before the 60 s window: the last outcome's batch went at once, and said so once.
+    assert [counted.item_id for counted in announced] == [f"jlast/{ITEM}3"]
+    assert await counters(db, "jlast") == {
+        "progress.score.done": 3,
+        "progress.answer.done": 1,
+        "progress.search.failed": 1,
+        "progress.questions_final": 4,
+    }
+    await counter.drain()
+    assert await events(db, "jlast") == 2
+
+
+async def test_a_batch_partly_counted_by_a_repair_counts_only_the_rest(
+    db: AsyncDatabase[Document],
+) -> None:
+    await planned_job(db, "jrace", questions=5)
+
+    async def all_final(counted: Counted) -> None:
+        raise AssertionError("not every question is final")
+
+    counter = OutcomeCounter(db, all_final, window=60.0)
+    counter.count(outcome("jrace", 0, "search"))
+    await counter.drain()
+    # An outcome stored and waiting in the batch while a repair recounts the job from its
+    # documents (the repair sees it and counts it).
+    old = outcome("jrace", 1)
+    await db.scores.insert_one({"_id": old.item_id, "job_id": "jrace", "state": "done",
+                                "at_us": old.at_us})  # fmt: skip
+    await db.searches.insert_one({"_id": f"jrace/{ITEM}0", "job_id": "jrace", "state": "done",
+                                  "at_us": old.at_us - 1})  # fmt: skip
+    counter.count(old)
+    assert await repair_counters(db, "jrace") is True
+    newer = outcome("jrace", 2)
+    counter.count(newer)
+    await counter.drain()
+    # The repaired outcome is not counted again by its batch; the newer one is counted.
+    assert await counters(db, "jrace") == {
+        "progress.search.done": 1,
+        "progress.score.done": 2,
+        "progress.questions_final": 2,
+    }
+
+
+async def test_a_stopping_stage_counts_what_it_holds(db: AsyncDatabase[Document]) -> None:
+    await planned_job(db, "jstop", questions=3)
+
+    async def all_final(counted: Counted) -> None:
+        return None
+
+    counter = OutcomeCounter(db, all_final, window=3600.0)
+    counter.count(outcome("jstop", 0))
+    await counter.drain()
+    counter.count(outcome("jstop", 1))
+    await asyncio.sleep(0.2)
+    assert (await counters(db, "jstop"))["progress.questions_final"] == 1
+    await counter.drain()
+    assert (await counters(db, "jstop"))["progress.questions_final"] == 2
 
 
 async def test_repair_counts_what_a_crash_left_uncounted(db: AsyncDatabase[Document]) -> None:

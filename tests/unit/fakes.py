@@ -209,3 +209,22 @@ class FakeDatabase:
     def typed(self) -> AsyncDatabase[Document]:
         """This fake where a handler expects a database (it answers only what handlers ask)."""
         return cast(AsyncDatabase[Document], self)
+
+
+class FakeChatModel:
+    """The part of the openai client the answerer and scorer use (`post` of a chat completion,
+    `aml_pipeline.llm.complete`): each request is answered with `reply(prompt)`; every request
+    body and prompt is kept."""
+
+    def __init__(self, reply: str | Callable[[Any], str]) -> None:
+        self.reply = reply
+        self.requests: list[dict[str, Any]] = []
+        self.prompts: list[Any] = []
+
+    async def post(self, path: str, *, cast_to: type, body: dict[str, Any]) -> dict[str, Any]:
+        assert path == "/chat/completions" and cast_to is dict
+        self.requests.append(body)
+        prompt = body["messages"][0]["content"]
+        self.prompts.append(prompt)
+        text = self.reply(prompt) if callable(self.reply) else self.reply
+        return {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]}

@@ -11,9 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
+from fakes import FakeChatModel
 
 from aml_answerer.handlers import AnswerQuestion
 from aml_answerer.settings import AnswererSettings
@@ -457,22 +458,6 @@ def test_the_question_date_goes_to_the_answer_model_only_when_set() -> None:
     )
 
 
-class _Completions:
-    def __init__(self, reply: str) -> None:
-        self.reply = reply
-        self.prompts: list[str] = []
-
-    async def create(self, **request: Any) -> Any:
-        self.prompts.append(request["messages"][0]["content"])
-        return SimpleNamespace(
-            choices=[SimpleNamespace(message=SimpleNamespace(content=self.reply))]
-        )
-
-
-def _llm(completions: _Completions) -> Any:
-    return SimpleNamespace(chat=SimpleNamespace(completions=completions))
-
-
 class _Searches:
     async def find_one(self, query: dict[str, Any]) -> dict[str, Any]:
         return {"state": "done", "candidates": [{"id": "m1", "content": "I took the trip."}]}
@@ -480,11 +465,11 @@ class _Searches:
 
 async def test_the_answer_prompt_tells_the_date(dataset: Dataset) -> None:
     doc = next(d for d in plan_questions(JOB, dataset, top_k=5) if d.question_id == "q-temp")
-    completions = _Completions("18 days")
+    completions = FakeChatModel("18 days")
     answer = AnswerQuestion(
         settings=AnswererSettings(),
         db=SimpleNamespace(searches=_Searches()),  # type: ignore[arg-type]
-        llm=_llm(completions),
+        llm=cast(Any, completions),
         prompt=load_prompt("answer_v1"),
         count_tokens=estimated,
     )
@@ -508,12 +493,12 @@ EXPECTED_PROMPTS = {
 }
 
 
-def _scorer(completions: _Completions) -> ScoreAnswer:
+def _scorer(completions: FakeChatModel) -> ScoreAnswer:
     unused: Any = None
     return ScoreAnswer(
         settings=ScorerSettings(),
         db=unused,
-        llm=_llm(completions),
+        llm=cast(Any, completions),
         prompt=load_prompt("judge_v1"),
         abstention_prompt=load_prompt("judge_abstention_v1"),
     )
@@ -522,7 +507,7 @@ def _scorer(completions: _Completions) -> ScoreAnswer:
 async def test_each_question_type_is_judged_with_its_prompt(dataset: Dataset) -> None:
     outcomes = []
     for doc in plan_questions(JOB, dataset, top_k=5):
-        completions = _Completions('{"label": "CORRECT"}')
+        completions = FakeChatModel('{"label": "CORRECT"}')
         facts = QuestionFacts.of(doc.stored()).model_dump()
         work = QuestionWork(job_id=JOB, version_id="v", item_id=doc.id, answer="19 days")
         scored = await _scorer(completions)(work, facts, StageCall(1))
@@ -550,7 +535,7 @@ async def test_an_unknown_rule_fails_the_question_for_good(dataset: Dataset) -> 
     facts = QuestionFacts.of(doc.stored()).model_dump() | {"judge_rule": "no-such-rule"}
     work = QuestionWork(job_id=JOB, version_id="v", item_id=doc.id, answer="x")
     with pytest.raises(FinalFailure, match="unknown judge rule 'no-such-rule'"):
-        await _scorer(_Completions("{}"))(work, facts, StageCall(1))
+        await _scorer(FakeChatModel("{}"))(work, facts, StageCall(1))
 
 
 def test_judge_prompt_for_rules() -> None:

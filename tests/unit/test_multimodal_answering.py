@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from fakes import FakeChatModel
 
 from aml_answerer.handlers import AnswerQuestion
 from aml_answerer.settings import AnswererSettings
@@ -154,17 +155,6 @@ async def test_an_image_that_is_no_image_data_url_is_withheld(url: str) -> None:
 # --- the answerer ---------------------------------------------------------------------------------
 
 
-class _Completions:
-    def __init__(self) -> None:
-        self.requests: list[dict[str, Any]] = []
-
-    async def create(self, **request: Any) -> Any:
-        self.requests.append(request)
-        return SimpleNamespace(
-            choices=[SimpleNamespace(message=SimpleNamespace(content=" a dog "))]
-        )
-
-
 class _Collection:
     def __init__(self, document: dict[str, Any] | None) -> None:
         self.document = document
@@ -177,8 +167,8 @@ class _Collection:
 
 def _answerer(
     candidates: list[dict[str, Any]], question_body: bytes | None, takes_images: bool
-) -> tuple[AnswerQuestion, _Completions, _Collection]:
-    completions = _Completions()
+) -> tuple[AnswerQuestion, FakeChatModel, _Collection]:
+    completions = FakeChatModel(" a dog ")
     questions = _Collection(None if question_body is None else {"search_body": question_body})
     answer = AnswerQuestion(
         settings=AnswererSettings(answer_model_images=takes_images),
@@ -186,7 +176,7 @@ def _answerer(
             searches=_Collection({"state": "done", "candidates": candidates}),
             questions=questions,
         ),
-        llm=SimpleNamespace(chat=SimpleNamespace(completions=completions)),  # type: ignore[arg-type]
+        llm=completions,  # type: ignore[arg-type]
         prompt=PROMPT,
         count_tokens=estimated,
     )

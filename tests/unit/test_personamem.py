@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from fakes import FakeChatModel
 
 from aml_answerer.handlers import AnswerQuestion
 from aml_answerer.settings import AnswererSettings
@@ -400,26 +401,15 @@ class _Searches:
         return self.document
 
 
-class _Completions:
-    def __init__(self, reply: str) -> None:
-        self.reply = reply
-        self.prompts: list[str] = []
-
-    async def create(self, **request: Any) -> Any:
-        self.prompts.append(request["messages"][0]["content"])
-        message = SimpleNamespace(content=self.reply)
-        return SimpleNamespace(choices=[SimpleNamespace(message=message)])
-
-
 async def test_the_answer_model_sees_the_lettered_options(dataset: Dataset) -> None:
     doc = plan_questions("job-1", dataset, top_k=100)[0]
     facts = QuestionFacts.of(doc.stored()).model_dump()
-    completions = _Completions(" B ")
+    completions = FakeChatModel(" B ")
     search = {"state": "done", "candidates": [{"id": "m1", "content": "user likes matcha"}]}
     answer = AnswerQuestion(
         settings=AnswererSettings(),
         db=SimpleNamespace(searches=_Searches(search)),  # type: ignore[arg-type]
-        llm=SimpleNamespace(chat=SimpleNamespace(completions=completions)),  # type: ignore[arg-type]
+        llm=completions,  # type: ignore[arg-type]
         prompt=load_prompt("answer_v1"),
         count_tokens=estimated,
     )

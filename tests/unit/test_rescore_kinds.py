@@ -13,10 +13,10 @@ import json
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from fakes import FakeChatModel
 
 from aml_contract.api.results import JobResults
 from aml_contract.messages import QuestionFacts, QuestionWork
@@ -56,20 +56,6 @@ def _verdict(prompt: str) -> str:
     return '{"label": "WRONG"}' if wrong else '{"label": "CORRECT"}'
 
 
-class _Completions:
-    """An OpenAI-shaped client whose replies come from `reply`; it keeps every prompt."""
-
-    def __init__(self, reply: Reply) -> None:
-        self.reply = reply
-        self.prompts: list[str] = []
-
-    async def create(self, **request: Any) -> Any:
-        prompt = request["messages"][0]["content"]
-        self.prompts.append(prompt)
-        message = SimpleNamespace(content=self.reply(prompt))
-        return SimpleNamespace(choices=[SimpleNamespace(message=message)])
-
-
 def _live_results(
     dataset: Dataset, manifest: DatasetManifest, answers: Mapping[str, str], reply: Reply
 ) -> JobResults:
@@ -81,11 +67,11 @@ async def _live_job(
 ) -> JobResults:
     """What a job with these answers reports: each planned item scored by the scorer service's
     handler, its outcome as the scheduler reads it, and the scheduler's aggregate() call."""
-    completions = _Completions(reply)
+    completions = FakeChatModel(reply)
     score = ScoreAnswer(
         settings=ScorerSettings(),
         db=None,  # type: ignore[arg-type]  # the answer comes with the work
-        llm=SimpleNamespace(chat=SimpleNamespace(completions=completions)),  # type: ignore[arg-type]
+        llm=completions,  # type: ignore[arg-type]
         prompt=load_prompt("judge_v1"),
         abstention_prompt=load_prompt("judge_abstention_v1"),
     )

@@ -56,19 +56,50 @@ async def complete(
             # Timed from the call itself, not from the admission wait before it.
             started = time.monotonic()
             try:
-                response = await client.chat.completions.create(
-                    model=model,
-                    messages=[message],
-                    temperature=0,
-                    max_tokens=max_tokens,
-                    seed=seed,
+                # The client's own request path (base URL, key, timeout, retries, status
+                # errors) with the body as built here: `chat.completions.create` would walk the
+                # messages through its type-driven transform and build a response model, which
+                # cost about 0.5 ms of CPU per call and add nothing to a body built from typed
+                # parts. The reply is read as plain JSON (`reply_text`).
+                reply = await client.post(
+                    "/chat/completions",
+                    cast_to=dict,
+                    body={
+                        "model": model,
+                        "messages": [message],
+                        "temperature": 0,
+                        "max_tokens": max_tokens,
+                        "seed": seed,
+                    },
                 )
+                text = reply_text(reply)
             except Exception as exc:
                 LLM_CALLS.labels(model, "error").observe(time.monotonic() - started)
                 LLM_ERRORS.labels(model, type(exc).__name__).inc()
                 raise
             LLM_CALLS.labels(model, "ok").observe(time.monotonic() - started)
-    return response.choices[0].message.content or ""
+    return text
+
+
+class MalformedReply(ValueError):
+    """An OpenAI-compatible endpoint answered 200 with something that is not a chat completion."""
+
+
+def reply_text(reply: object) -> str:
+    """The first choice's message text of a chat completion's JSON; an empty text when the model
+    said nothing (`content` null). Anything that is not a chat completion is an error (retried
+    like any failed call), named without the reply's content."""
+    choices = reply.get("choices") if isinstance(reply, dict) else None
+    first = choices[0] if isinstance(choices, list) and choices else None
+    message = first.get("message") if isinstance(first, dict) else None
+    if not isinstance(message, dict):
+        raise MalformedReply("the LLM's reply holds no choices[0].message")
+    content = message.get("content")
+    if content is None:
+        return ""
+    if not isinstance(content, str):
+        raise MalformedReply(f"the LLM's message content is {type(content).__name__}, not text")
+    return content
 
 
 @contextlib.asynccontextmanager

@@ -5,11 +5,11 @@ item id, and then hands the question on. A redelivered message finds the documen
 re-announces the hand-off (de-duplicated by the broker), so no question is searched, answered or
 scored twice. A question that cannot pass a stage gets a `failed` document with the reason and
 counts as final, so the job never waits for it. The writer of a terminal document counts it on
-the job (`aml_pipeline.progress`); the one whose count makes every question final tells the
-scheduler. The question's facts travel with the work (the scheduler sends them). A search that
-holds back its user's next Add (a streaming dataset's question asked mid-conversation, work
-flagged `holds_add`) is announced final on `aml.done.search`, done or failed, every time it is
-handed on (de-duplicated by the broker).
+the job (`aml_pipeline.progress`, in batches: `OutcomeCounter`); the batch whose count makes
+every question final tells the scheduler. The question's facts travel with the work (the
+scheduler sends them). A search that holds back its user's next Add (a streaming dataset's
+question asked mid-conversation, work flagged `holds_add`) is announced final on
+`aml.done.search`, done or failed, every time it is handed on (de-duplicated by the broker).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from aml_contract.messages import (
 )
 from aml_contract.subjects import WorkStage
 from aml_pipeline.jobs import fail_job, record_error
-from aml_pipeline.progress import count_final, outcome_of
+from aml_pipeline.progress import Counted, OutcomeCounter, outcome_of
 from aml_pipeline.stage_worker import StageCall, WorkItem
 from aml_runtime.broker import FinalFailure, publish, publish_work, run_delivery
 from aml_runtime.clock import now, now_us
@@ -78,8 +78,6 @@ class Stored(NamedTuple):
     state: str
     # Whether this store wrote it (else an earlier or concurrent delivery did).
     written: bool
-    # Whether its count made every question of the job final (announce it).
-    last: bool
 
 
 @dataclass
@@ -91,6 +89,14 @@ class QuestionStageWorker:
     compute: Compute
     _jobs: dict[str, tuple[float, Document | None]] = field(default_factory=dict, init=False)
     _finished_watch: Subscription | None = field(default=None, init=False)
+    counter: OutcomeCounter = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.counter = OutcomeCounter(self.db, self._all_final)
+
+    async def close(self) -> None:
+        """Count what is still pending (a stopping worker)."""
+        await self.counter.drain()
 
     @property
     def collection(self) -> str:
@@ -106,7 +112,7 @@ class QuestionStageWorker:
             await record_error(self.db, work.job_id, self.stage, kind, work.item_id, reason)
             if kind in _FATAL_KINDS:
                 await fail_job(self.db, self.broker, work.job_id, self.stage, kind, reason)
-            await self._hand_on(work, stored.state, announce=stored.last)
+            await self._hand_on(work, stored.state, announce=False)
 
         ids = {"job_id": work.job_id, "item_id": work.item_id, "stage": self.stage}
         with stage_span(f"aml.{self.stage}", delivery=item.delivered, **ids):
@@ -138,7 +144,7 @@ class QuestionStageWorker:
         if self.stage == "answer" and stored.written:
             # Only the answer this delivery stored: the scorer scores what the audit shows.
             carried["answer"] = fields.get("answer")
-        await self._hand_on(work.model_copy(update=carried), stored.state, announce=stored.last)
+        await self._hand_on(work.model_copy(update=carried), stored.state, announce=False)
 
     async def _job(self, job_id: str) -> Document | None:
         """The job's state (and `top_k`), read at most once per `_JOB_READ_SECONDS`. A failed
@@ -205,13 +211,12 @@ class QuestionStageWorker:
         except DuplicateKeyError:
             # A concurrent or earlier delivery stored (and counted) it first; its result stands.
             stored = await self.db[self.collection].find_one({"_id": work.item_id}, {"state": 1})
-            return Stored(str((stored or {}).get("state")), written=False, last=False)
+            return Stored(str((stored or {}).get("state")), written=False)
         state = str(fields["state"])
         outcome = outcome_of(state)
-        if outcome is None:
-            return Stored(state, written=True, last=False)
-        last = await count_final(self.db, work.job_id, self.stage, outcome, at_us)
-        return Stored(state, written=True, last=last)
+        if outcome is not None:
+            self.counter.count(Counted(work.job_id, work.item_id, self.stage, outcome, at_us))
+        return Stored(state, written=True)
 
     async def _hand_on(self, work: QuestionWork, state: str, announce: bool) -> None:
         if self.stage == "search" and work.holds_add:
@@ -229,6 +234,14 @@ class QuestionStageWorker:
         )
         await publish(
             self.broker, subjects.QUESTION_DONE, done, message_id("question-done", work.item_id)
+        )
+
+    async def _all_final(self, counted: Counted) -> None:
+        """Every question of the job is final with `counted`'s batch: the scheduler completes it."""
+        done = QuestionDone(job_id=counted.job_id, item_id=counted.item_id,
+                            stage=self.stage, outcome=counted.outcome)  # fmt: skip
+        await publish(
+            self.broker, subjects.QUESTION_DONE, done, message_id("question-done", counted.item_id)
         )
 
     async def _announce_search_final(self, work: QuestionWork) -> None:

@@ -25,6 +25,7 @@ def create_app(settings: AnswererSettings | None = None) -> FastStream:
     worker = llm_stage_worker(rt, settings, "answer", "answerer", stage.handle)
 
     async def close() -> None:
+        await stage.close()
         await llm.close()
         await http.aclose()
 

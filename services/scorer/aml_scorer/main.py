@@ -29,4 +29,9 @@ def create_app(settings: ScorerSettings | None = None) -> FastStream:
     )
     stage = QuestionStageWorker("score", settings, rt.db, rt.broker, compute)
     worker = llm_stage_worker(rt, settings, "score", "scorer", stage.handle)
-    return serve_stage(rt, worker, on_stop=llm.close)
+
+    async def close() -> None:
+        await stage.close()
+        await llm.close()
+
+    return serve_stage(rt, worker, on_stop=close)

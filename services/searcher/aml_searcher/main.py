@@ -31,4 +31,9 @@ def create_app(settings: SearcherSettings | None = None) -> FastStream:
         settings,
         max_in_flight=settings.worker_concurrency,
     )
-    return serve_stage(rt, worker, on_stop=client.aclose)
+
+    async def close() -> None:
+        await stage.close()
+        await client.aclose()
+
+    return serve_stage(rt, worker, on_stop=close)
