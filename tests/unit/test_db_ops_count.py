@@ -1,5 +1,6 @@
 """The benchmark's database command count (`pipeline_load.py --db-ops`): what the listener counts
-and how a scenario's counts become commands per question."""
+and how a scenario's counts become commands per question; and how the machine's speed measured
+during a scenario scales its CPU figures."""
 
 from __future__ import annotations
 
@@ -94,3 +95,20 @@ def test_a_scenarios_commands_per_question_per_service(
         "(rate slot taken)": 0.2,
     }
     assert per["answerer"] == {"total": 0.0, "commands": {}}
+
+
+def test_cpu_figures_are_scaled_by_the_runs_mean_slowdown(pipeline_load: ModuleType) -> None:
+    reference = pipeline_load.REFERENCE_WORKLOAD_MS
+    # A run spent half its samples in each of the machine's two speeds: the mean counts both.
+    samples = [reference * 1.2] * 5 + [reference * 1.6] * 5
+    machine = pipeline_load.machine_figures(samples)
+    assert machine["samples"] == 10 and machine["slowdown"] == pytest.approx(1.4, abs=1e-3)
+    scaled = pipeline_load.at_reference({"services": 42.0, "mongo": 14.0}, machine["slowdown"])
+    assert scaled == {"services": 30.0, "mongo": 10.0}
+    assert pipeline_load.machine_figures([])["slowdown"] is None
+    assert pipeline_load.at_reference({"services": 42.0}, None) is None
+
+
+def test_the_reference_workload_takes_measurable_cpu(pipeline_load: ModuleType) -> None:
+    # Not a timing assertion: only that the figure is a CPU time of this process, not zero.
+    assert pipeline_load.reference_workload_ms() > 1.0
