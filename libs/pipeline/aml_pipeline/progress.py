@@ -241,6 +241,8 @@ async def count_final(
 
 # How long a question stage sums a job's outcomes before it applies them (`OutcomeCounter`).
 COUNT_WINDOW_SECONDS = 1.0
+# Jobs whose counters one process remembers (the oldest is forgotten: it is then read again).
+_JOBS_SEEN = 1024
 
 
 class Counted(NamedTuple):
@@ -352,10 +354,6 @@ class OutcomeCounter:
             except Exception:
                 # The scheduler's reconciliation looks at every running job as well.
                 log.exception("progress.announce_failed", job_id=job_id)
-
-
-# Jobs whose counters one process remembers (the oldest is forgotten: it is then read again).
-_JOBS_SEEN = 1024
 
 
 async def count_error(db: AsyncDatabase[Document], job_id: str, at_us: int) -> None:

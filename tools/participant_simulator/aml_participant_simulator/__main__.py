@@ -6,8 +6,10 @@ the environment, never from argv, which every local user can read (ps, /proc).""
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -64,8 +66,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     server = make_server(Simulator(script), sock, embedded=False, log_level=args.log_level)
     print(f"listening on {base_url(sock)}", flush=True)
+    stop = threading.Event()
+    threading.Thread(target=freeze_survivors, args=(stop,), name="gc-freeze", daemon=True).start()
     server.run(sockets=[sock])
     return 0
+
+
+# How often what has survived so far is moved out of the collector's reach.
+FREEZE_EVERY_SECONDS = 1.0
+
+
+def freeze_survivors(stop: threading.Event) -> None:
+    """The simulator keeps every request it served (and every memory it was given) until it is
+    reset: tens of thousands of objects over a benchmark, which a full collection traverses
+    each time, stopping the server for 70 ms and more (measured: 9,600 requests). An arrival
+    stamped after such a pause looks like a request sent late, and a burst of them like a rate
+    the client never sent. Freezing the survivors every second keeps each collection to the
+    last second's objects. What is frozen is still freed by reference counting when a reset
+    drops it; only cyclic garbage frozen before it was collected is kept, and request handling
+    makes little of it."""
+    while not stop.is_set():
+        gc.freeze()
+        stop.wait(FREEZE_EVERY_SECONDS)
 
 
 if __name__ == "__main__":
