@@ -8,7 +8,7 @@ gateway's status reads the counters alone."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -91,6 +91,15 @@ def stage_worker(
     return QuestionStageWorker(stage, CommonSettings(), db, broker, unused)
 
 
+def announcer(announced: list[Counted]) -> Callable[[Counted], Awaitable[None]]:
+    """An `all_final` callback that keeps what it was told instead of publishing it."""
+
+    async def all_final(counted: Counted) -> None:
+        announced.append(counted)
+
+    return all_final
+
+
 def work(job_id: str, i: int) -> QuestionWork:
     return QuestionWork(job_id=job_id, version_id="ver-1", item_id=f"{job_id}/{ITEM}{i}")
 
@@ -115,10 +124,7 @@ async def test_an_outcome_counts_once_however_often_it_is_stored(
     await planned_job(db, "jonce", questions=2)
     search, score = stage_worker(db, broker, "search"), stage_worker(db, broker, "score")
     announced: list[Counted] = []
-
-    async def all_final(counted: Counted) -> None:
-        announced.append(counted)
-
+    all_final = announcer(announced)
     score.counter.all_final = all_final
     # A redelivery stores the same outcome again: the stored one stands, counted once.
     assert await search.store(work("jonce", 0), {"state": "done"}) == ("done", True)
@@ -174,10 +180,7 @@ async def test_a_stage_counts_a_jobs_outcomes_in_one_increment_per_window(
 ) -> None:
     await planned_job(db, "jbatch", questions=10)
     announced: list[Counted] = []
-
-    async def all_final(counted: Counted) -> None:
-        announced.append(counted)
-
+    all_final = announcer(announced)
     counter = OutcomeCounter(db, all_final, window=0.3)
     # The first outcome of a job is counted at once: the counter learns where the job stands.
     counter.count(outcome("jbatch", 0))
@@ -205,10 +208,7 @@ async def test_the_batch_that_may_complete_the_job_is_not_held(
 ) -> None:
     await planned_job(db, "jlast", questions=4)
     announced: list[Counted] = []
-
-    async def all_final(counted: Counted) -> None:
-        announced.append(counted)
-
+    all_final = announcer(announced)
     counter = OutcomeCounter(db, all_final, window=60.0)
     counter.count(outcome("jlast", 0))
     await asyncio.sleep(0.3)
