@@ -180,8 +180,7 @@ async def test_a_stage_counts_a_jobs_outcomes_in_one_increment_per_window(
 ) -> None:
     await planned_job(db, "jbatch", questions=10)
     announced: list[Counted] = []
-    all_final = announcer(announced)
-    counter = OutcomeCounter(db, all_final, window=0.3)
+    counter = OutcomeCounter(db, announcer(announced), window=0.3)
     # The first outcome of a job is counted at once: the counter learns where the job stands.
     counter.count(outcome("jbatch", 0))
     await counter.drain()
@@ -211,8 +210,7 @@ async def test_the_batch_that_may_complete_the_job_is_not_held(
 ) -> None:
     await planned_job(db, "jlast", questions=4)
     announced: list[Counted] = []
-    all_final = announcer(announced)
-    counter = OutcomeCounter(db, all_final, window=60.0)
+    counter = OutcomeCounter(db, announcer(announced), window=60.0)
     counter.count(outcome("jlast", 0))
     await counter.drain()
     counter.count(outcome("jlast", 1))

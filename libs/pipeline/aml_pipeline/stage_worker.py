@@ -510,15 +510,16 @@ def capacity_limiter(runtime: Runtime, settings: CommonSettings) -> CapacityLimi
                            notify=freed)  # fmt: skip
 
 
-def serve_stage(
-    runtime: Runtime, worker: StageWorker[Any], on_stop: Hook | None = None
-) -> FastStream:
+def serve_stage(runtime: Runtime, worker: StageWorker[Any], *on_stop: Hook) -> FastStream:
+    """Serve `worker`; when it stops (its items finished), run `on_stop` in order: what a stage
+    still holds (its pending counts) first, then the clients it used."""
+
     async def start() -> None:
         await worker.start(runtime.broker)
 
     async def stop() -> None:
         await worker.stop()
-        if on_stop is not None:
-            await on_stop()
+        for hook in on_stop:
+            await hook()
 
     return serve(runtime, on_start=start, on_stop=stop)

@@ -29,4 +29,4 @@ def create_app(settings: AdderSettings | None = None) -> FastStream:
         settings,
         max_in_flight=settings.worker_concurrency,
     )
-    return serve_stage(rt, worker, on_stop=client.aclose)
+    return serve_stage(rt, worker, client.aclose)

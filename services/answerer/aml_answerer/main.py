@@ -24,9 +24,4 @@ def create_app(settings: AnswererSettings | None = None) -> FastStream:
     stage = QuestionStageWorker("answer", settings, rt.db, rt.broker, compute)
     worker = llm_stage_worker(rt, settings, "answer", "answerer", stage.handle)
 
-    async def close() -> None:
-        await stage.close()
-        await llm.close()
-        await http.aclose()
-
-    return serve_stage(rt, worker, on_stop=close)
+    return serve_stage(rt, worker, stage.close, llm.close, http.aclose)

@@ -29,9 +29,4 @@ def create_app(settings: ScorerSettings | None = None) -> FastStream:
     )
     stage = QuestionStageWorker("score", settings, rt.db, rt.broker, compute)
     worker = llm_stage_worker(rt, settings, "score", "scorer", stage.handle)
-
-    async def close() -> None:
-        await stage.close()
-        await llm.close()
-
-    return serve_stage(rt, worker, on_stop=close)
+    return serve_stage(rt, worker, stage.close, llm.close)

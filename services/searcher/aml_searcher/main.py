@@ -31,9 +31,4 @@ def create_app(settings: SearcherSettings | None = None) -> FastStream:
         settings,
         max_in_flight=settings.worker_concurrency,
     )
-
-    async def close() -> None:
-        await stage.close()
-        await client.aclose()
-
-    return serve_stage(rt, worker, on_stop=close)
+    return serve_stage(rt, worker, stage.close, client.aclose)
