@@ -1,6 +1,7 @@
 """The benchmark's database command count (`pipeline_load.py --db-ops`): what the listener counts
 and how a scenario's counts become commands per question; and how the machine's speed measured
-during a scenario scales its CPU figures."""
+during a scenario scales its CPU figures; and when the platform counts as started (its start-up
+is in no scenario)."""
 
 from __future__ import annotations
 
@@ -112,3 +113,18 @@ def test_cpu_figures_are_scaled_by_the_runs_mean_slowdown(pipeline_load: ModuleT
 def test_the_reference_workload_takes_measurable_cpu(pipeline_load: ModuleType) -> None:
     # Not a timing assertion: only that the figure is a CPU time of this process, not zero.
     assert pipeline_load.reference_workload_ms() > 1.0
+
+
+def test_the_platform_has_started_once_every_service_is_quiet(pipeline_load: ModuleType) -> None:
+    services = pipeline_load.SERVICES
+    seconds = pipeline_load.STARTED_QUIET_SECONDS
+    share = pipeline_load.STARTED_CPU_SHARE
+    earlier = {name: 1.0 for name in services}
+    idle = {name: 1.0 + share * seconds / 2 for name in services}
+    assert pipeline_load.quiet(earlier, idle, seconds)
+    # One worker still importing: not started.
+    busy = idle | {services[-1]: 1.0 + share * seconds * 2}
+    assert not pipeline_load.quiet(earlier, busy, seconds)
+    # A worker not yet spawned (no process to read): not started either.
+    missing = {name: value for name, value in idle.items() if name != services[1]}
+    assert not pipeline_load.quiet(earlier, missing, seconds)
