@@ -7,22 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from llm_support import standin_server
 from pymongo import AsyncMongoClient
 
 from aml_answerer.handlers import AnswerQuestion
 from aml_answerer.settings import AnswererSettings
 from aml_contract.messages import QuestionWork
 from aml_contract.participant import SearchRequest, encode
-from aml_devtools.processes import ManagedProcess, free_port, http_ready
 from aml_evaluation.context import estimated
 from aml_evaluation.prompts import format_memories, load_prompt, question_with_options
 from aml_evaluation.scoring import parse_choice, parse_judge_label
@@ -39,25 +37,7 @@ CAPACITY = 2
 @pytest.fixture(scope="module")
 def standin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The stand-in's base URL (without /v1)."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    argv = [
-        sys.executable, "-m", "aml_llm_standin",
-        "--port", str(port), "--latency", str(LATENCY), "--concurrency", str(CAPACITY),
-    ]  # fmt: skip
-    process = ManagedProcess(
-        "llm-standin",
-        argv,
-        log_dir=Path(tmp_path_factory.mktemp("standin")),
-        ready=http_ready(f"{url}/health"),
-        stop_grace=5,
-    )
-    process.start()
-    try:
-        process.wait_ready(30)
-        yield url
-    finally:
-        process.stop()
+    yield from standin_server(tmp_path_factory, LATENCY, CAPACITY)
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from faststream.nats import NatsBroker, NatsMessage
+from nats.aio.msg import Msg
 from nats.js.errors import APIError
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
@@ -20,6 +21,7 @@ from pydantic_core import to_json
 from aml_contract import subjects
 from aml_contract.messages import JobFinished, JobSubmitted, QuestionFacts, QuestionWork
 from aml_runtime.broker import (
+    EVENT_PULL_SECONDS,
     FastStreamDelivery,
     _publish,
     consume,
@@ -166,3 +168,32 @@ async def test_events_are_decoded_by_faststream_subscribers_in_the_publishers_tr
         (finished, publisher_trace),
         (submitted, publisher_trace),
     ]
+
+
+async def test_an_idle_event_subscriber_asks_rarely_and_a_message_is_handled_at_once(
+    event_broker: tuple[NatsBroker, list[tuple[object, str]]],
+) -> None:
+    """One pull per subscriber held open at the broker (EVENT_PULL_SECONDS), not a probe and a
+    one-second pull after it: an idle subscriber asks at most once in four seconds (pulls with a
+    1 s timeout asked four to eight times), and the pull held open answers a new event as soon
+    as it is published."""
+    broker, received = event_broker
+    pulls: list[str] = []
+
+    async def seen(msg: Msg) -> None:
+        pulls.append(msg.subject)
+
+    api = f"$JS.API.CONSUMER.MSG.NEXT.{subjects.EVENTS_STREAM}.t-publishing-submitted"
+    watch = await broker.connection.subscribe(api, cb=seen)
+    try:
+        await asyncio.sleep(4.0)
+        assert len(pulls) <= 1, pulls
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        await publish(broker, subjects.JOB_SUBMITTED, JobSubmitted(job_id="job-p5"), "idle:p5")
+        while not received:
+            assert loop.time() - sent < EVENT_PULL_SECONDS / 2, "the held pull did not answer"
+            await asyncio.sleep(0.01)
+    finally:
+        await watch.unsubscribe()
+    assert received[0][0] == JobSubmitted(job_id="job-p5")

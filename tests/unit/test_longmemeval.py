@@ -459,7 +459,7 @@ def test_the_question_date_goes_to_the_answer_model_only_when_set() -> None:
 
 
 class _Searches:
-    async def find_one(self, query: dict[str, Any]) -> dict[str, Any]:
+    async def find_one(self, query: dict[str, Any], *projection: Any) -> dict[str, Any]:
         return {"state": "done", "candidates": [{"id": "m1", "content": "I took the trip."}]}
 
 

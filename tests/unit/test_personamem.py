@@ -395,7 +395,7 @@ class _Searches:
     def __init__(self, document: dict[str, Any]) -> None:
         self.document = document
 
-    async def find_one(self, query: dict[str, Any]) -> dict[str, Any]:
+    async def find_one(self, query: dict[str, Any], *projection: Any) -> dict[str, Any]:
         # q1 is asked at its end index, after its context's first two written turns.
         assert query == {"_id": "job-1/personamem/q1@2"}
         return self.document

@@ -7,7 +7,11 @@ from typing import Any, cast
 import pytest
 
 from aml_contract.messages import QuestionFacts, QuestionWork
-from aml_pipeline.question_stage import QuestionStageWorker
+from aml_pipeline.question_stage import (
+    CARRIED_CANDIDATES_BYTES,
+    QuestionStageWorker,
+    carried_candidates,
+)
 from aml_runtime.settings import CommonSettings
 
 PLANNED = {
@@ -84,3 +88,14 @@ async def test_a_search_without_its_body_reads_the_question() -> None:
     without_body = _released().model_copy(update={"search_body": None})
     with pytest.raises(AssertionError, match="read the database"):
         await _stage("search")._question(without_body)
+
+
+def test_candidates_travel_with_the_work_up_to_the_bound() -> None:
+    small = [{"id": "m1", "content": "Caroline went on 7 May", "score": 0.5}]
+    assert carried_candidates(small) is small
+    # As compact JSON, [{"id":"m","content":""}] is 25 bytes, plus the text.
+    at_bound = [{"id": "m", "content": "x" * (CARRIED_CANDIDATES_BYTES - 25)}]
+    assert carried_candidates(at_bound) is at_bound
+    over = [{"id": "m", "content": "x" * (CARRIED_CANDIDATES_BYTES - 24)}]
+    assert carried_candidates(over) is None
+    assert carried_candidates([]) == []

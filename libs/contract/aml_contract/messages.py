@@ -1,6 +1,7 @@
 """Internal messages carried over NATS JetStream. They carry ids, and otherwise only what never
-changes once planned (a question's facts), so a message can be redelivered or replayed without
-carrying stale state: the documents they point to live in MongoDB."""
+changes once written (a question's facts, a stage's stored outcome handed to the next stage), so
+a message can be redelivered or replayed without carrying stale state: the documents they point
+to live in MongoDB."""
 
 from __future__ import annotations
 
@@ -83,6 +84,10 @@ class QuestionWork(_Message):
     # Set for the score stage: the answer as stored (a short text; the scorer reads the stored
     # document only without it).
     answer: str | None = None
+    # Set for the answer stage: the candidates as the search stored them, when they are small
+    # enough to travel (`CARRIED_CANDIDATES_BYTES`); the answerer reads the stored document
+    # only without them.
+    candidates: list[dict[str, Any]] | None = None
     # Set by the scheduler on a streaming question searched mid-conversation: its user's next
     # Add waits for this search, so the search stage announces it final (`SearchDone`).
     holds_add: bool = False

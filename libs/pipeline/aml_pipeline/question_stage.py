@@ -7,13 +7,16 @@ scored twice. A question that cannot pass a stage gets a `failed` document with 
 counts as final, so the job never waits for it. The writer of a terminal document counts it on
 the job (`aml_pipeline.progress`, in batches: `OutcomeCounter`); the batch whose count makes
 every question final tells the scheduler. The question's facts travel with the work (the
-scheduler sends them). A search that holds back its user's next Add (a streaming dataset's
-question asked mid-conversation, work flagged `holds_add`) is announced final on
-`aml.done.search`, done or failed, every time it is handed on (de-duplicated by the broker).
+scheduler sends them), and so does what a stage stored that the next one uses (the search's
+candidates when small enough, the answer), so the next stage reads no document for them. A
+search that holds back its user's next Add (a streaming dataset's question asked
+mid-conversation, work flagged `holds_add`) is announced final on `aml.done.search`, done or
+failed, every time it is handed on (de-duplicated by the broker).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -69,7 +72,18 @@ _JOB_READS_KEPT = 256
 # How long a job announced as finished is remembered as such (its work is purged by then).
 _FINISHED_KEPT_SECONDS = 3600.0
 
+# The largest candidate list (as compact JSON) the search hands to the answer stage with the
+# work, saving the answer stage a read of the search document; a larger one is read there. Well
+# under the broker's 1 MiB message limit, with the question's facts beside it.
+CARRIED_CANDIDATES_BYTES = 64 * 1024
+
 Compute = Callable[[QuestionWork, Document, StageCall], Awaitable[Document]]
+
+
+def carried_candidates(candidates: list[Document]) -> list[Document] | None:
+    """`candidates` if they are small enough to travel with the work, else None."""
+    size = len(json.dumps(candidates, separators=(",", ":")))
+    return candidates if size <= CARRIED_CANDIDATES_BYTES else None
 
 
 class Stored(NamedTuple):
@@ -140,9 +154,15 @@ class QuestionStageWorker:
         question = await self._question(work)
         fields = await self.compute(work, question, item.call(job))
         stored = await self.store(work, {"state": "done", **fields})
-        carried: Document = {"facts": work.facts or QuestionFacts.of(question), "search_body": None}
+        carried: Document = {
+            "facts": work.facts or QuestionFacts.of(question),
+            "search_body": None,
+            "candidates": None,
+        }
+        # Only what this delivery stored: the next stage works on what the audit shows.
+        if self.stage == "search" and stored.written:
+            carried["candidates"] = carried_candidates(fields["candidates"])
         if self.stage == "answer" and stored.written:
-            # Only the answer this delivery stored: the scorer scores what the audit shows.
             carried["answer"] = fields.get("answer")
         await self._hand_on(work.model_copy(update=carried), stored.state, announce=False)
 

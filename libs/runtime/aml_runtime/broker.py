@@ -100,6 +100,10 @@ async def declare_streams(broker: NatsBroker) -> None:
             await js.update_stream(config=config)
 
 
+# How long an event subscriber's pull waits at the broker for a message (nats-py's default).
+EVENT_PULL_SECONDS = 5.0
+
+
 def subscriber_options(
     settings: CommonSettings, subject: str, durable: str, concurrency: int
 ) -> dict[str, Any]:
@@ -108,7 +112,12 @@ def subscriber_options(
         "subject": subject,
         "stream": JStream(name=_STREAM_OF[subject], declare=False),
         "durable": durable,
-        "pull_sub": PullSub(batch_size=concurrency, timeout=1.0),
+        # One message per pull, held open up to EVENT_PULL_SECONDS: the broker answers a pull as
+        # soon as a message comes, so the wait adds no latency, while an idle subscriber asks
+        # once per wait instead of twice a second (a batched pull is a no-wait probe and then
+        # a lingering request, each answered "nothing" when idle). `max_workers` still runs
+        # `concurrency` events at once.
+        "pull_sub": PullSub(batch_size=1, timeout=EVENT_PULL_SECONDS),
         "ack_policy": AckPolicy.MANUAL,
         "max_workers": concurrency,
         "config": ConsumerConfig(

@@ -36,12 +36,19 @@ class AnswerQuestion:
     count_tokens: TokenCount
 
     async def __call__(self, work: QuestionWork, question: Document, item: StageCall) -> Document:
-        search = await self.db.searches.find_one({"_id": work.item_id})
-        if search is None or search["state"] != "done":
-            raise FinalFailure(FailureKind.PLATFORM_ERROR, f"no search result for {work.item_id}")
+        candidates = work.candidates
+        if candidates is None:
+            search = await self.db.searches.find_one(
+                {"_id": work.item_id}, {"state": 1, "candidates": 1}
+            )
+            if search is None or search["state"] != "done":
+                raise FinalFailure(
+                    FailureKind.PLATFORM_ERROR, f"no search result for {work.item_id}"
+                )
+            candidates = search["candidates"]
         takes_images = self.settings.answer_model_images
         context = await fit_candidates(
-            search["candidates"],
+            candidates,
             self.settings.answer_context_tokens,
             self.count_tokens,
             takes_images,
