@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import sys
 import threading
@@ -254,10 +255,21 @@ def run_service(create_app: Callable[[], FastStream]) -> None:
     spends less on each than asyncio's own (docs/performance.md)."""
 
     async def main() -> None:
+        app = create_app()
+        app.after_startup(_freeze_what_startup_made)
         # FastStream's run loop looks for an exit request every `sleep_time` (0.1 s by default):
         # ten wake-ups a second of an otherwise idle process. A stop then begins within half
         # a second, well within the shutdown grace.
-        await create_app().run(sleep_time=_EXIT_POLL_SECONDS)
+        await app.run(sleep_time=_EXIT_POLL_SECONDS)
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(main())
+
+
+async def _freeze_what_startup_made() -> None:
+    """Move every object alive once the worker has started (modules, clients, settings: they
+    live as long as the process) out of the garbage collector's view, so its collections walk
+    only what the work made since (collections were about 2.5% of a busy worker's CPU, most of
+    it full ones walking the start-up objects). Only in a worker's own process: a process that
+    hosts an app for a while (a test) keeps collecting everything."""
+    gc.freeze()
