@@ -265,6 +265,39 @@ async def test_missing_dataset_files_fail_the_job_once_with_the_path(
     assert await db.add_chunks.count_documents({"job_id": "jw5"}) == 0
 
 
+async def test_a_job_is_planned_once_when_its_event_and_a_redrive_meet(
+    db: AsyncDatabase[Document], broker: NatsBroker
+) -> None:
+    """The submission event and the reconciliation's re-drive of a new job often arrive
+    together: the second waits for the first's plan instead of planning it again."""
+    run = scheduler(db, broker, Clock())
+    await version(db, "ver-w7")
+    await db.jobs.insert_one(
+        {
+            "_id": "jw7", "team_id": "team-w", "version_id": "ver-w7", "mode": "smoke",
+            "run_label": "jw7", "datasets": ["synthetic"], "state": "queued",
+            "planned": False, "created_at": T0,
+        }
+    )  # fmt: skip
+    plans = []
+    plan = run._plan
+
+    async def counted(job: Document) -> None:
+        plans.append(job["_id"])
+        await asyncio.sleep(0.3)  # a plan takes a while: the other arrival comes meanwhile
+        await plan(job)
+
+    run._plan = counted  # type: ignore[method-assign]
+    submitted = JobSubmitted(job_id="jw7")
+    await asyncio.gather(run.on_job_submitted(submitted), run.on_job_submitted(submitted))
+    assert plans == ["jw7"]
+    planned = await job(db, "jw7")
+    assert planned["planned"] and planned["state"] == "running"
+    # Once planned, a later event re-drives it without a plan.
+    await run.on_job_submitted(submitted)
+    assert plans == ["jw7"]
+
+
 # -- the invariant with the scheduler process itself -------------------------------------------
 
 

@@ -5,8 +5,16 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from aml_evaluation.wordcount import _CJK_RANGES, WORD_COUNTER_VERSION, count_words, is_cjk
+from aml_evaluation.wordcount import (
+    _CJK_RANGES,
+    WORD_COUNTER_VERSION,
+    count_words,
+    count_words_by_character,
+    is_cjk,
+)
 
 
 def test_version_is_pinned() -> None:
@@ -78,3 +86,21 @@ def test_is_cjk_fast_path_matches_the_range_table() -> None:
     for code in sorted(set(range(0x10000)) | edges | {0x10FFFF}):
         expected = any(low <= code <= high for low, high in _CJK_RANGES)
         assert is_cjk(chr(code)) is expected, hex(code)
+
+
+# Every ASCII character class the rule tells apart: letters, digits, both kinds of connector,
+# separators and symbols; connectors weighted up so that runs of them and edges are common.
+_ASCII_TEXT = st.text(alphabet=st.sampled_from([*"aZ09'-.,- _!\t\n", "'", "-", ".", ","]))
+
+
+@settings(max_examples=3000, derandomize=True)
+@given(_ASCII_TEXT)
+def test_ascii_text_counts_as_the_rule_written_character_by_character(text: str) -> None:
+    assert count_words(text) == count_words_by_character(text)
+
+
+@pytest.mark.parametrize(
+    "text", ["x1.5", "1.a", "a.1", "1..2", "-5", "a--b", "'a'", "a-'b", "1,000.5-x", "a'b-c.d"]
+)
+def test_ascii_edge_cases_agree(text: str) -> None:
+    assert count_words(text) == count_words_by_character(text)

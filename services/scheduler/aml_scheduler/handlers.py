@@ -87,6 +87,10 @@ class ScheduleJobs:
     # Users whose questions this process has seen released (their marker is written, and never
     # removed while the job lives): the reconciliation's re-drive skips them without a read.
     _released: set[tuple[str, str]] = field(default_factory=set, init=False)
+    # Jobs this process is planning right now: the submission event and the reconciliation's
+    # re-drive often meet on a new job, and the second must not plan it again meanwhile (the
+    # plan is idempotent, but it costs a second or so of CPU on a LoCoMo-sized dataset).
+    _planning: set[str] = field(default_factory=set, init=False)
 
     # -- events -----------------------------------------------------------------------------
 
@@ -95,41 +99,55 @@ class ScheduleJobs:
         if job is None or job["state"] not in ACTIVE_JOB_STATES:
             return
         if not job.get("planned"):
-            if not await self._participant_healthy(job):
-                reason = "the participant's Health endpoint did not answer 2xx before the start"
-                kind = FailureKind.PARTICIPANT_OUTAGE
-                await record_error(self.db, job["_id"], "add", kind, None, reason)
-                await fail_job(self.db, self.broker, job["_id"], "add", kind, reason)
-                return
+            if event.job_id in self._planning:
+                return  # its planner releases it when done
+            self._planning.add(event.job_id)
             try:
-                await self._plan(job)
-            except DatasetFileError as exc:
-                # Not transient: retrying (every event, every reconciliation) would leave the job
-                # queued for good. The platform's failure, so the team's quota is not charged.
-                reason = f"dataset files missing or altered: {exc}"
-                await record_error(
-                    self.db, job["_id"], "add", FailureKind.DATASET_MISSING, None, reason
-                )
-                await fail_job(
-                    self.db, self.broker, job["_id"], "add", FailureKind.PLATFORM_ERROR, reason
-                )
-                log.error("job.dataset_missing", job_id=job["_id"], reason=str(exc))
-                return
+                if not await self._start(job):
+                    return
+            finally:
+                self._planning.discard(event.job_id)
         await self.release(event.job_id)
 
+    async def _start(self, job: Document) -> bool:
+        """Plan a submitted job once its participant is healthy; False if the job failed."""
+        if not await self._participant_healthy(job):
+            reason = "the participant's Health endpoint did not answer 2xx before the start"
+            kind = FailureKind.PARTICIPANT_OUTAGE
+            await record_error(self.db, job["_id"], "add", kind, None, reason)
+            await fail_job(self.db, self.broker, job["_id"], "add", kind, reason)
+            return False
+        try:
+            await self._plan(job)
+        except DatasetFileError as exc:
+            # Not transient: retrying (every event, every reconciliation) would leave the job
+            # queued for good. The platform's failure, so the team's quota is not charged.
+            reason = f"dataset files missing or altered: {exc}"
+            await record_error(
+                self.db, job["_id"], "add", FailureKind.DATASET_MISSING, None, reason
+            )
+            await fail_job(
+                self.db, self.broker, job["_id"], "add", FailureKind.PLATFORM_ERROR, reason
+            )
+            log.error("job.dataset_missing", job_id=job["_id"], reason=str(exc))
+            return False
+        return True
+
     async def on_add_done(self, event: AddDone) -> None:
-        stored = await self.db.add_chunks.find_one({"_id": event.request_id})
-        if stored is None:
+        # Not the body (an Add's whole session): only what the release needs.
+        chunk = await self.db.add_chunks.find_one(
+            {"_id": event.request_id}, {"user_id": 1, "failure": 1, "failure_kind": 1}
+        )
+        if chunk is None:
             return
-        chunk = AddChunkDocument.model_validate(stored)
         if event.outcome == "failed":
-            reason = chunk.failure or "an Add request failed"
-            kind = chunk.failure_kind or FailureKind.PLATFORM_ERROR
+            reason = chunk.get("failure") or "an Add request failed"
+            kind = FailureKind(chunk.get("failure_kind") or FailureKind.PLATFORM_ERROR)
             await fail_job(
                 self.db, self.broker, event.job_id, "add", kind, f"{event.request_id}: {reason}"
             )
             return
-        await self.release(event.job_id, chunk.user_id)
+        await self.release(event.job_id, str(chunk["user_id"]))
 
     async def on_question_done(self, event: QuestionDone) -> None:
         await self.complete_if_done(event.job_id)
@@ -275,6 +293,7 @@ class ScheduleJobs:
                 continue
             pending = await self.db.add_chunks.find_one(
                 {"job_id": job_id, "user_id": user, "state": {"$ne": "done"}},
+                {"state": 1, "seq": 1, "searched_before": 1},
                 sort=[("seq", ASCENDING)],
             )
             if pending is None:
