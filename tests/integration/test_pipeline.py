@@ -484,7 +484,8 @@ async def test_add_authentication_error_fails_the_job_at_once(platform: Platform
     assert len({r.body for r in adds}) == len(adds) <= 3
     assert not [r for r in simulator.requests if r.endpoint == "search"]
     calls = await db.calls.find({"job_id": job_id}).to_list()
-    assert calls and all((c["status"], c["outcome"]) == (401, "final") for c in calls)
+    seen = [(c["item_id"], c["status"], c["outcome"], c.get("error_class")) for c in calls]
+    assert calls and all((c["status"], c["outcome"]) == (401, "final") for c in calls), seen
 
 
 async def test_search_contract_violation_fails_the_job_with_its_reason(
