@@ -62,14 +62,14 @@ def searcher(
     return QuestionStageWorker("search", CommonSettings(), db, broker, search)
 
 
-async def searched(
+async def search_once(
     db: AsyncDatabase[Document],
     broker: NatsBroker,
     job_id: str,
     candidates: list[Document],
     delivered: int = 1,
-) -> QuestionWork:
-    """Run the search stage on one question and return the work it handed to the answer stage."""
+) -> None:
+    """One delivery of one question's search work, the participant answering `candidates`."""
     await db.jobs.update_one(
         {"_id": job_id},
         {"$setOnInsert": {"state": "running", "top_k": 5, "created_at": datetime.now(UTC)}},
@@ -82,10 +82,22 @@ async def searched(
     stage = searcher(db, broker, candidates)
     await stage._process(work, cast(Any, item))
     await stage.close()
+
+
+async def answer_work(broker: NatsBroker, job_id: str) -> Any:
+    """The job's answer-stage work queue, as a pull subscription (one per job: the work stream
+    allows one consumer per subject)."""
     js = broker.connection.jetstream()
     subject = subjects.work_subject("answer", "ver-h", job_id)
-    sub = await js.pull_subscribe(subject, durable=f"t-{job_id}", stream=subjects.WORK_STREAM)
-    [msg] = await sub.fetch(1, timeout=2.0)
+    return await js.pull_subscribe(subject, durable=f"t-{job_id}", stream=subjects.WORK_STREAM)
+
+
+async def searched(
+    db: AsyncDatabase[Document], broker: NatsBroker, job_id: str, candidates: list[Document]
+) -> QuestionWork:
+    """Run the search stage on one question and return the work it handed to the answer stage."""
+    await search_once(db, broker, job_id, candidates)
+    [msg] = await (await answer_work(broker, job_id)).fetch(1, timeout=2.0)
     await msg.ack()
     return QuestionWork.model_validate_json(msg.data)
 
@@ -148,15 +160,8 @@ async def test_a_redelivery_after_the_search_was_stored_sends_nothing_new(
     await searched(db, broker, "job-h3", first)
     # A later delivery finds the stored search and only re-announces the hand-off: the broker
     # drops it within its duplicate window, so nothing new reaches the answer stage.
-    stage = searcher(db, broker, [{"id": "m2", "content": "never stored"}])
-    work = QuestionWork(
-        job_id="job-h3", version_id="ver-h", item_id="job-h3/s1:q1", facts=FACTS, search_body="{}"
-    )
-    item = SimpleNamespace(delivered=2, call=lambda job: StageCall(2, None, job))
-    await stage._process(work, cast(Any, item))
-    js = broker.connection.jetstream()
-    subject = subjects.work_subject("answer", "ver-h", "job-h3")
-    sub = await js.pull_subscribe(subject, durable="t-job-h3", stream=subjects.WORK_STREAM)
+    await search_once(db, broker, "job-h3", [{"id": "m2", "content": "never stored"}], 2)
+    sub = await answer_work(broker, "job-h3")
     with pytest.raises(TimeoutError):
         await sub.fetch(1, timeout=1.0)
     stored = await db.searches.find_one({"_id": "job-h3/s1:q1"})
