@@ -21,6 +21,7 @@ from aml_contract.messages import QuestionWork
 from aml_pipeline.capacity import Admission, Capacity, CapacityLimiter, Refused
 from aml_pipeline.jobs import fail_job
 from aml_pipeline.stage_worker import (
+    RATE_PATIENCE_SECONDS,
     REUSE_LIMIT,
     StageWorker,
     WorkItem,
@@ -98,7 +99,8 @@ def _worker(settings: CommonSettings, db: Any, durable: str, seen: Seen, hold: f
         participant_lanes("search", durable, db),
         QuestionWork,
         _handler(seen, hold),
-        CapacityLimiter(db),
+        # As a service's (`capacity_limiter`): rate slots may be reserved ahead.
+        CapacityLimiter(db, rate_patience_seconds=RATE_PATIENCE_SECONDS),
         settings,
         max_in_flight=8,
     )

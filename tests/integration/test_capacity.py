@@ -84,6 +84,12 @@ async def test_an_admission_never_waits(mongo_url: str) -> None:
     first = await limiter.try_admit(capacity)
     assert isinstance(first, Admission)
     assert await limiter.try_admit(capacity) == Refused("concurrency")
+    # Another replica (its own client) is refused by the database.
+    other_client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_url)
+    assert await CapacityLimiter(other_client["aml_capacity"]).try_admit(capacity) == Refused(
+        "concurrency"
+    )
+    await other_client.close()
     await first.release()
     again = await limiter.try_admit(capacity)
     assert isinstance(again, Admission)
@@ -217,7 +223,8 @@ async def test_the_next_rate_slot_is_reserved_in_one_command_and_given_back_as_i
     )
     db = client["aml_capacity"]
     limiter = CapacityLimiter(db, rate_margin_seconds=0.0)
-    capacity = Capacity(key="v-reserve", max_concurrency=1, max_rps=1.0)
+    # Two at once, so that the refusal below is the rate's (one rate slot).
+    capacity = Capacity(key="v-reserve", max_concurrency=2, max_rps=1.0)
     admission = await limiter.try_admit(capacity)
     assert isinstance(admission, Admission)
     async with admission.request() as departure:
@@ -252,4 +259,83 @@ async def test_the_next_rate_slot_is_reserved_in_one_command_and_given_back_as_i
     await second.release(notify=False)
     slot = await db.capacity_slots.find_one({"pool": "v-reserve/r"})
     assert slot is not None and slot["free_at"] == pytest.approx(later.at + 1.0)
+    await client.close()
+
+
+async def test_a_key_held_here_in_full_is_refused_without_a_command(mongo_url: str) -> None:
+    """With every concurrency slot of a key held by this process, an admission is refused
+    without asking the database (only a release here can free one, and it is announced); once
+    one is released, the next admission is the database's again."""
+    commands = _Commands()
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+        mongo_url, event_listeners=[commands]
+    )
+    limiter = CapacityLimiter(client["aml_capacity"])
+    capacity = Capacity(key="v-held-here", max_concurrency=2, max_rps=1000)
+    held = [await limiter.try_admit(capacity) for _ in range(2)]
+    assert all(isinstance(admission, Admission) for admission in held)
+    commands.recording = True
+    assert await limiter.try_admit(capacity) == Refused("concurrency")
+    assert commands.sent == []
+    first = held[0]
+    assert isinstance(first, Admission)
+    await first.release(notify=False)
+    again = await limiter.try_admit(capacity)
+    assert isinstance(again, Admission)
+    assert "findAndModify" in commands.sent
+    for admission in (again, held[1]):
+        assert isinstance(admission, Admission)
+        await admission.release(notify=False)
+    await client.close()
+
+
+async def test_an_admission_reserves_its_rate_slot_ahead_within_the_patience(
+    mongo_url: str,
+) -> None:
+    """A limiter with patience admits under the key's first rate slot to free within it, says
+    how long until it is free, and lets no request leave before then; one without patience
+    refuses the same slot. A reservation released unused frees the slot when it was free."""
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_url)
+    db = client["aml_capacity"]
+    patient = CapacityLimiter(db, rate_margin_seconds=0.0, rate_patience_seconds=1.5)
+    capacity = Capacity(key="v-ahead", max_concurrency=3, max_rps=1.0)
+    first = await patient.try_admit(capacity)
+    assert isinstance(first, Admission)
+    assert first.rate_wait() == 0.0
+    async with first.request() as departure:
+        await departure.trace("http11.send_request_headers.started", {})
+    assert departure.at is not None
+    await first.release(notify=False)
+    # The only slot frees one period after that departure: not now, but within the patience.
+    assert await CapacityLimiter(db).try_admit(capacity) == Refused("rate")
+    second = await patient.try_admit(capacity)
+    assert isinstance(second, Admission)
+    assert 0.5 < second.rate_wait() <= 1.0
+    async with second.request() as later:
+        await later.trace("http11.send_request_headers.started", {})
+    assert later.at is not None and later.at >= departure.at + 1.0
+    await second.release(notify=False)
+    # Reserved ahead and given back unused: free when it was, not at the release.
+    third = await patient.try_admit(capacity)
+    assert isinstance(third, Admission)
+    waited = third.rate_wait()
+    assert waited > 0.5
+    await third.release(notify=False)
+    slot = await db.capacity_slots.find_one({"pool": "v-ahead/r"})
+    assert slot is not None and slot["free_at"] == pytest.approx(later.at + 1.0)
+    await client.close()
+
+
+async def test_a_lane_polls_seldom_for_a_key_its_process_holds(mongo_url: str) -> None:
+    """A refused concurrency slot is waited for by announcement; the poll that covers a lost one
+    is frequent only while this process holds none of the key (its own release announces)."""
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_url)
+    limiter = CapacityLimiter(client["aml_capacity"])
+    capacity = Capacity(key="v-poll", max_concurrency=2)
+    assert await limiter.wait_hint(capacity, "concurrency") <= 1.0
+    admission = await limiter.try_admit(capacity)
+    assert isinstance(admission, Admission)
+    assert await limiter.wait_hint(capacity, "concurrency") >= 2.0
+    await admission.release(notify=False)
+    assert await limiter.wait_hint(capacity, "concurrency") <= 1.0
     await client.close()

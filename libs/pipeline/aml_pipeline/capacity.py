@@ -17,7 +17,10 @@ find-and-update, so no replica needs to know of the others:
 and serves other versions; nothing is fetched, and nothing sits un-acknowledged, while it waits.
 It says which pool refused, so the worker waits for that pool only: a rate slot's free time is
 exact, and a freed concurrency slot (announced by replicas) matters only to a lane waiting for
-one.
+one. It may grant a rate slot that frees within the limiter's patience (a fraction of a second),
+reserved ahead: the worker fetches the message when the slot is free. And it refuses without a
+database operation what the process itself can see is taken: every concurrency slot of the key
+held by its own admissions, or the key's next rate slot waited for by one of them.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ LEASE_SECONDS = 30.0
 RATE_LOCK_SECONDS = 30.0
 _RETRY_SECONDS = (0.01, 0.05)
 _MAX_WAIT_SECONDS = 1.0
+# How often a lane waiting for a concurrency slot of a key its own process holds polls.
+_HOLDER_POLL_SECONDS = (2.0, 4.0)
 _TURN_WAIT_SECONDS = (0.1, 0.3)
 
 Notify = Callable[[str], Awaitable[None]]
@@ -140,16 +145,31 @@ class Admission:
         the next request waits for a slot: the slot stays locked meanwhile, and its free time
         is the departure's whenever it is written."""
         departure = Departure()
-        slot = self.rate_slot
+        slot, free_at = self.rate_slot, self.rate_slot_free_at
         self.rate_slot, self.rate_slot_free_at = None, 0.0
         if slot is None and self.capacity.max_rps:
             await self._write_stamps()
             slot = await self.limiter.wait_rate_slot(self.capacity, self.holder)
+        elif slot is not None:
+            # Reserved ahead: the request never leaves before the slot is free.
+            await self.limiter.wait_until_free(self.capacity, free_at)
         try:
             yield departure
         finally:
             if slot is not None:
                 self._stamps.append((slot, departure.at if departure.at else time.time()))
+
+    def rate_wait(self) -> float:
+        """Seconds until the rate slot this admission holds is free (0 if it is now, or if it
+        holds none)."""
+        if self.rate_slot is None:
+            return 0.0
+        return max(0.0, self.rate_slot_free_at - time.time())
+
+    async def until_rate_slot_free(self) -> None:
+        """Wait until the rate slot this admission holds is free (at once if it is)."""
+        if self.rate_slot is not None:
+            await self.limiter.wait_until_free(self.capacity, self.rate_slot_free_at)
 
     async def next_rate_slot(self, patience: float = 0.0) -> bool:
         """A rate slot for the next item under this admission (always with no rate limit): the
@@ -188,6 +208,7 @@ class Admission:
         if self._released:
             return
         self._released = True
+        self.limiter.let_go(self.capacity.key)
         if self._renew is not None:
             self._renew.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -207,43 +228,63 @@ class CapacityLimiter:
         lease_seconds: float = LEASE_SECONDS,
         rate_margin_seconds: float = RATE_MARGIN_SECONDS,
         notify: Notify | None = None,
+        rate_patience_seconds: float = 0.0,
     ) -> None:
         self._db = db
         self._lease = lease_seconds
         self._margin = rate_margin_seconds
         self._notify = notify
+        # How far ahead an admission may reserve its rate slot (see `try_admit`).
+        self._patience = rate_patience_seconds
         # Pools whose slot documents this process has already created (sizes included, so a
         # version that raises its declared capacity gets its new slots).
         self._ensured: set[tuple[str, int]] = set()
         # Per key, how many items of this process wait for a rate slot they reserved.
         self._rate_waiters: dict[str, int] = {}
+        # Per key, the admissions of this process not yet released: with all of a key's
+        # concurrency slots held here, asking the database could only hear "no".
+        self._held: dict[str, int] = {}
 
     async def try_admit(self, capacity: Capacity) -> Admission | Refused:
         """A rate slot (with a rate limit) and a concurrency slot of `capacity`, or at once the
         pool that refused. The rate slot is tried first: a rate-bound participant refuses there,
-        at the cost of one database operation and nothing to give back."""
+        at the cost of one database operation and nothing to give back. The rate slot may be
+        one that frees within the limiter's patience, reserved ahead (`Admission.rate_wait`
+        says how long until it is free; no request under it leaves earlier): a rate-bound key's
+        slots are reserved ahead by the items served in a row (`Admission.next_rate_slot`), and
+        an admission that asked only for a slot free now would lose to them, once per slot."""
         holder = uuid.uuid4().hex
         rate: str | None = None
+        rate_free_at = 0.0
+        if self._held.get(capacity.key, 0) >= capacity.max_concurrency:
+            # Released here, and announced (`StageWorker._capacity_freed`): no poll is needed.
+            return Refused("concurrency")
         if self._rate_waiters.get(capacity.key):
             # An item of this process waits for the key's next rate slot: it is rate-bound now.
             return Refused("rate")
         if capacity.max_rps:
-            rate = await self._try_take(
-                f"{capacity.key}/r", capacity.rate_slots, RATE_LOCK_SECONDS, holder
-            )
-            if rate is None:
+            reserved = await self.reserve_rate_slot(capacity, holder, self._patience)
+            if reserved is None:
                 return Refused("rate")
+            rate, rate_free_at = reserved
         concurrency = await self._try_take(
             f"{capacity.key}/c", capacity.max_concurrency, self._lease, holder
         )
         if concurrency is None:
             if rate is not None:
-                # Never used: its last departure is at least a period old (free when taken).
-                await self._set_free(rate, holder, time.time())
+                # Never used: free again when it was free before (its last departure's period).
+                await self._set_free(rate, holder, max(time.time(), rate_free_at))
             return Refused("concurrency")
-        admission = Admission(self, capacity, holder, concurrency, rate, time.time())
+        admission = Admission(self, capacity, holder, concurrency, rate, time.time(), rate_free_at)
         admission._renew = asyncio.create_task(self._renew_lease(concurrency, holder))
+        self._held[capacity.key] = self._held.get(capacity.key, 0) + 1
         return admission
+
+    def let_go(self, key: str) -> None:
+        """An admission of `key` is released (or is being)."""
+        held = self._held.pop(key, 0) - 1
+        if held > 0:
+            self._held[key] = held
 
     async def admit(self, capacity: Capacity) -> Admission:
         """Wait for an admission (for callers outside a stage worker: tests, one-off calls)."""
@@ -262,7 +303,12 @@ class CapacityLimiter:
             # A held slot frees when its call returns (every replica announces it on
             # `aml.capacity.freed`, which wakes the waiting lanes at once) or when its lease
             # lapses after a crash: a database read here would only say "not yet". The poll
-            # bound covers a lost announcement; the jitter keeps replicas from polling in step.
+            # bound covers a lost announcement (or a slot freed unannounced, held a moment by
+            # an admission that found no work); the jitter keeps replicas from polling in step.
+            # While this process holds some of the key, its own next release wakes the lane,
+            # so the poll is only a safety net and need not be frequent.
+            if self._held.get(capacity.key):
+                return random.uniform(*_HOLDER_POLL_SECONDS)
             return random.uniform(_MAX_WAIT_SECONDS / 2, _MAX_WAIT_SECONDS)
         if pool == "rate" and self._rate_waiters.get(capacity.key):
             # An item of this process takes the next slot, and likely the ones after it under

@@ -25,7 +25,7 @@ import contextlib
 import json
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
@@ -261,16 +261,42 @@ class StageWorker(Generic[Work]):
             lane.waits_for = admission.pool
             return False
         lane.waits_for = None
+        wait = admission.rate_wait()
+        if wait > 0:
+            # Its rate slot was reserved ahead: the message is fetched when the slot is free
+            # (not held meanwhile), and the lane is not tried again before then.
+            lane.not_before = time.monotonic() + wait
+            self._start(self._serve_when_free(name, lane, admission))
+            return True
         msg = await self._fetch(lane)
         if msg is None:
             await admission.release(notify=False)
             self._ready.pop(name, None)
             return False
         lane.last_work = time.monotonic()
-        task = asyncio.create_task(self._process(name, msg, admission))
+        self._start(self._process(name, msg, admission))
+        return True
+
+    async def _serve_when_free(self, name: str, lane: _Lane, admission: Admission) -> None:
+        try:
+            await admission.until_rate_slot_free()
+            msg = None if self._stopping else await self._fetch(lane)
+        except BaseException:
+            await admission.release()
+            raise
+        if msg is None:
+            # Held for a moment longer than a slot found empty at once: the other replicas
+            # may be waiting for it.
+            await admission.release()
+            self._ready.pop(name, None)
+            return
+        lane.last_work = time.monotonic()
+        await self._process(name, msg, admission)
+
+    def _start(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._done)
-        return True
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
@@ -506,8 +532,12 @@ def capacity_limiter(runtime: Runtime, settings: CommonSettings) -> CapacityLimi
     async def freed(key: str) -> None:
         await runtime.broker.connection.publish(subjects.CAPACITY_FREED, key.encode())
 
-    return CapacityLimiter(runtime.db, rate_margin_seconds=settings.rate_margin_seconds,
-                           notify=freed)  # fmt: skip
+    return CapacityLimiter(
+        runtime.db,
+        rate_margin_seconds=settings.rate_margin_seconds,
+        notify=freed,
+        rate_patience_seconds=RATE_PATIENCE_SECONDS,
+    )
 
 
 def serve_stage(runtime: Runtime, worker: StageWorker[Any], *on_stop: Hook) -> FastStream:
