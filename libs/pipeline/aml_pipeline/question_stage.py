@@ -16,12 +16,12 @@ failed, every time it is handed on (de-duplicated by the broker).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import pydantic_core
 from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -82,7 +82,9 @@ Compute = Callable[[QuestionWork, Document, StageCall], Awaitable[Document]]
 
 def carried_candidates(candidates: list[Document]) -> list[Document] | None:
     """`candidates` if they are small enough to travel with the work, else None."""
-    size = len(json.dumps(candidates, separators=(",", ":")))
+    # Measured as compact UTF-8 JSON (the broker's encoding may escape non-ASCII and be larger,
+    # by a factor well inside the margin between this limit and the broker's).
+    size = len(pydantic_core.to_json(candidates))
     return candidates if size <= CARRIED_CANDIDATES_BYTES else None
 
 

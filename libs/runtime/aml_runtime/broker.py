@@ -166,19 +166,24 @@ async def publish_work(
     await _publish(broker, subject, subjects.WORK_STREAM, work, msg_id)
 
 
+# What FastStream's subscribers decode as JSON (`faststream`'s ContentTypes.JSON).
+JSON_CONTENT_TYPE = "application/json"
+
+
 async def _publish(
     broker: NatsBroker, subject: str, stream: str, message: BaseModel, msg_id: str
 ) -> None:
     # To the broker's JetStream producer, not through `broker.publish`: FastStream's publish
     # middleware stack, and the two spans its telemetry middleware made per publish, were a large
-    # share of the services' CPU per message. The producer is what `broker.publish` ends in, so
-    # the message is the one it sent (FastStream's body encoding and content type, which its
-    # subscribers decode by), and FastStream's in-memory test broker still receives it (it swaps
-    # the producer). The trace context is the publisher's current span's.
-    headers = {"Nats-Msg-Id": msg_id}
+    # share of the services' CPU per message. The producer is what `broker.publish` ends in, and
+    # FastStream's in-memory test broker still receives it (it swaps the producer). The body is
+    # pydantic's JSON (several times faster than FastStream encoding the same fields as a dict)
+    # with the content type FastStream gives JSON, by which its subscribers decode (a header of
+    # ours wins over its own). The trace context is the publisher's current span's.
+    headers = {"Nats-Msg-Id": msg_id, "content-type": JSON_CONTENT_TYPE}
     propagate.inject(headers)
     command = NatsPublishCommand(
-        message.model_dump(mode="json"),
+        message.model_dump_json().encode(),
         subject=subject,
         headers=headers,
         stream=stream,

@@ -385,8 +385,13 @@ def instrument_http(provider: TracerProvider) -> None:
         instrumentor.instrument(tracer_provider=provider)
 
 
+# OpenTelemetry's proxy: it finds the provider `configure_tracing` makes global once there is
+# one, and keeps it (asking the provider for a tracer on every span was a cost per item).
+_TRACER = trace.get_tracer(TRACER_NAME)
+
+
 def tracer() -> Tracer:
-    return trace.get_tracer(TRACER_NAME)
+    return _TRACER
 
 
 def _attributes(**ids: Any) -> dict[str, Any]:
