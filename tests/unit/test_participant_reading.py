@@ -72,9 +72,12 @@ def test_invalid_json_is_a_contract_error(body: bytes) -> None:
     )
 
 
-def test_a_nul_in_an_object_key_is_a_contract_error() -> None:
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-16", "utf-32"])
+def test_a_nul_in_an_object_key_is_a_contract_error(encoding: str) -> None:
+    # json.loads reads UTF-16 and UTF-32 bodies too, where the escape is not the bytes b"\u0000".
+    body = '{"data":[{"id":"x","content":"y","a\\u0000b":1}]}'.encode(encoding)
     with pytest.raises(CallFailed) as failed:
-        parse_json(b'{"data":[{"id":"x","content":"y","a\\u0000b":1}]}', "search")
+        parse_json(body, "search")
     assert failed.value.reason == "search response: an object key contains a NUL character"
     # A NUL inside a string value is only text.
     assert parse_json(b'{"id":"a\\u0000b"}', "search") == {"id": "a\x00b"}

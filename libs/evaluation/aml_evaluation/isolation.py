@@ -8,7 +8,7 @@ this check; one that hands back another user's message verbatim is)."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -35,6 +35,12 @@ class Leak(BaseModel):
     written_for: list[str]
 
 
+def candidate_digests(candidates: Iterable[Mapping[str, Any]]) -> list[str | None]:
+    """Each candidate's text digest, None for a candidate without text."""
+    texts = (content_text(candidate.get("content")) for candidate in candidates)
+    return [None if text is None else text_digest(text) for text in texts]
+
+
 def owners_of_texts(writes: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
     """(user_id, text) pairs → digest → the sorted user_ids the text was written under."""
     owners: dict[str, set[str]] = {}
@@ -44,14 +50,20 @@ def owners_of_texts(writes: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
 
 
 def find_leaks(
-    user_id: str, candidates: list[dict[str, Any]], owners: Mapping[str, list[str]]
+    user_id: str,
+    candidates: list[dict[str, Any]],
+    owners: Mapping[str, list[str]],
+    digests: Sequence[str | None] | None = None,
 ) -> list[Leak]:
+    """The candidates whose text was written only for other users. `digests`: each candidate's
+    text digest (None without text), when the caller computed them already."""
+    if digests is None:
+        digests = candidate_digests(candidates)
     leaks = []
-    for rank, candidate in enumerate(candidates, start=1):
-        text = content_text(candidate.get("content"))
-        if text is None:
+    for rank, (candidate, digest) in enumerate(zip(candidates, digests, strict=True), start=1):
+        if digest is None:
             continue
-        written_for = owners.get(text_digest(text))
+        written_for = owners.get(digest)
         if written_for and user_id not in written_for:
             leaks.append(
                 Leak(rank=rank, candidate_id=str(candidate.get("id")), written_for=written_for)

@@ -216,13 +216,17 @@ def parse_json(body: bytes, what: str) -> Any:
         raise CallFailed(
             FailureKind.CONTRACT_ERROR, f"{what} response: body is not valid JSON"
         ) from None
-    problem = _structure_problem(payload)
+    # A NUL reaches a key only as the escape \u0000, or in a body that is not UTF-8 (json.loads
+    # also reads UTF-16 and UTF-32, where every ASCII character has a zero byte): without either,
+    # no key needs looking at.
+    keys_may_hold_nul = b"\x00" in body or b"\\u0000" in body
+    problem = _structure_problem(payload, keys_may_hold_nul)
     if problem is not None:
         raise CallFailed(FailureKind.CONTRACT_ERROR, f"{what} response: {problem}")
     return payload
 
 
-def _structure_problem(payload: Any) -> str | None:
+def _structure_problem(payload: Any, keys_may_hold_nul: bool = True) -> str | None:
     # Iterative, containers only: bounded by the body size, never by Python's stack.
     stack: list[tuple[Any, int]] = [(payload, 1)]
     while stack:
@@ -230,11 +234,11 @@ def _structure_problem(payload: Any) -> str | None:
         if depth > MAX_JSON_DEPTH:
             return f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
         if isinstance(value, dict):
-            for key, child in value.items():
-                if "\x00" in key:
-                    return "an object key contains a NUL character"
-                if isinstance(child, dict | list):
-                    stack.append((child, depth + 1))
+            if keys_may_hold_nul and any("\x00" in key for key in value):
+                return "an object key contains a NUL character"
+            stack.extend(
+                (child, depth + 1) for child in value.values() if isinstance(child, dict | list)
+            )
         elif isinstance(value, list):
             stack.extend((child, depth + 1) for child in value if isinstance(child, dict | list))
     return None

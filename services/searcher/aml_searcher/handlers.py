@@ -6,10 +6,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from pydantic import TypeAdapter
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract.messages import QuestionWork
-from aml_evaluation.isolation import content_text, find_leaks, text_digest
+from aml_contract.participant import SearchItem
+from aml_evaluation.isolation import candidate_digests, content_text, find_leaks
 from aml_pipeline.audit import VALID, CallRecorder
 from aml_pipeline.jobs import Endpoints, record_error
 from aml_pipeline.participants import CallFailed, ParticipantClient
@@ -17,6 +19,9 @@ from aml_pipeline.stage_worker import StageCall
 from aml_runtime.broker import FinalFailure
 from aml_runtime.db import Document
 from aml_runtime.documents import FailureKind
+
+# The items as stored: one dump of the list (a dump per item cost three times as much).
+_SEARCH_ITEMS: TypeAdapter[list[SearchItem]] = TypeAdapter(list[SearchItem])
 
 # Jobs whose written texts one searcher keeps in memory, and the most texts it keeps of one job
 # (beyond that, each search looks its candidates up instead: LoCoMo-10 has about 6,000).
@@ -100,18 +105,21 @@ class SearchQuestion:
                 await observe.validated(exc.reason)
             raise FinalFailure(exc.kind, exc.reason) from None
         await observe.validated(VALID)
-        return [item.model_dump(mode="json", exclude_none=True) for item in items]
+        dumped: list[Document] = _SEARCH_ITEMS.dump_python(items, mode="json", exclude_none=True)
+        return dumped
 
     async def leaks(self, work: QuestionWork, user_id: str, candidates: list[Document]) -> int:
         """Record every candidate that is another user's text (R-4.11); the answer still uses
         what the participant returned, the violation is reported beside the score."""
-        digests = {
-            text_digest(text)
-            for text in (content_text(c.get("content")) for c in candidates)
-            if text
+        digests = candidate_digests(candidates)
+        # Empty texts are no one's memory: not looked up.
+        wanted = {
+            digest
+            for digest, candidate in zip(digests, candidates, strict=True)
+            if digest is not None and content_text(candidate.get("content"))
         }
-        owners = await self.written.owners(work.job_id, digests)
-        found = find_leaks(user_id, candidates, owners)
+        owners = await self.written.owners(work.job_id, wanted)
+        found = find_leaks(user_id, candidates, owners, digests)
         for leak in found:
             reason = (
                 f"search result {leak.rank} ({leak.candidate_id}) holds text written only for "
