@@ -233,6 +233,14 @@ def test_the_counted_size_is_what_bson_stores(value: object) -> None:
     assert bson_size(value, 1 << 30) + 4 + 1 + 2 + 1 == len(bson.encode({"v": value}))
 
 
+def test_a_swelling_object_passes_the_limit() -> None:
+    swelling = {f"k{index}": 0 for index in range(300_000)}
+    assert len(bson.encode({"v": swelling})) > 3_000_000
+    assert bson_size(swelling, 1000) > 1000
+    assert storage_problem(swelling, 1000) == "the items take more than 1000 bytes to store"
+    assert bson_size(swelling, 1 << 30) + 4 + 1 + 2 + 1 == len(bson.encode({"v": swelling}))
+
+
 def test_a_swelling_array_passes_the_limit() -> None:
     swelling = [0] * 2_000_000  # ~25 MB as BSON
     assert len(bson.encode({"v": swelling})) > 20_000_000
