@@ -257,7 +257,8 @@ class CapacityLimiter:
         rate: str | None = None
         rate_free_at = 0.0
         if self._held.get(capacity.key, 0) >= capacity.max_concurrency:
-            # Released here, and announced (`StageWorker._capacity_freed`): no poll is needed.
+            # Only a release here can free one, and it wakes the waiting lane
+            # (`StageWorker._capacity_freed`): asking the database could only hear "no".
             return Refused("concurrency")
         if self._rate_waiters.get(capacity.key):
             # An item of this process waits for the key's next rate slot: it is rate-bound now.
