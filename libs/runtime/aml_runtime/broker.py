@@ -7,6 +7,7 @@ import asyncio
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Protocol, TypeVar
 
 import structlog
@@ -251,8 +252,11 @@ class FetchedDelivery:
     hold_ack: bool = False
     _ack_held: bool = False
 
-    @property
+    @cached_property
     def delivered(self) -> int:
+        # Read once: nats-py parses the reply subject anew on every `metadata` access, and a
+        # stage asks for the count several times per item (its span, its audit record, its
+        # retry budget).
         return int(self.msg.metadata.num_delivered)
 
     @property
