@@ -21,6 +21,7 @@ from aml_contract.messages import QuestionWork
 from aml_pipeline.capacity import Admission, Capacity, CapacityLimiter, Refused
 from aml_pipeline.jobs import fail_job
 from aml_pipeline.stage_worker import (
+    LLM_REUSE_LIMIT,
     RATE_PATIENCE_SECONDS,
     REUSE_LIMIT,
     StageWorker,
@@ -286,7 +287,7 @@ async def test_a_busy_lane_serves_items_in_a_row_under_one_admission(env: Any) -
 
 async def test_stages_sharing_the_llm_budget_take_turns(env: Any) -> None:
     """An answer worker that holds the whole shared budget and always has work does not keep it
-    to itself: each slot goes back after REUSE_LIMIT items in a row, and the score worker,
+    to itself: each slot goes back after LLM_REUSE_LIMIT items in a row, and the score worker,
     waiting for one, gets it; scoring starts long before the last answer."""
     settings, broker, db = env
     llm = LLMSettings(nats_url=settings.nats_url, ack_wait_seconds=5.0, llm_concurrency=2)
@@ -301,7 +302,7 @@ async def test_stages_sharing_the_llm_budget_take_turns(env: Any) -> None:
         # As the services announce a freed slot (aml_pipeline.stage_worker.capacity_limiter).
         await broker.connection.publish(subjects.CAPACITY_FREED, key.encode())
 
-    items = 60
+    items = 3 * LLM_REUSE_LIMIT
     for stage in ("answer", "score"):
         for index in range(items):
             # Ids of their own: the broker drops a message id it saw within two minutes.
@@ -329,5 +330,5 @@ async def test_stages_sharing_the_llm_budget_take_turns(env: Any) -> None:
     finally:
         await answer.stop()
     assert sorted(order) == ["answer"] * items + ["score"] * items
-    # Without the limit, the first score would follow the sixtieth answer.
-    assert order.index("score") <= 2 * REUSE_LIMIT + 2
+    # Without the limit, the first score would follow the last answer.
+    assert order.index("score") <= 2 * LLM_REUSE_LIMIT + 2 < items

@@ -61,6 +61,13 @@ _IDLE_LANE_SECONDS = 600.0
 # Items one admission serves in a row at most (`StageWorker._process`): enough to save most
 # admissions of a busy lane, few enough that replicas and stages sharing a key take turns.
 REUSE_LIMIT = 8
+# The same for an LLM stage's lane. The answer and score stages share the deployment's budget,
+# and with the LLM busy both usually have work waiting: every slot given back is raced for by
+# both (one wins, the other's database operation is refused) and announced to every worker. Who
+# of the two gets a slot changes no result and no participant's load, so a run is longer:
+# LoCoMo-10 solo, 0.92 -> 0.20 capacity operations per answer or score (32 items are ~16 s of
+# calls at 0.5 s each).
+LLM_REUSE_LIMIT = 32
 # How long an admission waits for its next item's rate slot before it gives its concurrency slot
 # back (`Admission.next_rate_slot`): a declared 10/s frees a slot every 0.1 s on average.
 RATE_PATIENCE_SECONDS = 0.25
@@ -109,6 +116,8 @@ class Lanes:
     per_version: bool
     # The capacity a lane is admitted under (the version's declared one, or the LLM budget).
     capacity_of: Callable[[str], Awaitable[Capacity]]
+    # Items one admission serves in a row at most.
+    reuse_limit: int = REUSE_LIMIT
 
     def lane_of(self, subject: str) -> str | None:
         parts = subject.split(".")
@@ -305,14 +314,16 @@ class StageWorker(Generic[Work]):
     async def _process(self, lane: str, msg: Msg, admission: Admission) -> None:
         """Work items of one lane, one after the other under one concurrency slot: after an
         item, the next is fetched under the same slot while the lane has work (and, with a rate
-        limit, a rate slot is free at once), up to `REUSE_LIMIT` items, so a busy lane does not
-        give its slot back only to take it again. Then the slot is released for the others."""
+        limit, a rate slot is free at once), up to the lanes' `reuse_limit` items, so a busy lane
+        does not give its slot back only to take it again. Then the slot is released for the
+        others."""
         done: FetchedDelivery | None = None
         ended: _Ended = "idle"
         try:
-            for served in range(1, REUSE_LIMIT + 1):
+            limit = self.lanes.reuse_limit
+            for served in range(1, limit + 1):
                 done = await self._process_one(lane, msg, admission)
-                if served == REUSE_LIMIT:
+                if served == limit:
                     ended = "served_in_full"
                     break
                 following = await self._next_under(lane, admission, done)
@@ -504,7 +515,9 @@ def llm_lanes(stage: subjects.WorkStage, durable: str, settings: LLMSettings) ->
     async def capacity_of(lane: str) -> Capacity:
         return budget
 
-    return Lanes(stage, durable, per_version=False, capacity_of=capacity_of)
+    return Lanes(
+        stage, durable, per_version=False, capacity_of=capacity_of, reuse_limit=LLM_REUSE_LIMIT
+    )
 
 
 def llm_stage_worker(
