@@ -288,7 +288,8 @@ async def test_a_busy_lane_serves_items_in_a_row_under_one_admission(env: Any) -
 async def test_stages_sharing_the_llm_budget_take_turns(env: Any) -> None:
     """An answer worker that holds the whole shared budget and always has work does not keep it
     to itself: each slot goes back after LLM_REUSE_LIMIT items in a row, and the score worker,
-    waiting for one, gets it; scoring starts long before the last answer."""
+    waiting for one, gets it; scoring starts long before the last answer. The runs are longer
+    than a participant lane's, so the two stages race for the budget's slots less often."""
     settings, broker, db = env
     llm = LLMSettings(nats_url=settings.nats_url, ack_wait_seconds=5.0, llm_concurrency=2)
     order: list[str] = []
@@ -308,12 +309,13 @@ async def test_stages_sharing_the_llm_budget_take_turns(env: Any) -> None:
             # Ids of their own: the broker drops a message id it saw within two minutes.
             work = QuestionWork(job_id="jturns", version_id="ver-t", item_id=f"{stage}-t{index}")
             await publish_work(broker, stage, work, work.item_id)
+    limiters = {stage: _CountingLimiter(db, notify=freed) for stage in ("answer", "score")}
     answer, score = (
         StageWorker(
             llm_lanes(stage, f"t-turns-{stage}", llm),
             QuestionWork,
             handle,
-            CapacityLimiter(db, notify=freed),
+            limiters[stage],
             llm,
             max_in_flight=8,
         )
@@ -332,3 +334,6 @@ async def test_stages_sharing_the_llm_budget_take_turns(env: Any) -> None:
     assert sorted(order) == ["answer"] * items + ["score"] * items
     # Without the limit, the first score would follow the last answer.
     assert order.index("score") <= 2 * LLM_REUSE_LIMIT + 2 < items
+    # Longer runs than a participant's lane: runs of REUSE_LIMIT would need `items / REUSE_LIMIT`
+    # admissions for the answers alone.
+    assert limiters["answer"].granted < items / REUSE_LIMIT
