@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from faststream.nats import NatsBroker
+from nats.aio.msg import Msg
 from pymongo import AsyncMongoClient
 
 from aml_contract import subjects
@@ -23,6 +24,7 @@ from aml_pipeline.jobs import fail_job
 from aml_pipeline.stage_worker import (
     LLM_REUSE_LIMIT,
     RATE_PATIENCE_SECONDS,
+    REFRESH_SECONDS,
     REUSE_LIMIT,
     StageWorker,
     WorkItem,
@@ -337,3 +339,52 @@ async def test_stages_sharing_the_llm_budget_take_turns(env: Any) -> None:
     # Longer runs than a participant's lane: runs of REUSE_LIMIT would need `items / REUSE_LIMIT`
     # admissions for the answers alone.
     assert limiters["answer"].granted < items / REUSE_LIMIT
+
+
+async def test_an_idle_worker_reads_the_stream_rarely_and_still_finds_a_redelivery(
+    env: Any,
+) -> None:
+    """New work rings the doorbell, so the stream's counts are re-read only every
+    REFRESH_SECONDS, for what nothing announces: an idle worker asks the broker at most once in
+    four seconds (re-reading every second asked four or five times), and an item whose first
+    delivery was never acknowledged (its worker died) is redelivered after ack_wait, found by a
+    re-read (no publish rings for it) and served."""
+    settings, broker, db = env
+    await _versions(db, **{"ver-idle": (1, 10.0)})
+    deliveries: list[int] = []
+
+    async def handle(work: QuestionWork, item: WorkItem) -> None:
+        deliveries.append(item.delivered)
+        if item.delivered > 1:
+            await item.delivery.ack()
+
+    reads: list[str] = []
+
+    async def read(msg: Msg) -> None:
+        reads.append(msg.subject)
+
+    watch = await broker.connection.subscribe(
+        f"$JS.API.STREAM.INFO.{subjects.WORK_STREAM}", cb=read
+    )
+    worker = StageWorker(
+        participant_lanes("search", "t-idle", db),
+        QuestionWork,
+        handle,
+        CapacityLimiter(db),
+        settings,
+        max_in_flight=2,
+    )
+    await worker.start(broker)
+    try:
+        await asyncio.sleep(4.0)
+        assert len(reads) <= 1, reads
+        await _publish(broker, "ver-idle", "jidle", 1)
+        await _until(lambda: len(deliveries) >= 1, timeout=5.0)
+        # ack_wait (5 s) for the redelivery, then at most REFRESH_SECONDS until it is seen.
+        await _until(
+            lambda: deliveries == [1, 2],
+            timeout=settings.ack_wait_seconds + REFRESH_SECONDS + 5.0,
+        )
+    finally:
+        await worker.stop()
+        await watch.unsubscribe()

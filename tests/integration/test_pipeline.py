@@ -573,7 +573,7 @@ STAGE_SPANS = {"aml.release", "aml.add", "aml.search", "aml.answer", "aml.score"
 
 def _spans_of(platform: Platform, item_id: str, services: set[str]) -> dict[str, list[TraceSpan]]:
     """The traces of a work item, once spans from `services` are in the files (each service
-    exports in batches every half second)."""
+    exports in batches every two seconds)."""
     deadline = time.monotonic() + 30
     while True:
         found = traces_of(read_spans(platform.stack.data_dir / "traces"), item_id)
