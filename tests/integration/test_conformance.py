@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -17,10 +18,13 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
+import aml_participant_simulator.simulator as simulator_module
+from aml_contract.participant import AddRequest
 from aml_devtools.cli import main as aml_main
-from aml_devtools.conformance import CheckTarget, Report, run_check
+from aml_devtools.conformance import REPLAY_ADVICE, CheckTarget, Report, run_check
 from aml_devtools.processes import free_port
 from aml_participant_simulator import Script, Simulator, running_simulator
+from aml_participant_simulator.memory import InProcessMemoryStore
 
 KEY = "conformance-test-key-1234"
 KEY_ENV = "AML_CONFORMANCE_TEST_KEY"
@@ -243,6 +247,37 @@ def test_server_accepting_requests_without_key_is_a_warning() -> None:
     statuses = verdicts(report)
     assert statuses["auth.required"] == "warn"
     assert not report.failed
+
+
+class StoresEveryReplay(InProcessMemoryStore):
+    """A server that keys nothing on request_id: a replayed Add is stored again, under new
+    memory ids, as the contract allows (R-4.6, R-4.10)."""
+
+    def add(self, request: AddRequest) -> bool:
+        fresh = f"{request.request_id}:{secrets.token_hex(4)}"
+        return super().add(request.model_copy(update={"request_id": fresh}))
+
+
+def test_server_storing_a_replay_twice_conforms_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(simulator_module, "InProcessMemoryStore", StoresEveryReplay)
+    with running_simulator(Script()) as base:
+        argv = ["check", "--add", f"{base}/add", "--search", f"{base}/search"]
+        argv += ["--health", f"{base}/health"]
+        code = aml_main([*argv, "--json"])
+        out = capsys.readouterr().out
+        assert code == 0, out
+        printed = json.loads(out)
+        replay = next(r for r in printed["results"] if r["rule"] == "add.idempotent")
+        assert replay["status"] == "warn" and "stored twice" in replay["detail"], replay
+        assert replay["fix"] == REPLAY_ADVICE
+        assert not Report.model_validate(printed).failed, out
+
+        assert aml_main(argv) == 0
+        text = capsys.readouterr().out
+    assert "WARN  add.idempotent" in text and REPLAY_ADVICE in text
+    assert "FAIL" not in text and "result: conformant" in text
 
 
 def test_asynchronous_add_is_polled_through_the_status_url() -> None:

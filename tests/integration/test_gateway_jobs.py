@@ -19,6 +19,7 @@ from gateway_support import ADMIN, T0, Clock, Gateway, open_gateway, record_call
 
 from aml_contract.api.vocabulary import JobState
 from aml_evaluation.aggregate import QuestionOutcome, aggregate
+from aml_gateway.refusals import ECHO_MAX
 from aml_gateway.submissions import QuotaPolicy, Season
 from aml_runtime.db import Document
 
@@ -313,6 +314,41 @@ async def test_another_team_sees_nothing_of_the_first(
     ):
         response = await gateway.client.request(method, path, headers=a.auth, json={})
         assert response.status_code == 403, (method, path)
+
+
+async def test_an_id_from_the_path_comes_back_bounded(gateway: Gateway, participant: str) -> None:
+    # A reason names the id asked for by its start: a 5,000-character path is not echoed whole.
+    team = await new_team(gateway, participant, "long-ids")
+    long_id = ("j-" + "0123456789" * 500)[:5000]
+    start = long_id[:ECHO_MAX] + "…"
+    later = {"keep_until": (T0 + timedelta(days=3650)).isoformat(), "reason": "appeal"}
+    for method, path, headers, body, reason in (
+        ("GET", f"/v1/jobs/{long_id}", team.auth, None, f"job {start} not found"),
+        ("GET", f"/v1/jobs/{long_id}/results", team.auth, None, f"job {start} not found"),
+        ("GET", f"/v1/versions/{long_id}", team.auth, None, f"version {start} not found"),
+        (
+            "POST",
+            f"/v1/admin/access-requests/{long_id}/approve",
+            ADMIN,
+            None,
+            f"access request {start} not found",
+        ),
+        ("POST", f"/v1/admin/reviews/{long_id}/approve", ADMIN, None, f"job {start} not found"),
+        (
+            "POST",
+            f"/v1/admin/leaderboard/{long_id}/disqualify",
+            ADMIN,
+            {"reason": "cheating"},
+            f"leaderboard entry {start} not found",
+        ),
+        ("POST", f"/v1/admin/jobs/{long_id}/retention", ADMIN, later, f"job {start} not found"),
+    ):
+        response = await gateway.client.request(method, path, headers=headers, json=body)
+        assert refusal(response, 404) == {"reason": reason}, path[:40]
+    # An id from the body too: a version_id as long as validation allows is cut all the same.
+    version_id = "ver-" + "9" * 96
+    detail = refusal(await submit(gateway, Team(team.key, team.team_id, version_id), "l-1"), 404)
+    assert detail == {"reason": f"version {version_id[:ECHO_MAX]}… not found"}
 
 
 async def test_seasons_from_settings_bound_the_quota(

@@ -8,18 +8,22 @@ gateway's status reads the counters alone."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import pytest
+import structlog
 from faststream.nats import NatsBroker
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
+from structlog.testing import capture_logs
 
 from aml_adder.handlers import SendChunk
 from aml_contract.messages import AddWork, QuestionStage, QuestionWork
 from aml_gateway.progress import job_status
+from aml_pipeline import progress
 from aml_pipeline.evaluation_spec import build_evaluation_spec
 from aml_pipeline.jobs import record_error
 from aml_pipeline.progress import (
@@ -445,3 +449,47 @@ async def test_reconciliation_repairs_a_stalled_job_and_completes_it(
     await run.reconcile()
     assert (await db.jobs.find_one({"_id": "jbusy"}) or {})["state"] == "running"
     assert await counters(db, "jbusy") == {}
+
+
+@contextmanager
+def captured(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[MutableMapping[str, Any]]]:
+    """The progress module's log entries, each with its `log_level`. Its logger is replaced by
+    a fresh one for the capture: a logger cached by an earlier configuration (the services
+    cache theirs on first use) would not see the capturing processor."""
+    with capture_logs() as entries:
+        monkeypatch.setattr(progress, "log", structlog.get_logger())
+        yield entries
+
+
+async def test_the_recount_at_completion_is_quiet_and_a_stalled_jobs_repair_warns(
+    db: AsyncDatabase[Document], broker: NatsBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = scheduler(db, broker)
+    # An undisturbed job: the last score is counted at once, while the searcher's batch of the
+    # same question is still in its window. The completion's recount finds it: normal, info.
+    await planned_job(db, "jquiet", questions=1)
+    item = await question(db, "jquiet", 0)
+    await db.searches.insert_one({"_id": item, "job_id": "jquiet", "state": "done",
+                                  "at_us": now_us()})  # fmt: skip
+    await scored(db, "jquiet", item)
+    assert await count_final(db, "jquiet", "score", "done", now_us()) is True
+    with captured(monkeypatch) as entries:
+        await run.complete_if_done("jquiet")
+    assert (await db.jobs.find_one({"_id": "jquiet"}) or {})["state"] == "completed"
+    mine = [(e["event"], e["log_level"]) for e in entries if e.get("job_id") == "jquiet"]
+    assert ("progress.recounted", "info") in mine
+    assert not [entry for entry in mine if entry[1] in ("warning", "error")], mine
+    recounted = next(e for e in entries if e["event"] == "progress.recounted")
+    assert recounted["changed"] == {"progress.search.done": (0, 1)}
+
+    # A stalled job: an increment was lost (the scorer died after its score document): the
+    # reconciliation's repair is an anomaly, a warning.
+    long_ago = datetime.now(UTC) - timedelta(minutes=5)
+    await planned_job(db, "jlost", questions=1, started_at=long_ago)
+    await scored(db, "jlost", await question(db, "jlost", 0))
+    with captured(monkeypatch) as entries:
+        await run.reconcile()
+    assert (await db.jobs.find_one({"_id": "jlost"}) or {})["state"] == "completed"
+    mine = [(e["event"], e["log_level"]) for e in entries if e.get("job_id") == "jlost"]
+    assert ("progress.repaired", "warning") in mine
+    assert "progress.recounted" not in {event for event, _ in mine}  # nothing left to recount

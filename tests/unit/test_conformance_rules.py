@@ -6,7 +6,9 @@ import pytest
 
 from aml_contract.participant import SearchItem
 from aml_devtools.conformance import (
+    REPLAY_ADVICE,
     RULES,
+    Report,
     RuleResult,
     call_results,
     empty_rule,
@@ -16,6 +18,7 @@ from aml_devtools.conformance import (
     isolation_rule,
     merge,
     percentile,
+    render,
     searchable_rule,
     shown,
     stats,
@@ -144,11 +147,22 @@ def test_isolation_by_exact_text_and_by_marker() -> None:
 
 def test_idempotency_counts_the_memory_before_and_after_the_replay() -> None:
     assert idempotency_rule(None, 2, 2, None).status == "pass"
-    doubled = idempotency_rule(None, 2, 4, None)
-    assert doubled.status == "fail" and "stored twice" in doubled.detail
     refused = idempotency_rule(CallFailed("contract_error", "add: unexpected HTTP 409"), 2, 2, "x")
     assert refused.status == "fail" and "409" in refused.detail and refused.received == "x"
+    assert refused.fix is not None and "200" in refused.fix
     assert idempotency_rule(None, None, 2, None).status == "skip"
+
+
+def test_a_replay_stored_twice_is_advice_not_a_violation() -> None:
+    # ask a replay to be answered 200, not de-duplicated.
+    doubled = idempotency_rule(None, 2, 4, None)
+    assert doubled.status == "warn" and "stored twice" in doubled.detail
+    assert doubled.fix == REPLAY_ADVICE
+    report = Report(results=[doubled], latency_ms={}, response_bytes={})
+    assert not report.failed and report.warnings == [doubled]
+    text = render(report)
+    assert "WARN  add.idempotent" in text and REPLAY_ADVICE in text
+    assert "result: conformant, 1 warning(s)" in text
 
 
 def test_request_without_key_should_be_refused() -> None:

@@ -337,6 +337,26 @@ def test_a_failed_job_without_results_is_missing_them() -> None:
     )
 
 
+def test_items_failed_by_the_platform_are_named_as_its_failure() -> None:
+    """The answer model was down for two questions: the gate fails, saying first whose failure
+    it was and that the team is not charged."""
+    reason = "2 questions failed by the platform (platform_error)"
+    stages = {"add": StageCounts(done=4), "search": StageCounts(done=13),
+              "answer": StageCounts(done=11, failed=2), "score": StageCounts(done=11)}  # fmt: skip
+    document = job_document(platform_failures=2, platform_failure_reason=reason)
+    facts = job_facts(document, stages, 2)
+    assert (facts.platform_failures, facts.platform_failure_reason) == (2, reason)
+    reasons = failing(run_gate(facts, BASELINE, []))
+    assert set(reasons) == {"all_items_succeeded"}
+    assert reasons["all_items_succeeded"] == (
+        f"{reason}: the platform's failure, not the participant's; the run is not charged to "
+        "the team's quota; answer: 11 of 13 done, 2 failed; score: 11 of 13 done, 0 failed; "
+        "2 entries in the error summary"
+    )
+    # A clean job records none.
+    assert job_facts(job_document(platform_failures=0), {}, 0).platform_failures == 0
+
+
 def test_fingerprint_is_canonical() -> None:
     datasets = results()["datasets"]
     reordered = dict(reversed(list(datasets.items())))

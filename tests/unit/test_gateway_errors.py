@@ -1,7 +1,8 @@
 """Refusals from the rule modules become HTTP answers in one place (`aml_gateway.errors`): each
 kind its status, the `{"detail": {"reason": ...}}` body with any further public fields, and
 for a quota its `next_allowed_at` and Retry-After. A router mounted on an app of its own
-answers the same way (`GuardedRoute`)."""
+answers the same way (`GuardedRoute`). An id, key or host from the request is quoted bounded
+(`aml_gateway.refusals.echoed`)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,21 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 from fastapi import APIRouter, FastAPI
+from pydantic import BaseModel, ConfigDict
 
 from aml_gateway.deps import GuardedRoute
 from aml_gateway.errors import install_error_handlers, refusal_response
-from aml_gateway.refusals import Conflict, Invalid, NotFound, QuotaExceeded, Refused
+from aml_gateway.refusals import (
+    ECHO_MAX,
+    Conflict,
+    Invalid,
+    NotFound,
+    QuotaExceeded,
+    Refused,
+    echoed,
+)
+from aml_gateway.registry import check_participant_urls
+from aml_pipeline.participants import REASON_QUOTE_MAX
 
 T0 = datetime(2027, 3, 1, 9, 0, tzinfo=UTC)
 
@@ -92,3 +104,45 @@ async def test_guarded_routers_and_the_app_answer_alike() -> None:
         "30",
     )
     assert answers == [expected] * 3
+
+
+def test_an_echoed_id_is_bounded_and_keeps_its_start() -> None:
+    long_id = "j-" + "7" * 4998
+    shown = echoed(long_id)
+    assert shown == long_id[:ECHO_MAX] + "…"
+    assert echoed("j3c4d") == "j3c4d"
+    # Control characters cannot forge lines in a reason (or a log line quoting it).
+    assert echoed("acc-1\nforged") == "acc-1\\nforged"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+
+
+async def test_a_key_the_caller_sent_is_named_bounded() -> None:
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.post("/strict")
+    async def strict(body: Strict) -> None:
+        pass
+
+    key = "k" * 5000
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+        response = await client.post("/strict", json={"name": "x", key: 1})
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    shown = key[:ECHO_MAX] + "…"
+    assert detail["reason"] == f"{shown}: Extra inputs are not permitted"
+    assert detail["errors"][0]["loc"] == ["body", shown]
+
+
+async def test_a_refused_url_quotes_its_host_bounded() -> None:
+    host = "1" * 1500 + ".5"
+    with pytest.raises(Invalid) as refused:
+        await check_participant_urls({"add_url": f"https://{host}/add"}, allow_loopback=False)
+    reason = refused.value.reason
+    assert reason.startswith("add_url: host 1111") and reason.endswith("…")
+    assert len(reason) <= len("add_url: ") + REASON_QUOTE_MAX + 1

@@ -167,3 +167,94 @@ def test_status_timings() -> None:
     )
     assert done.finished_at == finished
     assert done.duration_seconds == done.elapsed_seconds == 7507.0
+
+
+# -- the platform's failures: not publishable, not charged (R-3.5, R-3.8) ----------------------
+
+FINISHED = datetime(2027, 1, 1, 11, 0, tzinfo=UTC)
+SPOILED = "3 questions failed by the platform (platform_error)"
+
+
+def _gate(passed: bool) -> dict[str, object]:
+    checks = [
+        {"name": "mode_full", "passed": True, "reason": "mode is 'full'"},
+        {"name": "spec_hash", "passed": passed, "reason": "spec hash 'x' differs"},
+    ]
+    return {"checks": checks, "passed": passed, "at": FINISHED}
+
+
+def test_a_clean_completed_job_is_charged_and_publishable_once_gated() -> None:
+    completed = _job(state="completed", finished_at=FINISHED, platform_failures=0)
+    status = status_of(completed, VERSION, [], NOW)
+    assert (status.state, status.state_summary) == ("completed", "completed")
+    assert (status.platform_failures, status.charged) == (0, True)
+    # Not known before the gate ran.
+    assert (status.publishable, status.not_publishable_reason) == (None, None)
+    passed = status_of(completed | {"gate": _gate(True)}, VERSION, [], NOW)
+    assert (passed.publishable, passed.not_publishable_reason) == (True, None)
+    failed = status_of(completed | {"gate": _gate(False)}, VERSION, [], NOW)
+    assert failed.publishable is False and failed.charged is True
+    assert failed.not_publishable_reason == (
+        "the publication gate failed: spec_hash: spec hash 'x' differs"
+    )
+    # Completed before the count was recorded: read as none.
+    older = status_of(_job(state="completed", finished_at=FINISHED), VERSION, [], NOW)
+    assert (older.state_summary, older.charged, older.platform_failures) == ("completed", True, 0)
+
+
+def test_a_job_completed_with_platform_failures_is_not_publishable_nor_charged() -> None:
+    spoiled = _job(state="completed", finished_at=FINISHED, platform_failures=3,
+                   platform_failure_reason=SPOILED)  # fmt: skip
+    for job in (spoiled, spoiled | {"gate": _gate(False)}):
+        status = status_of(job, VERSION, [], NOW)
+        assert status.state == "completed"  # its results stay visible
+        assert status.platform_failures == 3
+        assert status.publishable is False and status.charged is False
+        assert status.not_publishable_reason == (
+            f"{SPOILED}: not publishable; this run is not charged to your quota"
+        )
+        assert status.state_summary == f"completed — not publishable: {SPOILED}; not charged"
+
+
+def test_failed_jobs_are_not_publishable_and_charged_when_the_participant_failed() -> None:
+    theirs = _job(state="failed", finished_at=FINISHED, failure_kind="contract_error",
+                  failure="add: the response is not JSON")  # fmt: skip
+    status = status_of(theirs, VERSION, [], NOW)
+    assert (status.state_summary, status.charged, status.publishable) == ("failed", True, False)
+    assert status.not_publishable_reason == "the job failed: add: the response is not JSON"
+    ours = theirs | {"failure_kind": "platform_error", "failure": "dataset files missing"}
+    status = status_of(ours, VERSION, [], NOW)
+    assert status.charged is False
+    assert status.state_summary == "failed — by the platform (platform_error); not charged"
+    assert status.not_publishable_reason == (
+        "the job failed: dataset files missing; this run is not charged to your quota"
+    )
+
+
+def test_a_running_job_counts_until_it_ends() -> None:
+    status = status_of(_job(), VERSION, [], NOW)
+    assert (status.state_summary, status.charged, status.publishable) == ("running", True, None)
+
+
+def test_a_pause_is_shown_in_words_with_its_start() -> None:
+    """What the status, the job page and `aml team watch` say while an outage lasts."""
+    from aml_devtools.team_cli import progress_lines
+    from aml_gateway.progress import job_pause
+    from aml_pipeline.outages import LanePause
+
+    since = datetime(2026, 12, 5, 10, 1, 2, tzinfo=UTC).timestamp()
+    common = {"since": since, "reason": "network error: ConnectError", "paused": True,
+              "probe_at": since + 2, "interval": 2.0}  # fmt: skip
+    participant = LanePause(key="ver-1", kind="participant", window=600, **common)
+    llm = LanePause(key="llm", kind="llm", window=1800, **common)
+    shown = [job_pause(participant), job_pause(llm)]
+    assert [p.message for p in shown] == [
+        "paused: participant unreachable since 2026-12-05 10:01:02 UTC",
+        "paused: answer model unreachable since 2026-12-05 10:01:02 UTC",
+    ]
+    assert shown[0].since == datetime(2026, 12, 5, 10, 1, 2, tzinfo=UTC)
+    assert shown[1].window_seconds == 1800
+    status = {"job_id": "j1", "state": "running", "stage": "search", "elapsed_seconds": 61.0,
+              "stages": {}, "paused": [p.model_dump(mode="json") for p in shown]}  # fmt: skip
+    lines = progress_lines(status)
+    assert lines[1:] == [p.message for p in shown]

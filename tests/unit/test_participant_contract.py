@@ -28,6 +28,7 @@ from aml_pipeline.participants import (
     validate_add_response,
     validate_search_response,
 )
+from aml_runtime.settings import ParticipantCallSettings
 
 NOW = datetime(2025, 3, 4, 12, 0, 0, tzinfo=UTC)
 
@@ -122,12 +123,12 @@ def test_delay_ceiling_grows_with_attempts() -> None:
     for attempt, observed in enumerate(maxima, start=1):
         ceiling = 2 ** (attempt - 1)
         assert observed <= ceiling
-        # Full jitter over [0, ceiling]: 400 samples come close to the top.
+        # Jitter up to the ceiling: 400 samples come close to the top.
         assert observed > 0.9 * ceiling
     assert maxima == sorted(maxima)
 
 
-def test_delay_uses_full_ceiling_with_patched_uniform(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_delay_draws_between_its_floor_and_its_ceiling(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[float, float]] = []
 
     def uniform(low: float, high: float) -> float:
@@ -137,7 +138,21 @@ def test_delay_uses_full_ceiling_with_patched_uniform(monkeypatch: pytest.Monkey
     monkeypatch.setattr(random, "uniform", uniform)
     policy = RetryPolicy(backoff_base_seconds=0.5, backoff_max_seconds=5.0)
     assert [policy.delay(a, None) for a in (1, 2, 3, 4, 5, 6)] == [0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
-    assert all(low == 0 for low, _ in seen)
+    # Half of each ceiling is always waited (equal jitter), never zero.
+    assert seen == [(c / 2, c) for c in (0.5, 1.0, 2.0, 4.0, 5.0, 5.0)]
+
+
+def test_five_attempts_span_tens_of_seconds_by_default() -> None:
+    """A participant's restart or a load balancer's blip of a few seconds is ridden through by
+    the retries alone (R-4.13): the four waits between five attempts are never shorter than
+    22.5 s in all with the defaults, whatever the draw."""
+    policy = RetryPolicy()
+    settings = ParticipantCallSettings()
+    assert policy.backoff_base_seconds == settings.participant_backoff_base_seconds
+    assert policy.max_attempts == settings.participant_max_attempts == 5
+    random.seed(5)
+    spans = [sum(policy.delay(attempt, None) for attempt in range(1, 5)) for _ in range(500)]
+    assert min(spans) >= 22.5 and max(spans) <= 45.0
 
 
 # --- Add response (R-4.6) -------------------------------------------------------------------

@@ -21,11 +21,12 @@ from faststream.nats import JStream, NatsBroker, NatsMessage, TestNatsBroker
 
 from aml_contract import subjects
 from aml_contract.messages import AddDone, QuestionDone, SearchDone, message_id
+from aml_evaluation.aggregate import QuestionOutcome
 from aml_evaluation.datasets import parse_locomo
 from aml_evaluation.registry import load_dataset
 from aml_pipeline.evaluation_spec import build_evaluation_spec
 from aml_runtime.broker import publish
-from aml_scheduler.handlers import ScheduleJobs
+from aml_scheduler.handlers import ScheduleJobs, platform_failed, platform_failure_reason
 from aml_scheduler.planning import plan_chunks, plan_questions
 from aml_scheduler.settings import SchedulerSettings
 
@@ -386,6 +387,46 @@ async def test_completion_is_stored_and_announced_once(rig: Rig) -> None:
     await question_done(rig, f"{JOB}/synthetic/q2")
     assert rig.db.jobs.documents[JOB]["finished_at"] == stored["finished_at"]
     assert len(rig.on(subjects.JOB_FINISHED)) == 1
+
+
+async def test_a_completion_records_the_questions_the_platform_failed(rig: Rig) -> None:
+    """The answer model was down for one question: the job completes with its results, and
+    records the platform's failure, so the run is shown as not publishable and not charged."""
+    finishing_job(rig.db, final=QUESTIONS - 1)
+    down = f"{JOB}/synthetic/q2"
+    rig.db.searches.documents[down] = {"_id": down, "job_id": JOB, "state": "done"}
+    rig.db.answers.documents[down] = {"_id": down, "job_id": JOB, "state": "failed",
+        "failure_kind": "platform_error", "failure": "the answer model did not answer"}  # fmt: skip
+    rig.db.jobs.documents[JOB]["progress"]["questions_final"] += 1
+    await rig.scheduler.complete_if_done(JOB)
+    job = rig.db.jobs.documents[JOB]
+    assert job["state"] == "completed"
+    assert job["results"]["overall"]["failures"] == {"platform_error": 1}
+    assert job["platform_failures"] == 1
+    assert job["platform_failure_reason"] == "1 question failed by the platform (platform_error)"
+
+
+async def test_a_clean_completion_records_no_platform_failure(rig: Rig) -> None:
+    finishing_job(rig.db, final=QUESTIONS)
+    await rig.scheduler.complete_if_done(JOB)
+    job = rig.db.jobs.documents[JOB]
+    assert job["state"] == "completed" and job["platform_failures"] == 0
+    assert "platform_failure_reason" not in job
+
+
+def test_platform_failures_in_words() -> None:
+    outcomes = [
+        QuestionOutcome(dataset_id="d", category_name="c", scored=False, failure_kind=kind)
+        for kind in ("platform_error", "participant_outage", "platform_error", None)
+    ] + [QuestionOutcome(dataset_id="d", category_name="c", scored=True, judge_label="WRONG")]
+    # A question failed with no kind recorded is not assumed to be the platform's here: the
+    # scheduler's `question_outcome` already names a missing record `platform_error`.
+    assert platform_failed(outcomes) == 2
+    assert platform_failure_reason(0) is None
+    assert platform_failure_reason(3) == "3 questions failed by the platform (platform_error)"
+    assert platform_failure_reason(1, adds=2) == (
+        "2 Add requests and 1 question failed by the platform (platform_error)"
+    )
 
 
 # -- streaming datasets: a user's next Add waits for the searches asked before it --------------

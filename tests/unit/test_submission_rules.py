@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from pydantic import ValidationError
 
+from aml_contract.api.vocabulary import JobState
 from aml_gateway.refusals import Conflict, Invalid, QuotaExceeded
 from aml_gateway.submissions import (
     PriorRun,
     QuotaPolicy,
     Season,
     Submission,
+    charged,
     check_dataset_tracks,
     check_submission,
 )
 from aml_pipeline.jobs import run_overdue
+from aml_runtime.documents import FailureKind
 
 T0 = datetime(2027, 3, 1, 12, 0, tzinfo=UTC)
 SECOND = timedelta(seconds=1)
@@ -226,6 +229,56 @@ def test_full_runs_failed_by_the_platform_are_not_counted() -> None:
         ),
     ]
     assert check_submission(full(), [PASSED_SMOKE, *fulls], T0, POLICY) is None
+
+
+def test_a_full_run_completed_with_platform_failures_is_void() -> None:
+    """The answer model was down for some questions: the run completed but is not charged, so
+    it neither uses one of the two full runs nor starts the 30-day wait."""
+    spoiled = run(1, mode="full", created_at=T0 - 3 * DAY, finished_at=T0 - DAY,
+                  platform_failures=3)  # fmt: skip
+    assert not spoiled.counts_against_quota
+    assert check_submission(full(), [PASSED_SMOKE, spoiled], T0, POLICY) is None
+    # With a charged run before it, the wait counts from that one, and only two charged runs
+    # use the season's quota.
+    charged_run = run(2, mode="full", created_at=T0 - 40 * DAY, finished_at=T0 - 35 * DAY)
+    assert check_submission(full(), [PASSED_SMOKE, charged_run, spoiled], T0, POLICY) is None
+    recent = run(3, mode="full", created_at=T0 - 12 * DAY, finished_at=T0 - 10 * DAY)
+    refusal = check_submission(full(), [PASSED_SMOKE, recent, spoiled], T0, POLICY)
+    assert isinstance(refusal, QuotaExceeded) and "j3" in refusal.reason
+    assert refusal.next_allowed_at == T0 + 20 * DAY
+    clean = run(1, mode="full", created_at=T0 - 3 * DAY, finished_at=T0 - DAY)
+    assert isinstance(check_submission(full(), [PASSED_SMOKE, clean], T0, POLICY), QuotaExceeded)
+
+
+@pytest.mark.parametrize(
+    ("state", "failure_kind", "platform_failures", "expected"),
+    [
+        ("queued", None, 0, True),
+        ("running", None, 0, True),
+        ("completed", None, 0, True),
+        ("completed", None, 1, False),
+        ("failed", "platform_error", 0, False),
+        ("failed", "contract_error", 0, True),
+        ("failed", "job_stalled", 0, True),
+    ],
+)
+def test_what_is_charged(
+    state: str, failure_kind: str | None, platform_failures: int, expected: bool
+) -> None:
+    kind = FailureKind(failure_kind) if failure_kind else None
+    assert charged(cast(JobState, state), kind, platform_failures) is expected
+
+
+def test_a_smoke_completed_with_platform_failures_is_not_a_passed_smoke() -> None:
+    """Those questions checked nothing of the participant end to end; not charged, the smoke
+    is simply run again, at once."""
+    spoiled = run(1, created_at=T0 - HOUR / 2, platform_failures=1)
+    refusal = check_submission(full(), [spoiled], T0, POLICY)
+    assert isinstance(refusal, Invalid)
+    assert "smoke j1 completed with items failed by the platform" in refusal.reason
+    assert check_submission(full(), [spoiled, PASSED_SMOKE], T0, POLICY) is None
+    # Within the hour of the spoiled smoke, another smoke may start.
+    assert check_submission(smoke(), [spoiled], T0, POLICY) is None
 
 
 def test_full_failed_by_the_participant_is_counted_from_when_it_ended() -> None:

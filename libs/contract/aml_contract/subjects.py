@@ -34,6 +34,9 @@ WORK_PREFIX: Final[dict[WorkStage, str]] = {
 # Core NATS (not stored): a worker that frees a capacity credit says so, so workers of other
 # processes waiting for that key's capacity look again at once instead of at their next poll.
 CAPACITY_FREED: Final = "aml.capacity.freed"
+# Core NATS (not stored): a capacity key's outage was declared, resumed or ended
+# (aml_pipeline.outages); the body is the key. Every worker re-reads that key's pause.
+LANE_OUTAGE: Final = "aml.lanes.outage"
 
 ADD_DONE: Final = "aml.done.add"
 QUESTION_DONE: Final = "aml.done.question"

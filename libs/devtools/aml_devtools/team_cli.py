@@ -430,7 +430,7 @@ def watch(
         sleep(interval)
     print(file=out)
     if status["state"] == "completed":
-        print_results(api, job_id, out)
+        print_results(api, job_id, out, status)
         if status["errors"]:
             print(file=out)
             print_errors(status, out)
@@ -439,12 +439,21 @@ def watch(
     return JOB_FAILED
 
 
+def state_words(status: dict[str, Any]) -> str:
+    """The state as the API words it: not a plain `completed` when the platform failed items
+    of the run (`completed — not publishable: …; not charged`); the bare state from a gateway
+    that does not word it."""
+    return str(status.get("state_summary") or status["state"])
+
+
 def progress_lines(status: dict[str, Any]) -> list[str]:
     stage = f"  stage {status['stage']}" if status.get("stage") else ""
     lines = [
-        f"job {status['job_id']} {status['state']}{stage}  "
+        f"job {status['job_id']} {state_words(status)}{stage}  "
         f"elapsed {_duration(status['elapsed_seconds'])}"
     ]
+    # An outage the job waits out (R-4.13): said before the bars, which do not move meanwhile.
+    lines += [str(pause["message"]) for pause in status.get("paused") or ()]
     for name in STAGES:
         progress = status["stages"].get(name)
         if progress is not None:
@@ -475,11 +484,17 @@ def _duration(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
-def print_results(api: Api, job_id: str, out: TextIO) -> None:
+def print_results(api: Api, job_id: str, out: TextIO, status: dict[str, Any] | None = None) -> None:
+    """The results table, after a line saying why the run is not publishable when the
+    platform failed items of it (the numbers are then incomplete, through no fault of the
+    team's)."""
     # The same table as `aml demo` and `aml rescore` (imported here: aml_devtools.cli imports
     # this module).
     from aml_devtools.cli import category_numbers, render_results
 
+    status = status or api.call("GET", f"/v1/jobs/{job_id}")
+    if state_words(status) != status["state"]:
+        print(f"job {job_id} {state_words(status)}", file=out)
     results = api.call("GET", f"/v1/jobs/{job_id}/results")
     print(render_results(results, category_numbers(results["datasets"])), file=out)
 
@@ -487,7 +502,7 @@ def print_results(api: Api, job_id: str, out: TextIO) -> None:
 def print_errors(status: dict[str, Any], out: TextIO) -> None:
     """The error summary: the job's failure, counts by stage and kind, then each error."""
     if status["state"] == "failed":
-        print(f"job {status['job_id']} failed", file=out)
+        print(f"job {status['job_id']} {state_words(status)}", file=out)
     errors = status["errors"]
     if not errors:
         print("no errors recorded", file=out)
@@ -510,7 +525,7 @@ def _results(api: Api, args: argparse.Namespace, out: TextIO) -> int:
 def _errors(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     api.need_key()
     status = api.call("GET", f"/v1/jobs/{args.job_id}")
-    print(f"job {status['job_id']} {status['state']}", file=out)
+    print(f"job {status['job_id']} {state_words(status)}", file=out)
     print_errors(status, out)
     return OK
 

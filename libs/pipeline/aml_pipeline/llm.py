@@ -8,12 +8,16 @@ from collections.abc import AsyncIterator, Sequence
 from typing import cast
 
 import httpx
+import openai
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionContentPartParam, ChatCompletionUserMessageParam
 
 from aml_evaluation.context import TokenCount, estimated
 from aml_evaluation.prompts import ContentPart
 from aml_pipeline.capacity import Admission, Capacity, Departure
+from aml_pipeline.outages import OutageExpired, Outages
+from aml_runtime.broker import FinalFailure
+from aml_runtime.documents import FailureKind
 from aml_runtime.metrics import LLM_CALLS, LLM_ERRORS
 from aml_runtime.settings import LLMSettings
 from aml_runtime.telemetry import stage_span
@@ -32,6 +36,29 @@ def make_llm_client(settings: LLMSettings) -> AsyncOpenAI:
     )
 
 
+def llm_down(error: Exception) -> bool:
+    """Whether a failed call says the LLM endpoint is unreachable or overloaded (R-4.13): no
+    connection or a timeout, a 5xx, a 429. Anything else (a 400 for a prompt it refuses, a
+    reply that is not a chat completion) is this call's own failure."""
+    if isinstance(error, openai.APIConnectionError):
+        return True
+    if isinstance(error, openai.APIStatusError):
+        return error.status_code >= 500 or error.status_code == 429
+    return False
+
+
+async def endpoint_answers(client: AsyncOpenAI) -> bool:
+    """The probe of a paused LLM: its model list answers (any answer but a 5xx or a 429: an
+    endpoint without the list is still up). Costs no completion and no rate slot."""
+    try:
+        await client.get("/models", cast_to=object)
+    except openai.APIStatusError as exc:
+        return not (exc.status_code >= 500 or exc.status_code == 429)
+    except openai.APIError:
+        return False
+    return True
+
+
 async def complete(
     client: AsyncOpenAI,
     model: str,
@@ -39,11 +66,48 @@ async def complete(
     max_tokens: int,
     admission: Admission | None = None,
     seed: int = 0,
+    outages: Outages | None = None,
+    outage_seconds: float = 1800.0,
 ) -> str:
     """One chat completion of one user message: the prompt's text, or its ordered content
     parts in OpenAI's form (`text` and `image_url` parts, aml_evaluation.prompts.answer_content).
     Under a work item's `admission` of the deployment's LLM budget, each call also takes one of
-    the budget's rate slots (when the provider sets a request rate)."""
+    the budget's rate slots (when the provider sets a request rate).
+
+    With `outages`, a call that finds the endpoint down pauses the LLM stages of every replica
+    (`aml_pipeline.outages`) and waits, then asks again, the same request; an outage longer than
+    `outage_seconds` fails it as the platform's own (`FinalFailure`, platform_error)."""
+    failing_since: float | None = None
+    while True:
+        if outages is not None and outages.is_paused(LLM_CAPACITY_KEY):
+            try:
+                await outages.wait(LLM_CAPACITY_KEY, lambda: endpoint_answers(client))
+            except OutageExpired as exc:
+                raise FinalFailure(FailureKind.PLATFORM_ERROR, exc.reason) from None
+        started = time.time()
+        try:
+            text = await _complete_once(client, model, prompt, max_tokens, admission, seed)
+        except Exception as exc:
+            if outages is None or not llm_down(exc):
+                raise
+            failing_since = failing_since or started
+            status = getattr(exc, "status_code", None)
+            reason = f"HTTP {status}" if status else type(exc).__name__
+            await outages.declare(LLM_CAPACITY_KEY, "llm", failing_since, reason, outage_seconds)
+            continue
+        if outages is not None:
+            await outages.succeeded(LLM_CAPACITY_KEY)
+        return text
+
+
+async def _complete_once(
+    client: AsyncOpenAI,
+    model: str,
+    prompt: str | Sequence[ContentPart],
+    max_tokens: int,
+    admission: Admission | None,
+    seed: int,
+) -> str:
     # The parts are built in OpenAI's shape (aml_evaluation stays free of the SDK's types).
     message: ChatCompletionUserMessageParam = {
         "role": "user",

@@ -28,7 +28,7 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 import httpx
-from pydantic import BaseModel, SecretStr, ValidationError
+from pydantic import BaseModel, Field, SecretStr, ValidationError
 
 from aml_contract.api.vocabulary import AuthMethod
 from aml_contract.participant import (
@@ -41,6 +41,7 @@ from aml_contract.participant import (
     SearchResponse,
 )
 from aml_pipeline.capacity import Admission, Capacity, CapacityLimiter, Departure
+from aml_pipeline.outages import OutageExpired, Outages
 from aml_pipeline.urlsafety import SafeTransport, UnsafeUrl
 from aml_runtime.documents import FailureKind
 from aml_runtime.settings import ParticipantCallSettings
@@ -140,24 +141,46 @@ class BodyRejected(Exception):
 
 
 class CallFailed(Exception):
-    def __init__(self, kind: Failure, reason: str) -> None:
+    def __init__(self, kind: Failure, reason: str, ends_job: bool = False) -> None:
         super().__init__(reason)
         self.kind = kind
         self.reason = reason
+        # The participant was down longer than its outage window: every job waiting on it ends.
+        self.ends_job = ends_job
+
+
+# Answers that say the participant (or what stands in front of it) is down or overloaded, not
+# that this request is wrong: its lane pauses instead of failing the work (R-4.13). 500 is left
+# out: a server that is up but fails one request (a query it cannot handle) must not stop the
+# run; its item fails after the retry table's attempts, as before.
+DOWN_STATUSES = frozenset({429, 502, 503, 504, 524})
+
+
+def participant_down(status: int | None, error: Exception | None) -> bool:
+    """Whether a failed attempt says the participant is unreachable: no connection, a reset
+    or a timeout (any transport error), or one of `DOWN_STATUSES`."""
+    if error is not None:
+        return isinstance(error, httpx.TransportError)
+    return status in DOWN_STATUSES
 
 
 class RetryPolicy(BaseModel):
     max_attempts: int = 5
-    backoff_base_seconds: float = 0.5
+    backoff_base_seconds: float = 3.0
     backoff_max_seconds: float = 30.0
+    # The share of each back-off's ceiling that is always waited ("equal jitter"): with full
+    # jitter five attempts could all fall within a second or two of a participant's restart.
+    # With the defaults, five attempts span 22.5 to 45 s.
+    backoff_floor_share: float = Field(default=0.5, ge=0, le=1)
     # A participant's Retry-After is honoured up to this long: past it, a worker would sit idle
     # for the participant's say-so, and the bounded attempts end the call sooner anyway.
     retry_after_max_seconds: float = 600.0
 
     def delay(self, attempt: int, retry_after: float | None) -> float:
-        """Exponential backoff with full jitter; a server's Retry-After wins when it is longer."""
+        """Exponential backoff with jitter above a floor (`backoff_floor_share` of the
+        ceiling); a server's Retry-After wins when it is longer."""
         ceiling = min(self.backoff_max_seconds, self.backoff_base_seconds * 2 ** (attempt - 1))
-        backoff = random.uniform(0, ceiling)
+        backoff = random.uniform(ceiling * self.backoff_floor_share, ceiling)
         if retry_after is None:
             return backoff
         return max(backoff, min(retry_after, self.retry_after_max_seconds))
@@ -398,11 +421,17 @@ class ParticipantClient:
         timeout: float,
         limiter: CapacityLimiter | None = None,
         on_answer: AnswerHook | None = None,
+        outages: Outages | None = None,
+        outage_seconds: float = 600.0,
     ) -> None:
         self._http = http
         self._policy = policy
         self._timeout = timeout
         self._limiter = limiter
+        # Without it (a direct caller: `aml check`, the scheduler's Health check) a call whose
+        # attempts are spent fails at once, as the retry table alone says.
+        self._outages = outages
+        self._outage_seconds = outage_seconds
         # Sees every answer's status and the body as read (`aml check` reports them).
         self._on_answer = on_answer
 
@@ -438,7 +467,10 @@ class ParticipantClient:
 
     @classmethod
     def from_settings(
-        cls, settings: ParticipantCallSettings, limiter: CapacityLimiter | None = None
+        cls,
+        settings: ParticipantCallSettings,
+        limiter: CapacityLimiter | None = None,
+        outages: Outages | None = None,
     ) -> ParticipantClient:
         # Redirects are never followed: a participant must not steer AML to another target.
         # Every connection goes through the R-4.1 checks, health checks and status polls too.
@@ -451,7 +483,14 @@ class ParticipantClient:
             backoff_base_seconds=settings.participant_backoff_base_seconds,
             backoff_max_seconds=settings.participant_backoff_max_seconds,
         )
-        return cls(http, policy, settings.participant_timeout_seconds, limiter)
+        return cls(
+            http,
+            policy,
+            settings.participant_timeout_seconds,
+            limiter,
+            outages=outages,
+            outage_seconds=settings.participant_outage_seconds,
+        )
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -642,19 +681,33 @@ class ParticipantClient:
         observe: Observer,
         admission: Admission | None,
     ) -> _Answer:
+        """The call with R-4.10's retries; when its failures say the participant is down, the
+        participant's outage (`aml_pipeline.outages`) instead of a failure: the call waits out
+        the pause and sends the same bytes again, until the outage outlives its window."""
         headers = {"Content-Type": "application/json"} | auth_headers(
             endpoint.auth_method, endpoint.secret
         )
         # Only an answer the client uses is read; any other status's body is left unread.
         accepted = {200} if operation == "search" else {200, 202}
+        # An outage is a capacity key's (the version's); a call without one cannot pause.
+        key = endpoint.capacity.key if endpoint.capacity is not None else ""
+        outages = self._outages if key else None
         last = ""
-        for attempt in range(1, self._policy.max_attempts + 1):
+        attempt = 0
+        # Attempts since the call began or last waited out a pause, and when the first of the
+        # failures in a row was sent (the outage's start, if they turn out to be one).
+        since_pause = 0
+        failing_since: float | None = None
+        while True:
+            if outages is not None and outages.is_paused(key):
+                await self._wait_out(outages, key, endpoint, operation)
+                since_pause = 0
+            attempt += 1
+            since_pause += 1
             timing = _Timing()
             retry_after: float | None = None
-            # A retryable failure is audited as "final" on the last attempt: none follows it.
-            again: Literal["retry", "final"] = (
-                "retry" if attempt < self._policy.max_attempts else "final"
-            )
+            status: int | None = None
+            error: Exception | None = None
             try:
                 span = stage_span(
                     f"participant.{operation}", attempt=attempt, participant_call=True
@@ -680,13 +733,15 @@ class ParticipantClient:
                 await observe(timing.rejected(operation, attempt, exc))
                 raise CallFailed(FailureKind.CONTRACT_ERROR, exc.reason) from None
             except httpx.HTTPError as exc:
-                await observe(timing.attempt(operation, attempt, None, exc, again))
+                error = exc
                 last = f"network error: {type(exc).__name__}"
             else:
                 status = answer.status
                 if status in accepted:
                     size = len(answer.body)
                     await observe(timing.attempt(operation, attempt, status, None, "ok", size))
+                    if outages is not None and key is not None:
+                        await outages.succeeded(key)
                     return answer
                 if status in _FINAL:
                     await observe(timing.attempt(operation, attempt, status, None, "final"))
@@ -697,15 +752,46 @@ class ParticipantClient:
                     raise CallFailed(
                         FailureKind.CONTRACT_ERROR, f"{operation}: unexpected HTTP {status}"
                     )
-                await observe(timing.attempt(operation, attempt, status, None, again))
                 last = f"HTTP {status}"
                 retry_after = parse_retry_after(answer.headers.get("Retry-After"))
-            if attempt < self._policy.max_attempts:
-                await asyncio.sleep(self._policy.delay(attempt, retry_after))
-        raise CallFailed(
-            FailureKind.PARTICIPANT_OUTAGE,
-            f"{operation}: no success after {self._policy.max_attempts} attempts (last: {last})",
-        )
+            if failing_since is None:
+                failing_since = timing.started.timestamp()
+            if outages is None or not participant_down(status, error):
+                # After a pause the retry table starts again: a participant back from a restart
+                # may fail a request or two before it is warm.
+                if since_pause >= self._policy.max_attempts:
+                    await observe(timing.attempt(operation, attempt, status, error, "final"))
+                    raise CallFailed(
+                        FailureKind.PARTICIPANT_OUTAGE,
+                        f"{operation}: no success after {attempt} attempts (last: {last})",
+                    )
+                await observe(timing.attempt(operation, attempt, status, error, "retry"))
+                await asyncio.sleep(self._policy.delay(since_pause, retry_after))
+                continue
+            # Down: never final here. While its outage is open, one attempt tells whether the
+            # participant is back; otherwise the retry table's attempts, then the pause.
+            await observe(timing.attempt(operation, attempt, status, error, "retry"))
+            budget = 1 if outages.is_open(key) else self._policy.max_attempts
+            if since_pause >= budget:
+                await outages.declare(key, "participant", failing_since, last, self._outage_seconds)
+                continue
+            await asyncio.sleep(self._policy.delay(since_pause, retry_after))
+
+    async def _wait_out(
+        self, outages: Outages, key: str, endpoint: Endpoint, operation: str
+    ) -> None:
+        """Wait while the participant's lane is paused, probing its Health URL; its outage
+        outliving the window fails the call, and every job waiting on it (`ends_job`)."""
+
+        async def healthy() -> bool:
+            return await self.health(endpoint)
+
+        try:
+            await outages.wait(key, healthy)
+        except OutageExpired as exc:
+            raise CallFailed(
+                FailureKind.PARTICIPANT_OUTAGE, f"{operation}: {exc.reason}", ends_job=True
+            ) from None
 
 
 def status_url(template: str, task_id: str) -> str:

@@ -378,12 +378,19 @@ async def _count(
     return None
 
 
-async def repair_counters(db: AsyncDatabase[Document], job_id: str, attempts: int = 3) -> bool:
+async def repair_counters(
+    db: AsyncDatabase[Document], job_id: str, attempts: int = 3, *, at_completion: bool = False
+) -> bool:
     """Recount the job's counters from its stage documents (see the module's docstring for why
     this is exact under concurrent writers). True when a counter changed. O(the job's items):
-    reconciliation only."""
+    reconciliation only.
+
+    `at_completion`: the scheduler's recount once every question is final. The other stages'
+    batches are then usually still in their window, so a change is expected and logged at info
+    (`progress.recounted`); a change found by the repair of a stalled job means an increment
+    was lost, an anomaly worth a warning (`progress.repaired`)."""
     for _ in range(attempts):
-        changed = await _recount(db, job_id)
+        changed = await _recount(db, job_id, at_completion)
         if changed is not None:
             return changed
     # Increments kept landing during the recount: the job is moving, a later repair will do.
@@ -391,7 +398,7 @@ async def repair_counters(db: AsyncDatabase[Document], job_id: str, attempts: in
     return False
 
 
-async def _recount(db: AsyncDatabase[Document], job_id: str) -> bool | None:
+async def _recount(db: AsyncDatabase[Document], job_id: str, at_completion: bool) -> bool | None:
     """One guarded recount: True/False (changed or not), None when an increment interfered."""
     job = await db.jobs.find_one({"_id": job_id}, {"progress": 1})
     if job is None:
@@ -418,9 +425,9 @@ async def _recount(db: AsyncDatabase[Document], job_id: str) -> bool | None:
     if not updated.matched_count:
         return None
     changes = {field: (before[field], counted[field]) for field in COUNTERS}
-    log.warning(
-        "progress.repaired",
-        job_id=job_id,
-        changed={field: change for field, change in changes.items() if change[0] != change[1]},
-    )
+    changed = {field: change for field, change in changes.items() if change[0] != change[1]}
+    if at_completion:
+        log.info("progress.recounted", job_id=job_id, changed=changed)
+    else:
+        log.warning("progress.repaired", job_id=job_id, changed=changed)
     return True

@@ -154,7 +154,14 @@ class QuestionStageWorker:
         if job is None or job["state"] not in ACTIVE_JOB_STATES:
             return
         question = await self._question(work)
-        fields = await self.compute(work, question, item.call(job))
+        try:
+            fields = await self.compute(work, question, item.call(job))
+        except FinalFailure as exc:
+            if exc.ends_job:
+                # The question's own failure is recorded by the delivery's give-up; the job
+                # stops now, its queued work purged.
+                await fail_job(self.db, self.broker, work.job_id, self.stage, exc.kind, exc.reason)
+            raise
         stored = await self.store(work, {"state": "done", **fields})
         carried: Document = {
             "facts": work.facts or QuestionFacts.of(question),

@@ -11,7 +11,10 @@ pull that the broker answers at once. So:
   heartbeats, `run_delivery`);
 - one version's limits never delay another version's work: a lane without capacity is skipped,
   not waited on, and is looked at again when its earliest rate slot frees or when any replica
-  frees one of its concurrency slots (`aml.capacity.freed`, core NATS).
+  frees one of its concurrency slots (`aml.capacity.freed`, core NATS);
+- a lane whose key is paused by an outage (`aml_pipeline.outages`) is skipped too, and looked at
+  again when a replica announces the pause lifted (`aml.lanes.outage`, core NATS) or at the next
+  refresh.
 
 Which lanes have work is learnt from the stream itself: every publish to the work stream also
 reaches this worker's core NATS subscription ("doorbell"), and the stream's per-subject counts
@@ -47,6 +50,7 @@ from aml_contract.messages import QuestionWork
 from aml_pipeline.capacity import Admission, Capacity, CapacityLimiter, Pool, Refused
 from aml_pipeline.jobs import version_capacity
 from aml_pipeline.llm import llm_capacity
+from aml_pipeline.outages import Outages
 from aml_runtime.broker import FetchedDelivery
 from aml_runtime.db import Document
 from aml_runtime.service import Hook, Runtime, serve
@@ -164,6 +168,8 @@ class StageWorker(Generic[Work]):
     settings: CommonSettings
     # Items in progress in this process at most: a safety bound, not the capacity rule.
     max_in_flight: int
+    # The process's view of the outages of the keys it calls (None: lanes are never paused).
+    outages: Outages | None = None
     _nc: Client | None = None
     _known: dict[str, _Lane] = field(default_factory=dict)
     _ready: dict[str, None] = field(default_factory=dict)
@@ -178,6 +184,9 @@ class StageWorker(Generic[Work]):
         prefix = subjects.WORK_PREFIX[self.lanes.stage]
         self._subs.append(await self._nc.subscribe(f"{prefix}.>", cb=self._doorbell))
         self._subs.append(await self._nc.subscribe(subjects.CAPACITY_FREED, cb=self._freed))
+        if self.outages is not None:
+            self.outages.listeners.append(self._outage_changed)
+            self._subs.append(await self._nc.subscribe(subjects.LANE_OUTAGE, cb=self._outage))
         self._loop = asyncio.create_task(self._run())
 
     async def stop(self, grace: float = 10.0) -> None:
@@ -223,6 +232,19 @@ class StageWorker(Generic[Work]):
         if waiting:
             self._wake.set()
 
+    async def _outage(self, msg: Msg) -> None:
+        if self.outages is not None:
+            with contextlib.suppress(Exception):
+                await self.outages.reload(msg.data.decode())
+
+    def _outage_changed(self, key: str) -> None:
+        # Paused or lifted: either way its lanes are looked at again now (a paused one is
+        # skipped, and not tried again before its pause is re-read).
+        for lane in self._known.values():
+            if lane.capacity.key == key:
+                lane.not_before = 0.0
+        self._wake.set()
+
     # -- the loop ----------------------------------------------------------------------------
 
     async def _run(self) -> None:
@@ -267,6 +289,10 @@ class StageWorker(Generic[Work]):
     async def _serve(self, name: str) -> bool:
         lane = await self._lane(name)
         if lane.not_before > time.monotonic():
+            return False
+        if self.outages is not None and self.outages.is_paused(lane.capacity.key):
+            # No work is taken for a key that is down; its pause lifting wakes the lane.
+            lane.not_before, lane.waits_for = time.monotonic() + REFRESH_SECONDS, None
             return False
         admission = await self.limiter.try_admit(lane.capacity)
         if isinstance(admission, Refused):
@@ -409,6 +435,9 @@ class StageWorker(Generic[Work]):
         assert self._nc is not None
         js = self._nc.jetstream()
         prefix = subjects.WORK_PREFIX[self.lanes.stage]
+        if self.outages is not None:
+            # Catches an announcement that was lost; a handful of documents at most.
+            await self.outages.refresh()
         info = await js.stream_info(subjects.WORK_STREAM, subjects_filter=f"{prefix}.*.*")
         for subject, count in (info.state.subjects or {}).items():
             lane = self.lanes.lane_of(subject)
@@ -531,6 +560,7 @@ def llm_stage_worker(
     stage: subjects.WorkStage,
     durable: str,
     handle: Callable[[QuestionWork, WorkItem], Awaitable[None]],
+    outages: Outages | None = None,
 ) -> StageWorker[QuestionWork]:
     """The worker of an LLM stage (answer, score): one lane, admitted under the deployment's
     LLM budget, which also bounds what one process needs in flight."""
@@ -541,7 +571,17 @@ def llm_stage_worker(
         capacity_limiter(runtime, settings),
         settings,
         max_in_flight=settings.llm_concurrency,
+        outages=outages,
     )
+
+
+def lane_outages(runtime: Runtime) -> Outages:
+    """The outages of a worker process: a change it makes is announced to every replica."""
+
+    async def announce(key: str) -> None:
+        await runtime.broker.connection.publish(subjects.LANE_OUTAGE, key.encode())
+
+    return Outages(runtime.db, announce)
 
 
 def capacity_limiter(runtime: Runtime, settings: CommonSettings) -> CapacityLimiter:

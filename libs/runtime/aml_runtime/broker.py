@@ -198,10 +198,12 @@ class FinalFailure(Exception):
     """Raised by a handler to fail the item at once, without retry, with a FailureKind and
     reason (e.g. a contract violation): no later delivery could end it differently."""
 
-    def __init__(self, kind: FailureKind, reason: str) -> None:
+    def __init__(self, kind: FailureKind, reason: str, ends_job: bool = False) -> None:
         super().__init__(reason)
         self.kind = kind
         self.reason = reason
+        # Not only this item: its job cannot go on (a participant down past its outage window).
+        self.ends_job = ends_job
 
 
 GiveUp = Callable[[FailureKind, str], Awaitable[None]]

@@ -46,6 +46,9 @@ LEADERBOARD = "leaderboard"
 ACCESS_REQUESTS = "access_requests"
 CAPACITY_SLOTS = "capacity_slots"
 RUN_USAGE = "run_usage"
+# Open outages, one per capacity key, and the history of closed ones (aml_pipeline.outages).
+LANE_PAUSES = "lane_pauses"
+OUTAGES = "outages"
 
 ItemStage = Literal["add", "search", "answer", "score"]
 ITEM_STAGES: tuple[ItemStage, ...] = ("add", "search", "answer", "score")
@@ -123,6 +126,8 @@ INDEXES: tuple[Index, ...] = (
     # The searcher reads a job's written texts at once (retention deletes them the same way).
     _index(WRITTEN_TEXTS, "job_id"),
     _index(TEAMS, "key_hash", unique=True),
+    # The stall watchdog reads a key's latest outage.
+    _index(OUTAGES, "key"),
 )
 # Created by the gateway, the only writer of these documents: the unique keys settle races
 # between its own writes, and a job inserted by anything else (a test's fixture) lacks them.
@@ -208,6 +213,12 @@ class JobDocument(Stored):
     failure_kind: FailureKind | None = None
     failure: str | None = None
     results: dict[str, Any] | None = None
+    # Written when the job completes: how many of its items the platform itself failed
+    # (`platform_error`), and that said in words. Such a run is neither publishable nor charged
+    # to the team's quota (the team could not have done better), though its results stay
+    # visible. Absent on jobs completed before it was recorded: read as none.
+    platform_failures: int | None = None
+    platform_failure_reason: str | None = None
     # Written by the publisher's gate and the gateway's review.
     gate: dict[str, Any] | None = None
     review_state: ReviewState | None = None

@@ -30,6 +30,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from aml_contract import subjects
 from aml_contract.api.vocabulary import JobState
 from aml_runtime.db import Document
+from aml_runtime.documents import LANE_PAUSES
 
 log = structlog.get_logger()
 
@@ -62,6 +63,11 @@ PENDING_WORK = Gauge(
     ["stage"],
 )
 JOBS = Gauge("aml_jobs", "Jobs by state.", ["state"])
+PAUSED_LANES = Gauge(
+    "aml_paused_lanes",
+    "Capacity keys whose work is paused by an outage (R-4.13): participant versions, and the LLM.",
+    ["kind"],
+)
 
 # Every job state, so a state with no job reads 0 instead of vanishing.
 JOB_STATES: tuple[str, ...] = get_args(JobState)
@@ -145,6 +151,12 @@ async def observe_backlog(broker: NatsBroker, db: AsyncDatabase[Document]) -> No
         counts[str(row["_id"])] = int(row["n"])
     for state, count in counts.items():
         JOBS.labels(state).set(count)
+    paused = {"participant": 0, "llm": 0}
+    async for pause in db[LANE_PAUSES].find({"paused": True}, {"kind": 1}):
+        kind = str(pause.get("kind"))
+        paused[kind] = paused.get(kind, 0) + 1
+    for kind, count in paused.items():
+        PAUSED_LANES.labels(kind).set(count)
 
 
 # -- the HTTP endpoint ----------------------------------------------------------------------------

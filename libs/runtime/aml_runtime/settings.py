@@ -106,6 +106,11 @@ class LLMSettings(EvaluationSettings):
     llm_concurrency: int = Field(default=2, ge=1)
     # The provider's request rate limit for the whole deployment (unset: none).
     llm_requests_per_minute: float | None = Field(default=None, gt=0)
+    # An LLM call failing with a connection error, a timeout, 5xx or 429 pauses the answer and
+    # score stages of every replica (one budget, one pause), probes the endpoint at growing
+    # intervals and retries when it answers; only an outage longer than this fails the
+    # questions waiting on it, as platform_error (never charged to the team).
+    llm_outage_seconds: float = Field(default=1800.0, gt=0)
 
 
 class ParticipantCallSettings(CommonSettings):
@@ -115,10 +120,17 @@ class ParticipantCallSettings(CommonSettings):
     participant_timeout_seconds: float = 1800.0
     # HTTP attempts of one participant call, retries of transient failures included.
     participant_max_attempts: int = Field(default=5, ge=1)
-    # Back-off before a retried attempt: base · 2^(attempt-1), at most the maximum.
-    participant_backoff_base_seconds: float = 0.5
+    # Back-off before a retried attempt: between half and all of base · 2^(attempt-1), at most
+    # the maximum (five attempts span 22.5 to 45 s with the defaults, so a participant's
+    # restart or a load balancer's blip is ridden through by the retries alone).
+    participant_backoff_base_seconds: float = Field(default=3.0, gt=0)
     # The longest back-off between two attempts of one call.
     participant_backoff_max_seconds: float = 30.0
+    # A participant whose calls fail as unreachable (no connection, timeouts, 429, 502, 503,
+    # 504, 524) once the retry table's attempts are spent is paused, not failed: no work is taken
+    # for it, its Health URL is probed at growing intervals and the calls in flight retry when it
+    # answers. Only an outage longer than this fails its jobs, as participant_outage.
+    participant_outage_seconds: float = Field(default=600.0, gt=0)
     # Allow participant URLs on loopback/private addresses (local stacks and tests only).
     allow_loopback_targets: bool = False
     # Items one adder/searcher process works on at once, over all participants together: a

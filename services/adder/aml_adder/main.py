@@ -9,7 +9,13 @@ from aml_adder.settings import AdderSettings
 from aml_contract.messages import AddWork
 from aml_pipeline.jobs import Endpoints
 from aml_pipeline.participants import ParticipantClient
-from aml_pipeline.stage_worker import StageWorker, capacity_limiter, participant_lanes, serve_stage
+from aml_pipeline.stage_worker import (
+    StageWorker,
+    capacity_limiter,
+    lane_outages,
+    participant_lanes,
+    serve_stage,
+)
 from aml_runtime.secrets import SecretBox
 from aml_runtime.service import open_runtime
 
@@ -18,7 +24,8 @@ def create_app(settings: AdderSettings | None = None) -> FastStream:
     settings = settings or AdderSettings()
     rt = open_runtime("adder", settings)
     limiter = capacity_limiter(rt, settings)
-    client = ParticipantClient.from_settings(settings, limiter)
+    outages = lane_outages(rt)
+    client = ParticipantClient.from_settings(settings, limiter, outages)
     endpoints = Endpoints(rt.db, SecretBox(settings.secret_keys))
     handler = SendChunk(settings, rt.db, rt.broker, client, endpoints)
     worker = StageWorker(
@@ -28,5 +35,6 @@ def create_app(settings: AdderSettings | None = None) -> FastStream:
         limiter,
         settings,
         max_in_flight=settings.worker_concurrency,
+        outages=outages,
     )
     return serve_stage(rt, worker, client.aclose)

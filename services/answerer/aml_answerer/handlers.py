@@ -21,6 +21,7 @@ from aml_evaluation.context import TokenCount, fit_candidates, model_image
 from aml_evaluation.prompts import IMAGE_PLACEHOLDER, Prompt, answer_content, question_with_options
 from aml_pipeline.evaluation_spec import token_counter_name
 from aml_pipeline.llm import complete
+from aml_pipeline.outages import Outages
 from aml_pipeline.stage_worker import StageCall
 from aml_runtime.broker import FinalFailure
 from aml_runtime.db import Document
@@ -34,6 +35,8 @@ class AnswerQuestion:
     llm: AsyncOpenAI
     prompt: Prompt
     count_tokens: TokenCount
+    # The LLM's outages: a call finding it down waits (None: it fails and is redelivered).
+    outages: Outages | None = None
 
     async def __call__(self, work: QuestionWork, question: Document, item: StageCall) -> Document:
         candidates = work.candidates
@@ -66,6 +69,8 @@ class AnswerQuestion:
             answer_content(self.prompt, context.memories, text, sent),
             self.settings.answer_max_tokens,
             item.admission,
+            outages=self.outages,
+            outage_seconds=self.settings.llm_outage_seconds,
         )
         images = {
             "images_sent": context.images + len(sent),

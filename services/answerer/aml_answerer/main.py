@@ -10,7 +10,7 @@ from aml_answerer.settings import AnswererSettings
 from aml_evaluation.prompts import load_prompt
 from aml_pipeline.llm import make_llm_client, make_token_counter
 from aml_pipeline.question_stage import QuestionStageWorker
-from aml_pipeline.stage_worker import llm_stage_worker, serve_stage
+from aml_pipeline.stage_worker import lane_outages, llm_stage_worker, serve_stage
 from aml_runtime.service import open_runtime
 
 
@@ -20,8 +20,10 @@ def create_app(settings: AnswererSettings | None = None) -> FastStream:
     llm = make_llm_client(settings)
     http = httpx.AsyncClient(timeout=settings.llm_timeout_seconds)
     count = make_token_counter(settings, http)
-    compute = AnswerQuestion(settings, rt.db, llm, load_prompt(settings.answer_prompt), count)
+    outages = lane_outages(rt)
+    prompt = load_prompt(settings.answer_prompt)
+    compute = AnswerQuestion(settings, rt.db, llm, prompt, count, outages)
     stage = QuestionStageWorker("answer", settings, rt.db, rt.broker, compute)
-    worker = llm_stage_worker(rt, settings, "answer", "answerer", stage.handle)
+    worker = llm_stage_worker(rt, settings, "answer", "answerer", stage.handle, outages)
 
     return serve_stage(rt, worker, stage.close, llm.close, http.aclose)

@@ -34,7 +34,7 @@ from aml_contract.api.access_requests import (
     AccessRequestView,
     AccessState,
 )
-from aml_gateway.refusals import Conflict, NotFound
+from aml_gateway.refusals import Conflict, NotFound, echoed
 from aml_gateway.registry import (
     SAMPLE_TASK_ID,
     check_health,
@@ -189,7 +189,7 @@ async def approve(svc: Services, request_id: str) -> AccessApproved:
         if new_key is not None:
             await svc.db.teams.delete_one({"_id": team_id})
             await svc.db.system_names.delete_one({"_id": version.system_name, "team_id": team_id})
-        raise Conflict(f"access request {request_id} was already decided")
+        raise Conflict(f"access request {echoed(request_id)} was already decided")
     log.info("access_request_approved", request_id=request_id, version_id=version_id)
     return AccessApproved(
         request_id=request_id, version_id=version_id, team_id=team_id, leaderboard_api_key=new_key
@@ -203,7 +203,7 @@ async def reject(svc: Services, request_id: str, reason: str) -> AccessRequestVi
         {"$set": {"state": "rejected", "reason": reason, "decided_at": svc.clock()}},
     )
     if decided.modified_count == 0:
-        raise Conflict(f"access request {request_id} was already decided")
+        raise Conflict(f"access request {echoed(request_id)} was already decided")
     secret_ref = document["spec"].get("secret_ref")
     if secret_ref:
         # No version will ever call the system with this key: it is not kept.
@@ -218,7 +218,7 @@ async def for_team(
     document = await db.access_requests.find_one({"_id": request_id, "team_id": team_id})
     if document is None:
         # Another team's request answers exactly like a missing one: existence is not revealed.
-        raise NotFound(f"access request {request_id} not found")
+        raise NotFound(f"access request {echoed(request_id)} not found")
     return AccessRequestStatus(**dict(view(document)))
 
 
@@ -252,14 +252,14 @@ async def for_requester(svc: Services, request_id: str, token: str) -> AccessReq
 async def _find(db: AsyncDatabase[Document], request_id: str) -> Document:
     document = await db.access_requests.find_one({"_id": request_id})
     if document is None:
-        raise NotFound(f"access request {request_id} not found")
+        raise NotFound(f"access request {echoed(request_id)} not found")
     return document
 
 
 async def _pending(db: AsyncDatabase[Document], request_id: str) -> Document:
     document = await _find(db, request_id)
     if document["state"] != "pending":
-        raise Conflict(f"access request {request_id} is already {document['state']}")
+        raise Conflict(f"access request {echoed(request_id)} is already {document['state']}")
     return document
 
 

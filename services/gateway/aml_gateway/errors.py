@@ -4,7 +4,8 @@ The rule modules raise `aml_gateway.refusals` kinds without any HTTP; this modul
 them into statuses, bodies and headers (`refusal_response`).
 
 Validation failures add structured field errors, but never the submitted values: a request
-body may hold a Memory System Key, and an error must not echo a secret back or into logs.
+body may hold a Memory System Key, and an error must not echo a secret back or into logs. Ids
+and keys from the request are quoted through `aml_gateway.refusals.echoed`, bounded.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aml_contract.api.errors import ErrorBody, ValidationErrorBody
-from aml_gateway.refusals import Conflict, Invalid, NotFound, QuotaExceeded, Refused
+from aml_gateway.refusals import Conflict, Invalid, NotFound, QuotaExceeded, Refused, echoed
 
 _COMPONENTS = "#/components/schemas/"
 # What FastAPI documents for 422 unless a route says otherwise: its own body, not ours.
@@ -42,8 +43,14 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 def field_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
     # Only where, what and which kind: pydantic's `input` and `ctx` may carry the value sent.
+    # A location names a key the caller sent when it is not allowed there: bounded, like any
+    # echoed text.
     return [
-        {"loc": list(error["loc"]), "msg": str(error["msg"]), "type": str(error["type"])}
+        {
+            "loc": [echoed(part) if isinstance(part, str) else part for part in error["loc"]],
+            "msg": str(error["msg"]),
+            "type": str(error["type"]),
+        }
         for error in exc.errors()
     ]
 

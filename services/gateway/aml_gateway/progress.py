@@ -10,12 +10,15 @@ from datetime import UTC, datetime
 
 from pymongo.asynchronous.database import AsyncDatabase
 
-from aml_contract.api.jobs import JobError, JobStatus, StageProgress
+from aml_contract.api.jobs import JobError, JobPause, JobStatus, StageProgress
 from aml_contract.api.publication import PublicationGate
 from aml_contract.api.vocabulary import Stage
+from aml_gateway.submissions import charged
+from aml_pipeline.llm import LLM_CAPACITY_KEY
+from aml_pipeline.outages import LanePause, open_pauses
 from aml_pipeline.progress import ITEM_STAGES, stage_counts, waiting_stage
 from aml_runtime.db import Document, read_time
-from aml_runtime.documents import FailureKind, JobDocument
+from aml_runtime.documents import ACTIVE_JOB_STATES, FailureKind, JobDocument
 
 
 def current_stage(job: Document) -> Stage | None:
@@ -54,7 +57,23 @@ async def job_status(db: AsyncDatabase[Document], job: Document) -> JobStatus:
         async for e in db.job_errors.find({"job_id": job_id}).sort("at", 1).limit(100)
     ]
     version = await db.versions.find_one({"_id": job.get("version_id")}, _VERSION_FIELDS)
-    return status_of(job, version, errors, datetime.now(UTC))
+    pauses: list[LanePause] = []
+    if job.get("state") in ACTIVE_JOB_STATES:
+        # Two keys by id: the job's participant version and the deployment's LLM.
+        pauses = await open_pauses(db, [str(job.get("version_id")), LLM_CAPACITY_KEY])
+    status = status_of(job, version, errors, datetime.now(UTC))
+    status.paused = [job_pause(pause) for pause in pauses if pause.paused]
+    return status
+
+
+def job_pause(pause: LanePause) -> JobPause:
+    return JobPause(
+        kind=pause.kind,
+        since=datetime.fromtimestamp(pause.since, UTC),
+        reason=pause.reason,
+        window_seconds=pause.window,
+        message=pause.describe(),
+    )
 
 
 def status_of(
@@ -76,6 +95,8 @@ def status_of(
     started, finished = stored.started_at, stored.finished_at
     end = finished or now
     version = version or {}
+    gate = stored_gate(job)
+    publishable, not_publishable = publication_outlook(stored, gate)
     return JobStatus(
         job_id=stored.id,
         state=stored.state,
@@ -94,6 +115,11 @@ def status_of(
         ),
         stages=stages,
         errors=errors,
+        state_summary=state_summary(stored),
+        platform_failures=stored.platform_failures or 0,
+        publishable=publishable,
+        not_publishable_reason=not_publishable,
+        charged=charged(stored.state, stored.failure_kind, stored.platform_failures or 0),
         spec=stored.spec,
         spec_hash=stored.spec_hash,
         dataset_bundle_hash=stored.dataset_bundle_hash,
@@ -104,9 +130,48 @@ def status_of(
         version_label=version.get("version_label"),
         board=version.get("board"),
         review_state=stored.review_state,
-        gate=stored_gate(job),
+        gate=gate,
         review_reason=stored.review_reason,
     )
+
+
+NOT_CHARGED = "this run is not charged to your quota"
+
+
+def _platform_reason(job: JobDocument) -> str:
+    return job.platform_failure_reason or (
+        f"{job.platform_failures} items failed by the platform (platform_error)"
+    )
+
+
+def publication_outlook(
+    job: JobDocument, gate: PublicationGate | None
+) -> tuple[bool | None, str | None]:
+    """Whether the job can be published (R-3.8) and, when not, why. A run the platform spoiled
+    says so first: the gate would fail it too, but only as one failed check among others."""
+    if job.state == "completed" and job.platform_failures:
+        return False, f"{_platform_reason(job)}: not publishable; {NOT_CHARGED}"
+    if job.state == "failed":
+        void = not charged(job.state, job.failure_kind, 0)
+        return False, f"the job failed: {job.failure or 'no reason recorded'}" + (
+            f"; {NOT_CHARGED}" if void else ""
+        )
+    if gate is None:
+        return None, None
+    if gate.passed:
+        return True, None
+    failing = "; ".join(f"{c.name}: {c.reason}" for c in gate.checks if not c.passed)
+    return False, f"the publication gate failed: {failing or 'no checks recorded'}"
+
+
+def state_summary(job: JobDocument) -> str:
+    """The state as a team reads it: a plain `completed` only for a run that the platform did
+    not spoil, and a failure said to be the platform's when it was (neither is charged)."""
+    if job.state == "completed" and job.platform_failures:
+        return f"completed — not publishable: {_platform_reason(job)}; not charged"
+    if job.state == "failed" and not charged(job.state, job.failure_kind, 0):
+        return "failed — by the platform (platform_error); not charged"
+    return job.state
 
 
 def stored_gate(job: Document) -> PublicationGate | None:

@@ -31,7 +31,7 @@ from aml_contract.api.vocabulary import Board, Track
 from aml_evaluation.aggregate import results_fingerprint
 from aml_gateway.progress import stored_gate
 from aml_gateway.ranking import ranked
-from aml_gateway.refusals import Conflict, NotFound
+from aml_gateway.refusals import Conflict, NotFound, echoed
 from aml_gateway.services import Services
 from aml_runtime.db import Document, read_time
 
@@ -46,7 +46,7 @@ _JOB_HASHES = ("spec_hash", "code_hash", "dataset_bundle_hash")
 async def _job(db: AsyncDatabase[Document], job_id: str) -> Document:
     job = await db.jobs.find_one({"_id": job_id})
     if job is None:
-        raise NotFound(f"job {job_id} not found")
+        raise NotFound(f"job {echoed(job_id)} not found")
     return job
 
 
@@ -167,11 +167,12 @@ async def approve(svc: Services, job_id: str) -> PublicationRecord:
     state = job.get("review_state")
     if state != "pending_review":
         raise Conflict(
-            f"job {job_id} is {state or 'not gated'}: only a job pending review can be approved"
+            f"job {echoed(job_id)} is {state or 'not gated'}: only a job pending review can be "
+            "approved"
         )
     gate = stored_gate(job)
     if gate is None or not gate.passed:
-        raise Conflict(f"job {job_id} has no passed publication gate")
+        raise Conflict(f"job {echoed(job_id)} has no passed publication gate")
     version, team = await _owners(db, job)
     published_at = svc.clock()
     entry_id = f"lb-{uuid.uuid4().hex[:12]}"
@@ -181,7 +182,7 @@ async def approve(svc: Services, job_id: str) -> PublicationRecord:
         {"$set": {"review_state": "approved", "reviewed_at": published_at, "entry_id": entry_id}},
     )
     if decided.modified_count == 0:
-        raise Conflict(f"job {job_id} was already reviewed")
+        raise Conflict(f"job {echoed(job_id)} was already reviewed")
     try:
         await db.leaderboard.insert_one(document)
     except DuplicateKeyError:
@@ -209,7 +210,8 @@ async def reject(svc: Services, job_id: str, reason: str) -> ReviewView:
     state = job.get("review_state")
     if state != "pending_review":
         raise Conflict(
-            f"job {job_id} is {state or 'not gated'}: only a job pending review can be rejected"
+            f"job {echoed(job_id)} is {state or 'not gated'}: only a job pending review can be "
+            "rejected"
         )
     decided = await db.jobs.update_one(
         {"_id": job_id, "review_state": "pending_review"},
@@ -222,7 +224,7 @@ async def reject(svc: Services, job_id: str, reason: str) -> ReviewView:
         },
     )
     if decided.modified_count == 0:
-        raise Conflict(f"job {job_id} was already reviewed")
+        raise Conflict(f"job {echoed(job_id)} was already reviewed")
     log.info("publication_rejected", job_id=job_id)
     return await _view(db, await _job(db, job_id))
 
@@ -236,9 +238,9 @@ async def disqualify(svc: Services, entry_id: str, reason: str) -> PublicationRe
     db = svc.db
     entry = await db.leaderboard.find_one({"_id": entry_id})
     if entry is None:
-        raise NotFound(f"leaderboard entry {entry_id} not found")
+        raise NotFound(f"leaderboard entry {echoed(entry_id)} not found")
     if entry.get("disqualified"):
-        raise Conflict(f"leaderboard entry {entry_id} is already disqualified")
+        raise Conflict(f"leaderboard entry {echoed(entry_id)} is already disqualified")
     updated = await db.leaderboard.update_one(
         {"_id": entry_id, "disqualified": False},
         {
@@ -250,7 +252,7 @@ async def disqualify(svc: Services, entry_id: str, reason: str) -> PublicationRe
         },
     )
     if updated.modified_count == 0:
-        raise Conflict(f"leaderboard entry {entry_id} is already disqualified")
+        raise Conflict(f"leaderboard entry {echoed(entry_id)} is already disqualified")
     # The team sees it on its job too; the record keeps the approval it had.
     await db.jobs.update_one(
         {"_id": entry["job_id"], "review_state": "approved"},

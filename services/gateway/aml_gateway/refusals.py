@@ -3,12 +3,27 @@
 The rule modules (`access_requests`, `registry`, `publication`, `submissions`) raise or return
 these and know nothing of HTTP; `aml_gateway.errors` gives each kind its status, body and
 headers, once for every route.
+
+A reason quotes an id or other text from the request only through `echoed`, so that a path or
+body of any length never comes back whole.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
+
+from aml_pipeline.participants import short
+
+# Enough of an echoed id to tell which one was meant (AML's own ids are far shorter).
+ECHO_MAX = 80
+
+
+def echoed(text: str, limit: int = ECHO_MAX) -> str:
+    """Text from the request as a reason may quote it: at most `limit` characters with "…"
+    when cut, control characters escaped (the participant side's `short`, with the gateway's
+    bound)."""
+    return short(text, limit)
 
 
 class Refused(Exception):

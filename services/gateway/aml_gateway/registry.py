@@ -17,9 +17,9 @@ from pydantic import SecretStr
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
-from aml_gateway.refusals import Conflict, Invalid
+from aml_gateway.refusals import Conflict, Invalid, echoed
 from aml_gateway.services import key_hash
-from aml_pipeline.participants import Endpoint, ParticipantClient
+from aml_pipeline.participants import REASON_QUOTE_MAX, Endpoint, ParticipantClient
 from aml_pipeline.urlsafety import UnsafeUrl, check_target
 from aml_runtime.db import Document
 from aml_runtime.documents import VersionFields
@@ -49,7 +49,7 @@ def _name_taken(name: str) -> Conflict:
 
 def name_taken_reason(name: str) -> str:
     return (
-        f"system name {name!r} belongs to another team; system names are unique across "
+        f"system name {echoed(name)!r} belongs to another team; system names are unique across "
         "teams (the public page is /systems/{name})"
     )
 
@@ -150,7 +150,8 @@ async def check_participant_urls(urls: Mapping[str, str], *, allow_loopback: boo
         try:
             checked, _addresses = await check_target(url, allow_loopback=allow_loopback)
         except UnsafeUrl as exc:
-            raise Invalid(f"{name}: {exc.reason}") from None
+            # The reason quotes the URL's host, as long as the caller made it.
+            raise Invalid(f"{name}: {echoed(exc.reason, REASON_QUOTE_MAX)}") from None
         if checked.insecure:
             # Allowed, but the Memory System Key would travel in clear text (R-4.1: warn).
             log.warning("participant_url_not_https", field=name, host=checked.host)

@@ -2,7 +2,11 @@
 jobs and a clock, so every boundary is testable without a database.
 
 Quotas are counted per Leaderboard API Key (a team) and per season; a job the platform itself
-failed (`platform_error`) is not counted, so an outage on our side never costs a team a run.
+failed (`platform_error`), or that completed with items the platform failed, is not counted
+(`charged`), so an outage on our side never costs a team a run. Such a run is void: it does not
+start the wait for the next full run either, and a smoke run that completed with items the
+platform failed is not a passed smoke (those items checked nothing of the participant end to
+end; being uncharged, the smoke can be run again at once).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from aml_contract.api.vocabulary import JobState, Mode, Track
-from aml_gateway.refusals import Conflict, Invalid, QuotaExceeded, Refused
+from aml_gateway.refusals import Conflict, Invalid, QuotaExceeded, Refused, echoed
 from aml_runtime.documents import ACTIVE_JOB_STATES, FailureKind
 
 
@@ -85,6 +89,16 @@ _ALL_TIME = Season(
 )
 
 
+def charged(state: JobState, failure_kind: FailureKind | None, platform_failures: int) -> bool:
+    """Whether a job counts against its team's quota: not when the platform failed it
+    (`platform_error`), nor when it completed with items the platform failed (its results are
+    incomplete through no fault of the team's, so it cannot be published). A queued or running
+    job counts until it ends."""
+    if state == "failed":
+        return failure_kind != FailureKind.PLATFORM_ERROR
+    return not (state == "completed" and platform_failures > 0)
+
+
 class PriorRun(BaseModel):
     """One of the team's earlier jobs, as far as the rules need it."""
 
@@ -97,7 +111,10 @@ class PriorRun(BaseModel):
     created_at: datetime
     finished_at: datetime | None = None
     failure_kind: FailureKind | None = None
-    # A completed smoke in which no item failed because of the participant (R-3.5).
+    # Items of a completed job the platform itself failed (`platform_error`).
+    platform_failures: int = 0
+    # A completed smoke in which no item failed because of the participant (R-3.5); it
+    # qualifies a full run only if it is also charged (`qualifies`).
     passed: bool = False
 
     @property
@@ -106,7 +123,13 @@ class PriorRun(BaseModel):
 
     @property
     def counts_against_quota(self) -> bool:
-        return not (self.state == "failed" and self.failure_kind == FailureKind.PLATFORM_ERROR)
+        return charged(self.state, self.failure_kind, self.platform_failures)
+
+    @property
+    def qualifies(self) -> bool:
+        """A passed smoke that checked every item end to end: one with items the platform
+        failed did not, and, not being charged, is simply run again."""
+        return self.mode == "smoke" and self.passed and self.counts_against_quota
 
 
 class Submission(BaseModel):
@@ -124,7 +147,7 @@ def check_submission(
     track (`Conflict`), no open season (`QuotaExceeded`), for a full run a passed smoke
     (`Invalid`), then the mode's quota (`QuotaExceeded`)."""
     if any(run.run_label == submission.run_label for run in prior):
-        return Conflict(f"run label {submission.run_label!r} is taken")
+        return Conflict(f"run label {echoed(submission.run_label)!r} is taken")
     running = next(
         (
             run
@@ -137,7 +160,7 @@ def check_submission(
     )
     if running is not None:
         return Conflict(
-            f"job {running.job_id} is still running for version {submission.version_id} on "
+            f"job {running.job_id} is still running for version {echoed(submission.version_id)} on "
             f"track {submission.track}; wait for it to end",
         )
     season = policy.season_at(now)
@@ -211,16 +234,28 @@ def _full_rules(
     season: Season,
 ) -> Refused | None:
     smoke_passed = any(
-        run.mode == "smoke"
-        and run.passed
-        and run.version_id == submission.version_id
-        and run.track == submission.track
+        run.qualifies and run.version_id == submission.version_id and run.track == submission.track
         for run in prior
     )
     if not smoke_passed:
+        void = [
+            run.job_id
+            for run in prior
+            if run.mode == "smoke"
+            and run.passed
+            and not run.counts_against_quota
+            and run.version_id == submission.version_id
+            and run.track == submission.track
+        ]
+        why = (
+            f" (smoke {', '.join(void)} completed with items failed by the platform: it did "
+            "not check them end to end and was not charged; run the smoke again)"
+            if void
+            else ""
+        )
         return Invalid(
-            f"no passed smoke run for version {submission.version_id} on track "
-            f"{submission.track}; a full run needs one",
+            f"no passed smoke run for version {echoed(submission.version_id)} on track "
+            f"{submission.track}; a full run needs one{why}",
         )
     on_track = sorted(
         (run for run in counted if run.track == submission.track), key=lambda r: r.created_at

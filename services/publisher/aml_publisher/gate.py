@@ -7,7 +7,9 @@ only when every check passes. Each reason names the values it compared.
 - `mode_full`: the job is a full run (smoke results are never publishable, R-3.4).
 - `all_items_succeeded`: the job completed; every Add chunk and every question's search, answer
   and score document is `done` (none `failed`, none missing against the planned totals); the
-  error summary (`job_errors`) is empty.
+  error summary (`job_errors`) is empty. Items the platform itself failed (`platform_error`, as
+  the scheduler records them at completion) are named first, as the platform's failure: the
+  team is not charged for such a run and may simply run it again.
 - `answer_model`, `spec_hash`, `code_hash`, `dataset_bundle_hash`: recorded on the job and equal
   to the operator's release baseline.
 - `question_counts`: per dataset, the questions the results account for (every category,
@@ -68,6 +70,10 @@ class JobFacts(_Facts):
     )
     stages: dict[str, StageCounts] = Field(default_factory=dict)
     errors: int = Field(default=0, description="Entries in the job's error summary.")
+    platform_failures: int = Field(
+        default=0, description="Items of the completed job the platform itself failed."
+    )
+    platform_failure_reason: str | None = None
     question_counts: dict[str, int] | None = Field(
         default=None, description="Questions per dataset in the results; None: no results."
     )
@@ -117,6 +123,8 @@ def job_facts(job: Mapping[str, Any], stages: Mapping[str, StageCounts], errors:
         totals=job.get("totals"),
         stages=dict(stages),
         errors=errors,
+        platform_failures=job.get("platform_failures") or 0,
+        platform_failure_reason=job.get("platform_failure_reason"),
         question_counts=None if datasets is None else _question_counts_of(datasets),
         results_fingerprint=None if datasets is None else results_fingerprint(datasets),
     )
@@ -159,6 +167,14 @@ def _mode_full(job: JobFacts) -> GateCheck:
 
 def _all_items_succeeded(job: JobFacts) -> GateCheck:
     problems: list[str] = []
+    if job.platform_failures:
+        reason = job.platform_failure_reason or (
+            f"{job.platform_failures} items failed by the platform (platform_error)"
+        )
+        problems.append(
+            f"{reason}: the platform's failure, not the participant's; the run is not charged "
+            "to the team's quota"
+        )
     if job.state != "completed":
         state = "missing" if job.state is None else repr(job.state)
         because = f" ({job.failure})" if job.failure else ""

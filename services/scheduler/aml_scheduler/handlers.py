@@ -4,7 +4,8 @@ guarded updates, so a redelivered event or the periodic reconciliation changes n
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -34,8 +35,9 @@ from aml_pipeline.jobs import (
     record_error,
     run_overdue,
 )
+from aml_pipeline.outages import close_abandoned
 from aml_pipeline.participants import ParticipantClient
-from aml_pipeline.progress import questions_final, repair_counters, repair_due
+from aml_pipeline.progress import questions_final, repair_counters, repair_due, stage_counts
 from aml_pipeline.retention import purge_expired
 from aml_runtime.broker import publish_work
 from aml_runtime.clock import now
@@ -168,6 +170,9 @@ class ScheduleJobs:
         A running job's progress counters are repaired (`aml_pipeline.progress`) only once they
         have been still for a few intervals: a lost increment shows as a job that stops moving,
         and a moving job is not re-read every interval."""
+        # A pause whose waiting calls are gone (their workers died) lifts after its window.
+        for key in await close_abandoned(self.db, time.time()):
+            log.warning("outage.abandoned_closed", key=key)
         active = {"state": {"$in": list(ACTIVE_JOB_STATES)}}
         fields = {"_id": 1, "version_id": 1, "started_at": 1, "planned": 1, "progress": 1,
                   "state": 1, "totals": 1, "created_at": 1}  # fmt: skip
@@ -378,27 +383,41 @@ class ScheduleJobs:
             return
         # Once per job, like the aggregation below: make the stored counters exact (a lost
         # increment of an Add or an error entry does not hold completion back but would show
-        # in the status and fail the publication gate).
-        await repair_counters(self.db, job_id)
-        results = aggregate(
-            job_id,
-            "completed",
-            await self.outcomes(job_id),
-            job.excluded_categories,
-            job.f1_variants,
-        )
+        # in the status and fail the publication gate). Other stages' batches are often still
+        # in their window here, so a change is the normal case, not an anomaly.
+        await repair_counters(self.db, job_id, at_completion=True)
+        outcomes = await self.outcomes(job_id)
+        results = aggregate(job_id, "completed", outcomes, job.excluded_categories, job.f1_variants)
+        # A failed Add fails its job at once (`on_add_done`), so a completed job normally has
+        # none (its counter says so without reading the job's chunks); counted all the same,
+        # so that no platform failure goes unnoticed.
+        adds = 0
+        if stage_counts(stored, "add")[1]:
+            failed_adds = self.db.add_chunks.find(
+                {"job_id": job_id, "state": "failed", "failure_kind": FailureKind.PLATFORM_ERROR},
+                {"_id": 1},
+            )
+            adds = len(await failed_adds.to_list())
+        questions = platform_failed(outcomes)
+        fields: Document = {
+            "state": "completed",
+            "finished_at": now(),
+            "results": results.model_dump(mode="json"),
+            "platform_failures": adds + questions,
+        }
+        reason = platform_failure_reason(questions, adds)
+        if reason is not None:
+            fields["platform_failure_reason"] = reason
         updated = await self.db.jobs.update_one(
-            {"_id": job_id, "state": "running"},
-            {
-                "$set": {
-                    "state": "completed",
-                    "finished_at": now(),
-                    "results": results.model_dump(mode="json"),
-                }
-            },
+            {"_id": job_id, "state": "running"}, {"$set": fields}
         )
         if updated.modified_count:
-            log.info("job.completed", job_id=job_id, overall=results.overall.judge_accuracy)
+            log.info("job.completed", job_id=job_id, overall=results.overall.judge_accuracy,
+                     platform_failures=adds + questions)  # fmt: skip
+            if reason is not None:
+                # The platform's own fault (typically the answer or judge model down): the run
+                # is void for the team, and the operator should know.
+                log.warning("job.completed_with_platform_failures", job_id=job_id, reason=reason)
             await publish_finished(self.broker, job_id, "completed")
 
     async def outcomes(self, job_id: str) -> list[QuestionOutcome]:
@@ -416,6 +435,25 @@ class ScheduleJobs:
         ):
             outcomes.append(question_outcome(question, final.get(question["_id"])))
         return outcomes
+
+
+def platform_failed(outcomes: Iterable[QuestionOutcome]) -> int:
+    """How many questions ended failed by the platform itself (`platform_error`): a failure
+    of ours (the answer or judge model down, a lost record), never held against the team."""
+    return sum(1 for o in outcomes if not o.scored and o.failure_kind == FailureKind.PLATFORM_ERROR)
+
+
+def platform_failure_reason(questions: int, adds: int = 0) -> str | None:
+    """What a completed job records for the items the platform failed, in words (shown by the
+    status, the job page, `aml team` and the publication gate); None when there are none."""
+    parts = [
+        f"{count} {noun}{'s' if count != 1 else ''}"
+        for count, noun in ((adds, "Add request"), (questions, "question"))
+        if count
+    ]
+    if not parts:
+        return None
+    return f"{' and '.join(parts)} failed by the platform (platform_error)"
 
 
 def question_outcome(question: Document, record: StageRecord | None) -> QuestionOutcome:

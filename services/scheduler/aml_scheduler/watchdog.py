@@ -15,6 +15,10 @@ still inside its timeout (and its retry) can trip it. Whatever the participant d
 that nothing moves is failed within that bound after its last movement, so a test can check
 that a job never hangs.
 
+A job whose participant or LLM is paused by an outage (`aml_pipeline.outages`) is not stalled
+while the pause lasts, and has moved when the outage ended: the outage has its own window, and
+failing the job here would end the run the pause exists to save.
+
 A job still *queued* (not planned) that long after it was created is failed too, as the
 platform's: planning is immediate, so it keeps failing to plan.
 
@@ -45,6 +49,8 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract.api.vocabulary import Stage
 from aml_pipeline.jobs import version_capacity
+from aml_pipeline.llm import LLM_CAPACITY_KEY
+from aml_pipeline.outages import last_outage_end, open_pauses
 from aml_pipeline.progress import LAST_US, waiting_stage
 from aml_runtime.clock import micros
 from aml_runtime.db import Document, read_time
@@ -138,6 +144,16 @@ async def diagnose(
     idle = (micros(moment) - moved) / 1e6
     if idle < limit_seconds:
         return None
+    # Only for a job that looks stalled: two reads by key.
+    keys = [str(job.get("version_id")), LLM_CAPACITY_KEY]
+    if await open_pauses(db, keys):
+        return None
+    ends = [end for key in keys if (end := await last_outage_end(db, key)) is not None]
+    if ends:
+        moved = max(moved, round(max(ends) * 1e6))
+        idle = (micros(moment) - moved) / 1e6
+        if idle < limit_seconds:
+            return None
     stage, figures = stuck_stage(job)
     if stage == "add" and (held := await searches_holding_adds(db, str(job["_id"]))):
         stage, figures = "search", f"{figures}, held back by {held} searches not final"

@@ -34,6 +34,7 @@ from aml_evaluation.scoring import (
     scoring_method,
 )
 from aml_pipeline.llm import complete
+from aml_pipeline.outages import Outages
 from aml_pipeline.stage_worker import StageCall
 from aml_runtime.broker import FinalFailure
 from aml_runtime.db import Document
@@ -50,6 +51,8 @@ class ScoreAnswer:
     abstention_prompt: Prompt
     # Judge rule -> its prompt (the shipped ones unless a test gives others).
     rule_prompts: Mapping[str, Prompt] = field(default_factory=load_judge_rule_prompts)
+    # The LLM's outages: a call finding it down waits (None: it fails and is redelivered).
+    outages: Outages | None = None
 
     async def __call__(self, work: QuestionWork, question: Document, item: StageCall) -> Document:
         answer = (
@@ -112,7 +115,13 @@ class ScoreAnswer:
 
         async def ask() -> str:
             return await complete(
-                self.llm, settings.judge_model, text, settings.judge_max_tokens, item.admission
+                self.llm,
+                settings.judge_model,
+                text,
+                settings.judge_max_tokens,
+                item.admission,
+                outages=self.outages,
+                outage_seconds=settings.llm_outage_seconds,
             )
 
         verdict = await judge(ask, settings.judge_runs, settings.judge_retries)

@@ -8,7 +8,7 @@ from aml_evaluation.prompts import load_prompt
 from aml_evaluation.punkt import require_punkt_tab
 from aml_pipeline.llm import make_llm_client
 from aml_pipeline.question_stage import QuestionStageWorker
-from aml_pipeline.stage_worker import llm_stage_worker, serve_stage
+from aml_pipeline.stage_worker import lane_outages, llm_stage_worker, serve_stage
 from aml_runtime.service import open_runtime
 from aml_scorer.handlers import ScoreAnswer
 from aml_scorer.settings import ScorerSettings
@@ -20,13 +20,15 @@ def create_app(settings: ScorerSettings | None = None) -> FastStream:
     settings = settings or ScorerSettings()
     rt = open_runtime("scorer", settings)
     llm = make_llm_client(settings)
+    outages = lane_outages(rt)
     compute = ScoreAnswer(
         settings,
         rt.db,
         llm,
         load_prompt(settings.judge_prompt),
         load_prompt(settings.judge_abstention_prompt),
+        outages=outages,
     )
     stage = QuestionStageWorker("score", settings, rt.db, rt.broker, compute)
-    worker = llm_stage_worker(rt, settings, "score", "scorer", stage.handle)
+    worker = llm_stage_worker(rt, settings, "score", "scorer", stage.handle, outages)
     return serve_stage(rt, worker, stage.close, llm.close)

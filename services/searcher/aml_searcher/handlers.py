@@ -103,7 +103,7 @@ class SearchQuestion:
         except CallFailed as exc:
             if exc.kind == FailureKind.CONTRACT_ERROR:
                 await observe.validated(exc.reason)
-            raise FinalFailure(exc.kind, exc.reason) from None
+            raise FinalFailure(exc.kind, exc.reason, exc.ends_job) from None
         await observe.validated(VALID)
         dumped: list[Document] = _SEARCH_ITEMS.dump_python(items, mode="json", exclude_none=True)
         return dumped

@@ -8,7 +8,13 @@ from aml_contract.messages import QuestionWork
 from aml_pipeline.jobs import Endpoints
 from aml_pipeline.participants import ParticipantClient
 from aml_pipeline.question_stage import QuestionStageWorker
-from aml_pipeline.stage_worker import StageWorker, capacity_limiter, participant_lanes, serve_stage
+from aml_pipeline.stage_worker import (
+    StageWorker,
+    capacity_limiter,
+    lane_outages,
+    participant_lanes,
+    serve_stage,
+)
 from aml_runtime.secrets import SecretBox
 from aml_runtime.service import open_runtime
 from aml_searcher.handlers import SearchQuestion, WrittenTexts
@@ -19,7 +25,8 @@ def create_app(settings: SearcherSettings | None = None) -> FastStream:
     settings = settings or SearcherSettings()
     rt = open_runtime("searcher", settings)
     limiter = capacity_limiter(rt, settings)
-    client = ParticipantClient.from_settings(settings, limiter)
+    outages = lane_outages(rt)
+    client = ParticipantClient.from_settings(settings, limiter, outages)
     endpoints = Endpoints(rt.db, SecretBox(settings.secret_keys))
     search = SearchQuestion(rt.db, client, endpoints, WrittenTexts(rt.db))
     stage = QuestionStageWorker("search", settings, rt.db, rt.broker, search)
@@ -30,5 +37,6 @@ def create_app(settings: SearcherSettings | None = None) -> FastStream:
         limiter,
         settings,
         max_in_flight=settings.worker_concurrency,
+        outages=outages,
     )
     return serve_stage(rt, worker, stage.close, client.aclose)

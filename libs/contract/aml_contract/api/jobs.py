@@ -4,7 +4,7 @@ status."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
@@ -93,6 +93,25 @@ class JobError(BaseModel):
     reason: str
 
 
+class JobPause(BaseModel):
+    """An outage the running job waits out (R-4.13): its work for that side is paused, not
+    failed, and resumes when the side answers again."""
+
+    kind: Literal["participant", "llm"] = Field(
+        description="Whose outage: the participant's memory system, or the answer/judge model."
+    )
+    since: datetime = Field(description="When the first of the failing calls was sent.")
+    reason: str = Field(description="The last failure: a network error's class or an HTTP status.")
+    window_seconds: float = Field(
+        description="How long an outage may last before it fails the waiting work "
+        "(AML_PARTICIPANT_OUTAGE_SECONDS, AML_LLM_OUTAGE_SECONDS)."
+    )
+    message: str = Field(
+        description="In words, e.g. "
+        "`paused: participant unreachable since 2026-12-05 10:01:02 UTC`."
+    )
+
+
 class JobStatus(BaseModel):
     job_id: str
     state: JobState
@@ -108,6 +127,33 @@ class JobStatus(BaseModel):
     elapsed_seconds: float
     stages: dict[Stage, StageProgress]
     errors: list[JobError]
+    # What the platform's own failures mean for the run (R-3.5, R-3.8).
+    state_summary: str = Field(
+        default="",
+        description="The state in words, as the job page and `aml team` show it: the state "
+        "itself, or e.g. `completed — not publishable: 3 questions failed by the platform "
+        "(platform_error); not charged` when the platform spoiled the run.",
+    )
+    platform_failures: int = Field(
+        default=0,
+        description="Items of a completed job that the platform itself failed "
+        "(`platform_error`, e.g. its answer model was down); 0 while the job runs.",
+    )
+    publishable: bool | None = Field(
+        default=None,
+        description="False when the job failed, completed with platform failures, or failed "
+        "the publication gate; true when the gate passed; null until it is known (running, "
+        "or completed and not gated yet).",
+    )
+    not_publishable_reason: str | None = Field(
+        default=None, description="Why `publishable` is false; null otherwise."
+    )
+    charged: bool = Field(
+        default=True,
+        description="Whether the job counts against the team's quota (R-3.5): false when the "
+        "platform failed the job or some of its items, which also starts no wait for the "
+        "next full run. A queued or running job counts until it ends.",
+    )
     spec: dict[str, str] = Field(description="Versions and hashes of everything held constant.")
     spec_hash: str | None = Field(
         default=None, description="sha256 of the evaluation spec document (R-6.4)."
@@ -129,6 +175,11 @@ class JobStatus(BaseModel):
     )
     review_reason: str | None = Field(
         default=None, description="Why an admin rejected the job's publication."
+    )
+    paused: list[JobPause] = Field(
+        default_factory=list,
+        description="Outages the running job is waiting out (its participant's, the answer "
+        "model's); empty when nothing is paused.",
     )
     system_name: str | None = Field(
         default=None, description="The version's system; null when the version is gone."

@@ -18,7 +18,7 @@ from aml_contract.api.versions import VersionRegistered, VersionRegistration
 from aml_gateway import access_requests
 from aml_gateway.deps import AdminDep, GuardedRoute, ServicesDep
 from aml_gateway.errors import error_responses
-from aml_gateway.refusals import Conflict, Invalid, NotFound
+from aml_gateway.refusals import Conflict, Invalid, NotFound, echoed
 from aml_gateway.registry import (
     check_participant_urls,
     check_system_name,
@@ -109,9 +109,9 @@ async def extend_retention(
         raise Invalid("keep_until must be in the future")
     job = await svc.db.jobs.find_one({"_id": job_id}, {"retention_purged_at": 1})
     if job is None:
-        raise NotFound(f"job {job_id} not found")
+        raise NotFound(f"job {echoed(job_id)} not found")
     if job.get("retention_purged_at") is not None:
-        raise Conflict(f"job {job_id}'s run data was already deleted")
+        raise Conflict(f"job {echoed(job_id)}'s run data was already deleted")
     await svc.db.jobs.update_one(
         {"_id": job_id},
         {"$set": {"retention_keep_until": keep_until, "retention_reason": body.reason}},

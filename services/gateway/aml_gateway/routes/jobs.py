@@ -22,7 +22,7 @@ from aml_evaluation.registry import registered
 from aml_gateway.deps import GuardedRoute, ServicesDep, TeamDep
 from aml_gateway.errors import error_responses
 from aml_gateway.progress import job_status
-from aml_gateway.refusals import Conflict, Invalid, NotFound
+from aml_gateway.refusals import Conflict, Invalid, NotFound, echoed
 from aml_gateway.routes.datasets import smoke_ids
 from aml_gateway.services import Services
 from aml_gateway.submissions import (
@@ -50,7 +50,7 @@ async def _own_job(svc: ServicesDep, team: Document, job_id: str) -> Document:
     job = await svc.db.jobs.find_one({"_id": job_id, "team_id": team["_id"]})
     if job is None:
         # Another team's job answers exactly like a missing one: existence is not revealed.
-        raise NotFound(f"job {job_id} not found")
+        raise NotFound(f"job {echoed(job_id)} not found")
     return job
 
 
@@ -71,7 +71,7 @@ def _datasets(body: JobSubmission, svc: Services) -> list[str]:
     unknown = sorted(set(datasets) - set(valid))
     if unknown:
         raise Invalid(
-            f"unknown dataset(s): {', '.join(unknown)}; a smoke run may name "
+            f"unknown dataset(s): {', '.join(map(echoed, unknown))}; a smoke run may name "
             f"{', '.join(valid)} (GET /v1/datasets)",
             valid_datasets=valid,
         )
@@ -98,7 +98,8 @@ async def _prior_runs(svc: Services, team_id: str) -> tuple[list[PriorRun], int]
         j["_id"] for j in jobs if j["mode"] == "smoke" and j["state"] == "completed"
     ]
     # A smoke passed when no item failed because of the participant: one query for all of them
-    # (items the platform itself failed are not held against the participant).
+    # (items the platform itself failed are not held against the participant; they make the
+    # smoke void instead, `PriorRun.qualifies`).
     flawed = {
         error["job_id"]
         async for error in svc.db.job_errors.find(
@@ -117,6 +118,7 @@ async def _prior_runs(svc: Services, team_id: str) -> tuple[list[PriorRun], int]
             created_at=read_time(job["created_at"]),
             finished_at=read_time(job.get("finished_at")),
             failure_kind=job.get("failure_kind"),
+            platform_failures=job.get("platform_failures") or 0,
             passed=job["_id"] in completed_smokes and job["_id"] not in flawed,
         )
         for job in jobs
@@ -140,9 +142,9 @@ async def submit_job(body: JobSubmission, svc: ServicesDep, team: TeamDep) -> Jo
     team_id = team["_id"]
     version = await svc.db.versions.find_one({"_id": body.version_id, "team_id": team_id})
     if version is None:
-        raise NotFound(f"version {body.version_id} not found")
+        raise NotFound(f"version {echoed(body.version_id)} not found")
     if body.track not in version.get("tracks", []):
-        raise Invalid(f"version {body.version_id} is not registered for track {body.track}")
+        raise Invalid(f"version {echoed(body.version_id)} is not registered for track {body.track}")
     if version["auth_method"] == "none" and body.mode != "smoke":
         raise Invalid("auth method `none` is allowed only for smoke runs")
     if body.mode == "full":
@@ -209,7 +211,7 @@ async def get_job(job_id: str, svc: ServicesDep, team: TeamDep) -> JobStatus:
 async def get_results(job_id: str, svc: ServicesDep, team: TeamDep) -> JobResults:
     job = await _own_job(svc, team, job_id)
     if "results" not in job:
-        raise Conflict(f"job {job_id} has no results yet ({job['state']})")
+        raise Conflict(f"job {echoed(job_id)} has no results yet ({job['state']})")
     return JobResults.model_validate(job["results"] | {"track": job["track"]})
 
 
@@ -303,7 +305,7 @@ async def get_search_audit(
     await _own_job(svc, team, job_id)
     search = await svc.db.searches.find_one({"_id": item_id, "job_id": job_id})
     if search is None:
-        raise NotFound(f"no search {item_id} in job {job_id}")
+        raise NotFound(f"no search {echoed(item_id)} in job {echoed(job_id)}")
     return SearchAudit(
         item_id=item_id,
         state=search["state"],

@@ -7,7 +7,7 @@ from fastapi import APIRouter
 from aml_contract.api.versions import Capacity, VersionView
 from aml_gateway.deps import GuardedRoute, ServicesDep, TeamDep
 from aml_gateway.errors import error_responses
-from aml_gateway.refusals import NotFound
+from aml_gateway.refusals import NotFound, echoed
 from aml_runtime.db import Document, read_time
 
 router = APIRouter(
@@ -45,5 +45,5 @@ async def list_versions(svc: ServicesDep, team: TeamDep) -> list[VersionView]:
 async def get_version(version_id: str, svc: ServicesDep, team: TeamDep) -> VersionView:
     version = await svc.db.versions.find_one({"_id": version_id, "team_id": team["_id"]})
     if version is None:
-        raise NotFound(f"version {version_id} not found")
+        raise NotFound(f"version {echoed(version_id)} not found")
     return _view(version)

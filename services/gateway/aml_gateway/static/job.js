@@ -133,8 +133,17 @@
     $("job-system").textContent = job.system_name || "—";
     $("job-version").textContent = job.version_label || "—";
     $("job-board").textContent = job.board ? BOARDS[job.board] || job.board : "—";
-    $("job-state").textContent = job.state;
+    // Not a plain "completed" when the platform failed items of the run (not publishable, not
+    // charged): the API words it once, for this page and `aml team` alike.
+    $("job-state").textContent = job.state_summary || job.state;
+    $("job-quota").textContent = job.charged === false
+      ? "not charged: the platform's failure"
+      : "counts against your quota";
     $("job-stage").textContent = job.stage || "—";
+    // An outage the running job waits out: its work is paused, not failed (R-4.13).
+    var paused = (job.paused || []).map(function (pause) { return pause.message; });
+    $("job-paused").textContent = paused.join("; ");
+    $("job-paused-row").hidden = paused.length === 0;
     $("job-mode").textContent = job.mode;
     $("job-track").textContent = job.track;
     $("job-label").textContent = job.run_label;
@@ -162,6 +171,7 @@
     fillFacts("job-spec", specKeys.map(function (name) { return [name, spec[name]]; }));
     var review = job.review_state ? REVIEW[job.review_state] || job.review_state : "not reviewed";
     if (job.review_reason) review += " (" + job.review_reason + ")";
+    if (job.platform_failures && job.not_publishable_reason) review = job.not_publishable_reason;
     $("job-review").textContent = review;
 
     STAGES.forEach(function (stage) {
@@ -193,7 +203,8 @@
       }));
     }
 
-    var announcement = "Job " + job.state + (job.stage ? ", stage " + job.stage : "");
+    var announcement = "Job " + (job.state_summary || job.state) +
+      (job.stage ? ", stage " + job.stage : "") + (paused.length ? ", " + paused.join("; ") : "");
     if (announcement !== lastAnnounced) {
       $("job-live").textContent = announcement + ".";
       lastAnnounced = announcement;

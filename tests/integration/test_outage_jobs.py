@@ -1,0 +1,424 @@
+"""Whole jobs riding through outages (SPEC R-4.13), every service a separate process on real
+components: nats-server with JetStream, nx-27017, the participant simulator over loopback HTTP
+(stopped, then served again on the same port) and the LLM stand-in (its process killed, then
+restarted). Each disturbed job is compared with an undisturbed one of the same dataset: the
+same answers and results, no item sent more than the retry table allows, the declared capacity
+never exceeded when the participant comes back to a backlog, the pause visible in the API
+while it lasts, and the stall watchdog (60 s here) quiet through pauses longer than that.
+
+Outages longer than their window run on a second platform with short windows: the job fails
+as participant_outage with the outage's start and end, and an answer model down too long fails
+its questions as the platform's (the job is then not publishable and not charged)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from pymongo import MongoClient
+
+from aml_devtools.platform import Platform, PlatformConfig, register_participant, start_platform
+from aml_devtools.processes import find_executable, free_port, http_ready
+from aml_devtools.stack import HOST, EmbeddedStack, StackConfig
+from aml_participant_simulator import Script, Simulator
+from aml_participant_simulator.recording import RequestRecord
+from aml_runtime.db import read_time
+
+pytestmark = pytest.mark.integration
+
+_MISSING = [name for name in ("nats-server", "nx-27017") if find_executable(name) is None]
+if _MISSING:
+    pytest.skip(f"embedded components missing: {', '.join(_MISSING)}", allow_module_level=True)
+
+STANDIN = "llm-standin"
+DATASET = "synthetic"
+CAPACITY = {"max_concurrency": 2, "max_rps": 20.0}
+MAX_ATTEMPTS = 5
+JOB_TIMEOUT = 420.0
+
+
+def _platform(factory: pytest.TempPathFactory, env: dict[str, str]) -> Iterator[Platform]:
+    data_dir = factory.mktemp("platform")
+    with EmbeddedStack(StackConfig(data_dir=data_dir, start_llm=False)) as stack:
+        stack.start_infra()
+        port = free_port(HOST)
+        llm = f"http://{HOST}:{port}"
+        argv = [sys.executable, "-m", "aml_llm_standin", "--host", HOST, "--port", str(port),
+                "--latency", "0.05", "--concurrency", "4"]  # fmt: skip
+        stack.start_process(STANDIN, argv, ready=http_ready(f"{llm}/health"))
+        config = PlatformConfig(
+            datasets_root=Path("/nonexistent"),
+            llm_concurrency=4,
+            participant_max_attempts=MAX_ATTEMPTS,
+            extra_env={
+                "AML_LLM_BASE_URL": f"{llm}/v1",
+                # The stand-in has no /tokenize.
+                "AML_TOKEN_COUNTER": "estimate",
+                # A job that nothing moves for 60 s is failed, unless it waits out a pause:
+                # every outage below outlasts that.
+                "AML_JOB_STALL_SECONDS": "60",
+                "AML_PARTICIPANT_TIMEOUT_SECONDS": "5",
+                **env,
+            },
+        )
+        yield start_platform(stack, config)
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    """Production's outage windows (10 and 30 minutes) and retry schedule."""
+    yield from _platform(tmp_path_factory, {})
+
+
+@pytest.fixture(scope="module")
+def short_windows(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    """Outage windows of 12 s and retries spanning a few seconds, so an outage outlives them."""
+    yield from _platform(
+        tmp_path_factory,
+        {
+            "AML_PARTICIPANT_OUTAGE_SECONDS": "12",
+            "AML_LLM_OUTAGE_SECONDS": "12",
+            "AML_PARTICIPANT_BACKOFF_BASE_SECONDS": "0.3",
+        },
+    )
+
+
+@dataclass
+class Participant:
+    """The simulator on a fixed port, which a test can take down and bring back."""
+
+    simulator: Simulator = field(default_factory=lambda: Simulator(Script()))
+    port: int = field(default_factory=lambda: free_port(HOST))
+    _serving: AbstractContextManager[str] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def up(self) -> None:
+        self._serving = self.simulator.running(HOST, self.port)
+        self._serving.__enter__()
+
+    def down(self) -> None:
+        if self._serving is not None:
+            self._serving.__exit__(None, None, None)
+            self._serving = None
+
+    def first(self, endpoint: str) -> bool:
+        return any(r.endpoint == endpoint for r in self.simulator.requests)
+
+
+@dataclass
+class Run:
+    job_id: str
+    key: str
+    status: dict[str, Any]
+    # Every `paused` entry the status showed while the job ran, by kind.
+    pauses_seen: dict[str, set[str]]
+    requests: list[RequestRecord]
+    version_id: str
+
+
+def _run(
+    platform: Platform,
+    team: str,
+    events: Callable[[Participant, Platform, float], None] | None = None,
+) -> Run:
+    """A smoke job of a new team on the synthetic dataset; `events(participant, platform,
+    elapsed)` is called at every poll to disturb it."""
+    participant = Participant()
+    participant.up()
+    try:
+        version_id, key = register_participant(
+            platform, participant.url, team, f"sim-{team}", capacity=dict(CAPACITY)
+        )
+        auth = {"Authorization": f"Bearer {key}"}
+        seen: dict[str, set[str]] = defaultdict(set)
+        with httpx.Client(base_url=platform.gateway_url, headers=auth, timeout=30) as api:
+            job = {"version_id": version_id, "run_label": team, "datasets": [DATASET]}
+            created = api.post("/v1/jobs", json=job)
+            assert created.status_code == 201, created.text
+            job_id = created.json()["job_id"]
+            started = time.monotonic()
+            while True:
+                status = api.get(f"/v1/jobs/{job_id}").json()
+                for pause in status["paused"]:
+                    seen[pause["kind"]].add(pause["message"])
+                if status["state"] in ("completed", "failed"):
+                    break
+                elapsed = time.monotonic() - started
+                assert elapsed < JOB_TIMEOUT, f"job {job_id} stuck: {status}"
+                if events is not None:
+                    events(participant, platform, elapsed)
+                time.sleep(0.25)
+    finally:
+        participant.down()
+    return Run(job_id, key, status, dict(seen), list(participant.simulator.requests), version_id)
+
+
+def _shown(run: Run, kind: str, start: str) -> bool:
+    return any(message.startswith(start) for message in run.pauses_seen.get(kind, ()))
+
+
+def _db(platform: Platform) -> Any:
+    return MongoClient(platform.stack.mongo_url, tz_aware=True)["aml"]
+
+
+def _answers(platform: Platform, job_id: str) -> dict[str, str]:
+    """Each question's answer, by its id without the job's."""
+    docs = _db(platform).answers.find({"job_id": job_id}, {"answer": 1})
+    return {doc["_id"].split("/", 1)[1]: doc["answer"] for doc in docs}
+
+
+def _results(platform: Platform, run: Run) -> dict[str, Any]:
+    response = httpx.get(
+        f"{platform.gateway_url}/v1/jobs/{run.job_id}/results",
+        headers={"Authorization": f"Bearer {run.key}"},
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    return {"overall": body["overall"], "datasets": body["datasets"]}
+
+
+def _attempts(platform: Platform, job_id: str) -> dict[str, list[dict[str, Any]]]:
+    """The audited attempts of each participant call of the job, by item."""
+    calls: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for call in _db(platform).calls.find({"job_id": job_id}):
+        calls[call["item_id"]].append(call)
+    return calls
+
+
+def _moment(stored: Any) -> float:
+    moment = read_time(stored)
+    assert moment is not None
+    return moment.timestamp()
+
+
+def _outages(platform: Platform, key: str) -> list[dict[str, Any]]:
+    return list(_db(platform).outages.find({"key": key}).sort("since", 1))
+
+
+def _max_in_window(moments: list[float], window: float = 1.0) -> int:
+    moments = sorted(moments)
+    start, most = 0, 0
+    for end, moment in enumerate(moments):
+        while moment - moments[start] >= window:
+            start += 1
+        most = max(most, end - start + 1)
+    return most
+
+
+def _within_declared(run: Run) -> None:
+    """The declared capacity held, before, during and after the outage (R-4.12)."""
+    calls = [r for r in run.requests if r.endpoint in ("add", "search")]
+    assert max(r.concurrency_at_arrival for r in calls) <= CAPACITY["max_concurrency"]
+    assert _max_in_window([r.arrived_monotonic for r in calls]) <= CAPACITY["max_rps"]
+
+
+def _same_bytes_on_every_retry(run: Run) -> None:
+    """What the participant received more than once was the same request, byte for byte."""
+    bodies: dict[tuple[str, str], set[bytes]] = defaultdict(set)
+    for record in run.requests:
+        if record.endpoint in ("add", "search"):
+            sent = json.loads(record.body)
+            ident = sent.get("request_id") or f"{sent['user_id']}?{sent['query']}"
+            bodies[(record.endpoint, ident)].add(record.body)
+    assert all(len(variants) == 1 for variants in bodies.values())
+
+
+@pytest.fixture(scope="module")
+def undisturbed(platform: Platform) -> tuple[dict[str, str], dict[str, Any]]:
+    run = _run(platform, "team-calm")
+    assert run.status["state"] == "completed", run.status
+    assert run.pauses_seen == {}
+    answers = _answers(platform, run.job_id)
+    assert len(answers) == 30
+    return answers, _results(platform, run)
+
+
+def test_a_participant_blip_and_a_short_llm_outage_are_ridden_through(
+    platform: Platform, undisturbed: tuple[dict[str, str], dict[str, Any]]
+) -> None:
+    """The participant down 5 s in the Add phase (the retries alone ride it through: five
+    attempts span at least 22.5 s), the answer model down 30 s (paused at its first failure)."""
+    marks: dict[str, float] = {}
+
+    def events(participant: Participant, platform: Platform, elapsed: float) -> None:
+        if "add_down" not in marks and participant.first("add"):
+            participant.down()
+            marks["add_down"] = elapsed
+        elif "add_down" in marks and "add_up" not in marks and elapsed >= marks["add_down"] + 5:
+            participant.up()
+            marks["add_up"] = elapsed
+        if "llm_down" not in marks and participant.first("search"):
+            platform.stack.kill(STANDIN)
+            marks["llm_down"] = elapsed
+        elif "llm_down" in marks and "llm_up" not in marks and elapsed >= marks["llm_down"] + 30:
+            platform.stack.restart(STANDIN)
+            marks["llm_up"] = elapsed
+
+    run = _run(platform, "team-blip", events)
+    assert set(marks) == {"add_down", "add_up", "llm_down", "llm_up"}, marks
+    assert run.status["state"] == "completed", run.status
+    assert run.status["platform_failures"] == 0 and run.status["errors"] == []
+    answers, results = undisturbed
+    assert _answers(platform, run.job_id) == answers
+    assert _results(platform, run) == results
+    # The blip needed no pause; the LLM's was shown while it lasted.
+    assert _outages(platform, run.version_id) == []
+    assert "participant" not in run.pauses_seen
+    assert any(
+        m.startswith("paused: answer model unreachable since ") for m in run.pauses_seen["llm"]
+    )
+    llm_outages = [o for o in _outages(platform, "llm") if o["since"] >= time.time() - 600]
+    assert llm_outages and llm_outages[-1]["how"] == "ended"
+    assert llm_outages[-1]["seconds"] >= 30
+    # No Add beyond the retry table; what came twice came byte-identical.
+    attempts = _attempts(platform, run.job_id)
+    adds = {item: calls for item, calls in attempts.items() if calls[0]["stage"] == "add"}
+    assert len(adds) == 12 and max(len(calls) for calls in adds.values()) <= MAX_ATTEMPTS
+    assert any(len(calls) > 1 for calls in adds.values())  # the blip was felt
+    _same_bytes_on_every_retry(run)
+    _within_declared(run)
+
+
+def test_a_participant_down_60s_and_the_llm_down_120s_in_the_search_phase(
+    platform: Platform, undisturbed: tuple[dict[str, str], dict[str, Any]]
+) -> None:
+    """Both longer than the stall watchdog's limit (60 s here) and far longer than the retry
+    table's attempts: the version's lane and the LLM stages pause, are probed, resume, and the
+    job completes as if nothing had happened."""
+    marks: dict[str, float] = {}
+
+    def events(participant: Participant, platform: Platform, elapsed: float) -> None:
+        if "down" not in marks and participant.first("search"):
+            participant.down()
+            platform.stack.kill(STANDIN)
+            marks["down"] = elapsed
+        if "down" in marks and "up" not in marks and elapsed >= marks["down"] + 60:
+            participant.up()
+            marks["up"] = elapsed
+        if "down" in marks and "llm_up" not in marks and elapsed >= marks["down"] + 120:
+            platform.stack.restart(STANDIN)
+            marks["llm_up"] = elapsed
+
+    run = _run(platform, "team-outage", events)
+    assert set(marks) == {"down", "up", "llm_up"}, marks
+    assert run.status["state"] == "completed", run.status
+    assert run.status["errors"] == [] and run.status["platform_failures"] == 0
+    answers, results = undisturbed
+    assert _answers(platform, run.job_id) == answers
+    assert _results(platform, run) == results
+
+    # The pauses, as the API showed them while they lasted, and as the audit keeps them.
+    assert any(
+        m.startswith("paused: participant unreachable since ")
+        for m in run.pauses_seen["participant"]
+    )
+    assert any(
+        m.startswith("paused: answer model unreachable since ") for m in run.pauses_seen["llm"]
+    )
+    (outage,) = _outages(platform, run.version_id)
+    assert outage["how"] == "ended" and 55 <= outage["seconds"] <= 60 + 45 + 20
+
+    # No Search beyond the retry table: its attempts before the pause, then one per resume.
+    attempts = _attempts(platform, run.job_id)
+    searches = {item: calls for item, calls in attempts.items() if calls[0]["stage"] == "search"}
+    assert len(searches) == 30
+    assert max(len(calls) for calls in searches.values()) <= MAX_ATTEMPTS + 1
+    # During the pause no further work was taken: only the calls in flight when it began.
+    during = {
+        item
+        for item, calls in searches.items()
+        for call in calls
+        if outage["since"] + 1 < _moment(call["started_at"]) < outage["until"] - 1
+    }
+    assert len(during) <= CAPACITY["max_concurrency"]
+    _same_bytes_on_every_retry(run)
+    # The backlog after the outage went out within the declared capacity.
+    _within_declared(run)
+
+
+def test_a_participant_down_longer_than_its_window_fails_the_job_with_start_and_end(
+    short_windows: Platform,
+) -> None:
+    """In the Add phase: the Add's failure ends the job as participant_outage; the error
+    summary names the outage's start and end. Nothing is sent while it waits."""
+
+    def events(participant: Participant, platform: Platform, elapsed: float) -> None:
+        if participant.first("add"):
+            participant.down()
+
+    run = _run(short_windows, "team-gone", events)
+    assert run.status["state"] == "failed", run.status
+    errors = run.status["errors"]
+    assert errors and errors[0]["kind"] == "participant_outage"
+    reason = errors[0]["reason"]
+    assert "participant unreachable from " in reason and " UTC to " in reason
+    assert "longer than AML_PARTICIPANT_OUTAGE_SECONDS = 12 s" in reason
+    (outage,) = _outages(short_windows, run.version_id)
+    assert outage["how"] == "expired" and outage["seconds"] >= 12
+    # Charged: the participant's outage, not the platform's.
+    assert run.status["charged"] is True
+
+
+def test_a_participant_down_longer_than_its_window_in_the_search_phase_fails_the_job(
+    short_windows: Platform,
+) -> None:
+    def events(participant: Participant, platform: Platform, elapsed: float) -> None:
+        if participant.first("search"):
+            participant.down()
+
+    run = _run(short_windows, "team-gone-search", events)
+    assert run.status["state"] == "failed", run.status
+    assert run.status["stage"] is None
+    kinds = Counter(error["kind"] for error in run.status["errors"])
+    assert kinds["participant_outage"] >= 1
+    assert all(kind == "participant_outage" for kind in kinds)
+    reasons = [e["reason"] for e in run.status["errors"]]
+    assert any("longer than AML_PARTICIPANT_OUTAGE_SECONDS = 12 s" in r for r in reasons)
+    # Only the calls in flight failed: the job's queued work was purged, not failed one by one.
+    assert sum(kinds.values()) <= CAPACITY["max_concurrency"]
+
+
+def test_an_llm_down_longer_than_its_window_is_the_platforms_failure_not_the_teams(
+    short_windows: Platform,
+) -> None:
+    marks: dict[str, float] = {}
+
+    def events(participant: Participant, platform: Platform, elapsed: float) -> None:
+        if "down" not in marks and participant.first("search"):
+            platform.stack.kill(STANDIN)
+            marks["down"] = elapsed
+
+    try:
+        run = _run(short_windows, "team-llm-gone", events)
+    finally:
+        short_windows.stack.restart(STANDIN)
+    assert run.status["state"] == "completed", run.status
+    assert run.status["platform_failures"] > 0
+    assert run.status["publishable"] is False and run.status["charged"] is False
+    assert run.status["state_summary"].startswith("completed — not publishable")
+    reasons = [e["reason"] for e in run.status["errors"] if e["kind"] == "platform_error"]
+    assert reasons and all("answer model unreachable from " in r for r in reasons)
+    assert all("AML_LLM_OUTAGE_SECONDS = 12 s" in r for r in reasons)
+
+
+def test_every_outage_is_audited_once(platform: Platform) -> None:
+    """Each outage of the runs above is one history entry (not one per waiting call)."""
+    history = list(_db(platform).outages.find({}))
+    by_key = Counter(entry["key"] for entry in history)
+    ids = [entry["_id"] for entry in history]
+    assert len(ids) == len(set(ids))
+    assert by_key["llm"] >= 2
+    assert all(entry["reason"] and entry["since"] < entry["until"] for entry in history)
