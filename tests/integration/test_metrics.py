@@ -4,6 +4,7 @@ answer, 503 with the reason when MongoDB does not, and the named metrics after r
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -21,6 +22,7 @@ from aml_gateway.main import create_app
 from aml_gateway.settings import GatewaySettings
 from aml_pipeline.audit import CallRecorder
 from aml_pipeline.llm import complete
+from aml_pipeline.outages import Outages
 from aml_pipeline.participants import Attempt
 from aml_pipeline.progress import count_final
 from aml_runtime.broker import declare_streams, make_broker
@@ -138,6 +140,8 @@ async def test_metrics_expose_items_calls_llm_backlog_and_jobs(
     await broker.connect()
     await declare_streams(broker)
     await broker.publish(b"{}", subjects.work_subject("score", "ver-m1", job_id), stream="AML_WORK")
+    # A participant's lane paused by an outage (R-4.13).
+    await Outages(db).declare("ver-m1", "participant", time.time(), "HTTP 503", 600)
     await observe_backlog(broker, db)
     await broker.stop()
 
@@ -153,6 +157,7 @@ async def test_metrics_expose_items_calls_llm_backlog_and_jobs(
         "aml_llm_errors_total",
         "aml_pending_work",
         "aml_jobs",
+        "aml_paused_lanes",
     ):
         assert f"\n{name}{{" in text, f"{name} missing from /metrics"
     assert _value("aml_items_total", stage="search", outcome="failed") == items_before + 1
@@ -164,6 +169,8 @@ async def test_metrics_expose_items_calls_llm_backlog_and_jobs(
     assert _value("aml_pending_work", stage="score") >= 1
     assert _value("aml_jobs", state="running") == 1
     assert _value("aml_jobs", state="completed") == 0
+    assert _value("aml_paused_lanes", kind="participant") == 1
+    assert _value("aml_paused_lanes", kind="llm") == 0
 
 
 async def test_gateway_ready_checks_nats_and_mongodb(nats_url: str, mongo_url: str) -> None:

@@ -25,6 +25,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract.messages import JobSubmitted
 from aml_pipeline.evaluation_spec import build_evaluation_spec
+from aml_pipeline.outages import ABANDONED_GRACE_SECONDS, LanePause, Outages, record_outage
 from aml_runtime.clock import micros
 from aml_runtime.db import Document
 from aml_runtime.documents import STAGE_COLLECTIONS, FailureKind, ensure_indexes
@@ -434,3 +435,60 @@ async def test_a_job_that_cannot_be_planned_does_not_stay_queued(
     failed = await job(db, "jw6")
     assert failed["state"] == "failed" and failed["failure_kind"] == FailureKind.PLATFORM_ERROR
     assert "could not be planned" in failed["failure"]
+
+
+async def test_a_job_waiting_out_an_outage_is_not_stalled(
+    db: AsyncDatabase[Document], broker: NatsBroker
+) -> None:
+    """R-4.13: while its participant's lane is paused the job is left alone however long it
+    sits still (the outage has its own window); the outage's end counts as movement; a pause
+    that no call waits for any more is closed a grace after its window, and then the watchdog
+    is back."""
+    clock = Clock()
+    run = scheduler(db, broker, clock)
+    await version(db, "ver-w6")
+    await running_job(db, "jw6", "ver-w6", {"add": {"done": 2}, "last_us": us(0)})
+    window = 10 * STALL
+    await Outages(db, clock=lambda: clock().timestamp()).declare(
+        "ver-w6", "participant", (T0 + timedelta(seconds=5)).timestamp(), "HTTP 503", window
+    )
+    for seconds in (STALL + 1, 5 * STALL, window):
+        clock.at(seconds)
+        await run.reconcile()
+        assert (await job(db, "jw6"))["state"] == "running", seconds
+    # Resumed, then ended at t = window: the job has moved then.
+    pause = await db.lane_pauses.find_one_and_delete({"_id": "ver-w6"})
+    assert pause is not None
+    await record_outage(db, LanePause.model_validate(pause), us(window) / 1e6, "ended")
+    clock.at(window + STALL - 1)
+    await run.reconcile()
+    assert (await job(db, "jw6"))["state"] == "running"
+    clock.at(window + STALL + 1)
+    await run.reconcile()
+    assert (await job(db, "jw6"))["state"] == "failed"
+
+
+async def test_an_abandoned_pause_lifts_and_the_watchdog_is_back(
+    db: AsyncDatabase[Document], broker: NatsBroker
+) -> None:
+    clock = Clock()
+    run = scheduler(db, broker, clock)
+    await version(db, "ver-w7")
+    await running_job(db, "jw7", "ver-w7", {"add": {"done": 2}, "last_us": us(0)})
+    window = 2 * STALL
+    await Outages(db, clock=lambda: clock().timestamp()).declare(
+        "ver-w7", "participant", T0.timestamp(), "network error: ConnectError", window
+    )
+    clock.at(window + ABANDONED_GRACE_SECONDS - 1)
+    await run.reconcile()
+    assert await db.lane_pauses.find_one({"_id": "ver-w7"}) is not None
+    assert (await job(db, "jw7"))["state"] == "running"
+    clock.at(window + ABANDONED_GRACE_SECONDS + 1)
+    await run.reconcile()
+    assert await db.lane_pauses.find_one({"_id": "ver-w7"}) is None
+    expired = await db.outages.find_one({"key": "ver-w7"})
+    assert expired is not None and expired["how"] == "expired"
+    # Closed at the grace's end, which counts as movement: stalled one limit later.
+    clock.at(window + ABANDONED_GRACE_SECONDS + STALL + 2)
+    await run.reconcile()
+    assert (await job(db, "jw7"))["state"] == "failed"

@@ -13,7 +13,8 @@ attempts are spent on such failures, an LLM call at once (its client already ret
   byte-identical afterwards. One process at a time probes (a claim on `probe_at`), at growing
   intervals (`PROBE_FIRST_SECONDS` doubling up to `PROBE_MAX_SECONDS`): a participant's Health
   URL, the LLM endpoint's model list.
-- *resumed*: the probe answered. Workers admit again; each waiting call retries once.
+- *resumed*: the probe answered. Workers admit again; each waiting call is sent again (a down
+  failure pauses again at once, any other failure takes the retry table anew).
 - *closed*: the first call that succeeds removes the document and writes the outage to
   `outages` (its start, end and last failure). A call that fails as down while the outage is
   open pauses it again at once, keeping its start: an endpoint whose Health answers while its
@@ -188,6 +189,11 @@ class Outages:
     ) -> LanePause:
         """Pause `key` (a call's failures say it is down since `since`). An open outage keeps
         its start; a resumed one is paused again, and probed next after its grown interval."""
+        known = self._view.get(key)
+        if known is not None and known.paused:
+            # Paused already, as this process knows: every call in flight that finds the key
+            # down lands here, and the pause needs saying once.
+            return known
         moment = self.clock()
         fresh = LanePause(
             key=key, kind=kind, paused=True, since=min(since, moment), reason=reason,
@@ -247,7 +253,9 @@ class Outages:
         """Return once `key` is not paused (at once if it is not); raise `OutageExpired` when
         the pause outlives its window. One waiter of this process at a time reads the pause and,
         when due and claimed across replicas, probes; the others wait for what it learns."""
+        waited: LanePause | None = None
         while (pause := self._view.get(key)) is not None and pause.paused:
+            waited = pause
             moment = self.clock()
             if pause.expired(moment):
                 await self._close(key, pause.since, "expired")
@@ -260,6 +268,10 @@ class Outages:
                 continue
             async with lock:
                 await self._tend(pause, probe)
+        moment = self.clock()
+        if waited is not None and key not in self._view and waited.expired(moment):
+            # Closed as expired by another waiter (of this process or another): the same end.
+            raise OutageExpired(waited, moment, window_setting(waited.kind))
 
     async def _tend(self, pause: LanePause, probe: Probe) -> None:
         moment = self.clock()

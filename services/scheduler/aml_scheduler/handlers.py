@@ -4,7 +4,6 @@ guarded updates, so a redelivered event or the periodic reconciliation changes n
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -171,7 +170,7 @@ class ScheduleJobs:
         have been still for a few intervals: a lost increment shows as a job that stops moving,
         and a moving job is not re-read every interval."""
         # A pause whose waiting calls are gone (their workers died) lifts after its window.
-        for key in await close_abandoned(self.db, time.time()):
+        for key in await close_abandoned(self.db, self.clock().timestamp()):
             log.warning("outage.abandoned_closed", key=key)
         active = {"state": {"$in": list(ACTIVE_JOB_STATES)}}
         fields = {"_id": 1, "version_id": 1, "started_at": 1, "planned": 1, "progress": 1,

@@ -146,7 +146,7 @@ async def diagnose(
         return None
     # Only for a job that looks stalled: two reads by key.
     keys = [str(job.get("version_id")), LLM_CAPACITY_KEY]
-    if await open_pauses(db, keys):
+    if any(pause.paused for pause in await open_pauses(db, keys)):
         return None
     ends = [end for key in keys if (end := await last_outage_end(db, key)) is not None]
     if ends:
