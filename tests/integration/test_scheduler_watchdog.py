@@ -446,26 +446,26 @@ async def test_a_job_waiting_out_an_outage_is_not_stalled(
     is back."""
     clock = Clock()
     run = scheduler(db, broker, clock)
-    await version(db, "ver-w6")
-    await running_job(db, "jw6", "ver-w6", {"add": {"done": 2}, "last_us": us(0)})
+    await version(db, "ver-w8")
+    await running_job(db, "jw8", "ver-w8", {"add": {"done": 2}, "last_us": us(0)})
     window = 10 * STALL
     await Outages(db, clock=lambda: clock().timestamp()).declare(
-        "ver-w6", "participant", (T0 + timedelta(seconds=5)).timestamp(), "HTTP 503", window
+        "ver-w8", "participant", (T0 + timedelta(seconds=5)).timestamp(), "HTTP 503", window
     )
     for seconds in (STALL + 1, 5 * STALL, window):
         clock.at(seconds)
         await run.reconcile()
-        assert (await job(db, "jw6"))["state"] == "running", seconds
+        assert (await job(db, "jw8"))["state"] == "running", seconds
     # Resumed, then ended at t = window: the job has moved then.
-    pause = await db.lane_pauses.find_one_and_delete({"_id": "ver-w6"})
+    pause = await db.lane_pauses.find_one_and_delete({"_id": "ver-w8"})
     assert pause is not None
     await record_outage(db, LanePause.model_validate(pause), us(window) / 1e6, "ended")
     clock.at(window + STALL - 1)
     await run.reconcile()
-    assert (await job(db, "jw6"))["state"] == "running"
+    assert (await job(db, "jw8"))["state"] == "running"
     clock.at(window + STALL + 1)
     await run.reconcile()
-    assert (await job(db, "jw6"))["state"] == "failed"
+    assert (await job(db, "jw8"))["state"] == "failed"
 
 
 async def test_an_abandoned_pause_lifts_and_the_watchdog_is_back(
@@ -473,22 +473,90 @@ async def test_an_abandoned_pause_lifts_and_the_watchdog_is_back(
 ) -> None:
     clock = Clock()
     run = scheduler(db, broker, clock)
-    await version(db, "ver-w7")
-    await running_job(db, "jw7", "ver-w7", {"add": {"done": 2}, "last_us": us(0)})
+    await version(db, "ver-w9")
+    await running_job(db, "jw9", "ver-w9", {"add": {"done": 2}, "last_us": us(0)})
     window = 2 * STALL
     await Outages(db, clock=lambda: clock().timestamp()).declare(
-        "ver-w7", "participant", T0.timestamp(), "network error: ConnectError", window
+        "ver-w9", "participant", T0.timestamp(), "network error: ConnectError", window
     )
     clock.at(window + ABANDONED_GRACE_SECONDS - 1)
     await run.reconcile()
-    assert await db.lane_pauses.find_one({"_id": "ver-w7"}) is not None
-    assert (await job(db, "jw7"))["state"] == "running"
+    assert await db.lane_pauses.find_one({"_id": "ver-w9"}) is not None
+    assert (await job(db, "jw9"))["state"] == "running"
     clock.at(window + ABANDONED_GRACE_SECONDS + 1)
     await run.reconcile()
-    assert await db.lane_pauses.find_one({"_id": "ver-w7"}) is None
-    expired = await db.outages.find_one({"key": "ver-w7"})
+    assert await db.lane_pauses.find_one({"_id": "ver-w9"}) is None
+    expired = await db.outages.find_one({"key": "ver-w9"})
     assert expired is not None and expired["how"] == "expired"
     # Closed at the grace's end, which counts as movement: stalled one limit later.
     clock.at(window + ABANDONED_GRACE_SECONDS + STALL + 2)
     await run.reconcile()
-    assert (await job(db, "jw7"))["state"] == "failed"
+    assert (await job(db, "jw9"))["state"] == "failed"
+
+
+async def _queued(db: AsyncDatabase[Document], job_id: str, version_id: str) -> None:
+    await version(db, version_id)
+    await db.jobs.insert_one(
+        {"_id": job_id, "team_id": "team-w", "version_id": version_id, "mode": "smoke",
+         "run_label": job_id, "datasets": ["synthetic"], "state": "queued", "planned": False,
+         "created_at": T0, "track": "textual"}
+    )  # fmt: skip
+
+
+async def test_a_participant_down_when_its_job_starts_is_waited_for(
+    db: AsyncDatabase[Document], broker: NatsBroker
+) -> None:
+    """R-4.13 at the start: Health not answering pauses the participant's lane and keeps the job
+    queued (shown as paused, not stalled); it is planned as soon as Health answers, and the
+    outage is over."""
+    clock = Clock()
+    run = scheduler(db, broker, clock)
+    run.outages = Outages(db, clock=lambda: clock().timestamp())
+    healthy = False
+
+    async def health(job: Document) -> bool:
+        return healthy
+
+    run._participant_healthy = health  # type: ignore[method-assign]
+    await _queued(db, "jst1", "ver-st1")
+    for seconds in (0, STALL + 1, 4 * STALL):
+        clock.at(seconds)
+        await run.reconcile()
+        assert (await job(db, "jst1"))["state"] == "queued", seconds
+    pause = await db.lane_pauses.find_one({"_id": "ver-st1"})
+    assert pause is not None and pause["paused"] and pause["since"] == T0.timestamp()
+    healthy = True
+    clock.at(5 * STALL)
+    await run.reconcile()
+    started = await job(db, "jst1")
+    assert started["state"] == "running" and started["planned"]
+    assert await db.lane_pauses.find_one({"_id": "ver-st1"}) is None
+    (outage,) = await db.outages.find({"key": "ver-st1"}).to_list()
+    assert outage["how"] == "ended" and outage["seconds"] == 5 * STALL
+
+
+async def test_a_participant_down_past_its_window_at_the_start_fails_the_job(
+    db: AsyncDatabase[Document], broker: NatsBroker
+) -> None:
+    clock = Clock()
+    run = scheduler(db, broker, clock)
+    run.outages = Outages(db, clock=lambda: clock().timestamp())
+
+    async def unhealthy(job: Document) -> bool:
+        return False
+
+    run._participant_healthy = unhealthy  # type: ignore[method-assign]
+    await _queued(db, "jst2", "ver-st2")
+    window = run.settings.participant_outage_seconds
+    await run.reconcile()  # as the submission's event would, at once
+    clock.at(window - 1)
+    await run.reconcile()
+    assert (await job(db, "jst2"))["state"] == "queued"
+    clock.at(window + 1)
+    await run.reconcile()
+    failed = await job(db, "jst2")
+    assert failed["state"] == "failed" and failed["failure_kind"] == FailureKind.PARTICIPANT_OUTAGE
+    assert "participant unreachable from 2026-01-01 00:00:00 UTC to " in failed["failure"]
+    assert "AML_PARTICIPANT_OUTAGE_SECONDS = 600 s" in failed["failure"]
+    assert "Health endpoint did not answer 2xx" in failed["failure"]
+    assert await db.lane_pauses.find_one({"_id": "ver-st2"}) is None

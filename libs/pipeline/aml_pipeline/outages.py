@@ -47,8 +47,10 @@ from pymongo import ReturnDocument
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
+from aml_contract import subjects
 from aml_runtime.db import Document
 from aml_runtime.documents import LANE_PAUSES, OUTAGES
+from aml_runtime.service import Runtime
 
 log = structlog.get_logger()
 
@@ -96,9 +98,10 @@ class LanePause(BaseModel):
 class OutageExpired(Exception):
     """The outage outlasted its window: the waiting call fails with `reason`."""
 
-    def __init__(self, pause: LanePause, until: float, setting: str) -> None:
+    def __init__(self, pause: LanePause, until: float) -> None:
         self.pause = pause
         self.until = until
+        setting = window_setting(pause.kind)
         self.reason = (
             f"{unreachable(pause.kind)} from {stamp(pause.since)} to {stamp(until)} "
             f"({until - pause.since:.0f} s, longer than {setting} = {pause.window:g} s); "
@@ -230,6 +233,12 @@ class Outages:
             return
         await self._close(key, None, "ended")
 
+    async def expire(self, pause: LanePause, moment: float) -> str:
+        """Close `pause` as outliving its window; returns the reason its waiting work fails
+        with, naming the outage's start and end (`moment`)."""
+        await self._close(pause.key, pause.since, "expired")
+        return OutageExpired(pause, moment).reason
+
     async def _close(self, key: str, since: float | None, how: Literal["ended", "expired"]) -> None:
         match: Document = {"_id": key} if since is None else {"_id": key, "since": since}
         doc = await self.db[LANE_PAUSES].find_one_and_delete(match)
@@ -258,8 +267,8 @@ class Outages:
             waited = pause
             moment = self.clock()
             if pause.expired(moment):
-                await self._close(key, pause.since, "expired")
-                raise OutageExpired(pause, moment, window_setting(pause.kind))
+                await self.expire(pause, moment)
+                raise OutageExpired(pause, moment)
             lock = self._tending.setdefault(key, asyncio.Lock())
             if lock.locked():
                 event = self._changed.setdefault(key, asyncio.Event())
@@ -271,7 +280,7 @@ class Outages:
         moment = self.clock()
         if waited is not None and key not in self._view and waited.expired(moment):
             # Closed as expired by another waiter (of this process or another): the same end.
-            raise OutageExpired(waited, moment, window_setting(waited.kind))
+            raise OutageExpired(waited, moment)
 
     async def _tend(self, pause: LanePause, probe: Probe) -> None:
         moment = self.clock()
@@ -357,3 +366,12 @@ async def close_abandoned(db: AsyncDatabase[Document], moment: float) -> list[st
             await record_outage(db, pause, moment, "expired")
             closed.append(pause.key)
     return closed
+
+
+def lane_outages(runtime: Runtime) -> Outages:
+    """The outages of a service process: a change it makes is announced to every replica."""
+
+    async def announce(key: str) -> None:
+        await runtime.broker.connection.publish(subjects.LANE_OUTAGE, key.encode())
+
+    return Outages(runtime.db, announce)

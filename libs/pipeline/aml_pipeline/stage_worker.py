@@ -575,15 +575,6 @@ def llm_stage_worker(
     )
 
 
-def lane_outages(runtime: Runtime) -> Outages:
-    """The outages of a worker process: a change it makes is announced to every replica."""
-
-    async def announce(key: str) -> None:
-        await runtime.broker.connection.publish(subjects.LANE_OUTAGE, key.encode())
-
-    return Outages(runtime.db, announce)
-
-
 def capacity_limiter(runtime: Runtime, settings: CommonSettings) -> CapacityLimiter:
     """The limiter of a worker process: it tells every replica when it frees a slot."""
 

@@ -8,11 +8,11 @@ from aml_adder.handlers import SendChunk
 from aml_adder.settings import AdderSettings
 from aml_contract.messages import AddWork
 from aml_pipeline.jobs import Endpoints
+from aml_pipeline.outages import lane_outages
 from aml_pipeline.participants import ParticipantClient
 from aml_pipeline.stage_worker import (
     StageWorker,
     capacity_limiter,
-    lane_outages,
     participant_lanes,
     serve_stage,
 )

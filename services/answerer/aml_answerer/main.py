@@ -9,8 +9,9 @@ from aml_answerer.handlers import AnswerQuestion
 from aml_answerer.settings import AnswererSettings
 from aml_evaluation.prompts import load_prompt
 from aml_pipeline.llm import make_llm_client, make_token_counter
+from aml_pipeline.outages import lane_outages
 from aml_pipeline.question_stage import QuestionStageWorker
-from aml_pipeline.stage_worker import lane_outages, llm_stage_worker, serve_stage
+from aml_pipeline.stage_worker import llm_stage_worker, serve_stage
 from aml_runtime.service import open_runtime
 
 

@@ -34,7 +34,7 @@ from aml_pipeline.jobs import (
     record_error,
     run_overdue,
 )
-from aml_pipeline.outages import close_abandoned
+from aml_pipeline.outages import Outages, close_abandoned
 from aml_pipeline.participants import ParticipantClient
 from aml_pipeline.progress import questions_final, repair_counters, repair_due, stage_counts
 from aml_pipeline.retention import purge_expired
@@ -85,6 +85,9 @@ class ScheduleJobs:
     code_hash: str
     # The stall watchdog's clock (replaced in tests).
     clock: Callable[[], datetime] = field(default=now)
+    # Participants' outages (R-4.13): one unreachable when its job starts is waited for, as
+    # during the job (None: such a job fails at once).
+    outages: Outages | None = None
     # Users whose questions this process has seen released (their marker is written, and never
     # removed while the job lives): the reconciliation's re-drive skips them without a read.
     _released: set[tuple[str, str]] = field(default_factory=set, init=False)
@@ -111,13 +114,14 @@ class ScheduleJobs:
         await self.release(event.job_id)
 
     async def _start(self, job: Document) -> bool:
-        """Plan a submitted job once its participant is healthy; False if the job failed."""
+        """Plan a submitted job once its participant is healthy; False if the job failed or
+        still waits for its participant."""
+        version_id = str(job["version_id"])
         if not await self._participant_healthy(job):
-            reason = "the participant's Health endpoint did not answer 2xx before the start"
-            kind = FailureKind.PARTICIPANT_OUTAGE
-            await record_error(self.db, job["_id"], "add", kind, None, reason)
-            await fail_job(self.db, self.broker, job["_id"], "add", kind, reason)
+            await self._unhealthy_at_start(job["_id"], version_id)
             return False
+        if self.outages is not None:
+            await self.outages.succeeded(version_id)
         try:
             await self._plan(job)
         except DatasetFileError as exc:
@@ -133,6 +137,24 @@ class ScheduleJobs:
             log.error("job.dataset_missing", job_id=job["_id"], reason=str(exc))
             return False
         return True
+
+    async def _unhealthy_at_start(self, job_id: str, version_id: str) -> None:
+        """A participant whose Health does not answer when its job starts is down as it would be
+        mid-job (a restart, a blip): its lane is paused and the job stays queued, looked at again
+        by every reconciliation, until Health answers or the outage outlives its window."""
+        failure = "the participant's Health endpoint did not answer 2xx before the start"
+        kind = FailureKind.PARTICIPANT_OUTAGE
+        reason = failure
+        if self.outages is not None:
+            moment = self.clock().timestamp()
+            window = self.settings.participant_outage_seconds
+            pause = await self.outages.declare(version_id, "participant", moment, failure, window)
+            if not pause.expired(moment):
+                log.info("job.waits_for_participant", job_id=job_id, since=pause.since)
+                return
+            reason = await self.outages.expire(pause, moment)
+        await record_error(self.db, job_id, "add", kind, None, reason)
+        await fail_job(self.db, self.broker, job_id, "add", kind, reason)
 
     async def on_add_done(self, event: AddDone) -> None:
         # Not the body (an Add's whole session): only what the release needs.

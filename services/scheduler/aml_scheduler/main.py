@@ -10,6 +10,7 @@ from faststream.nats import NatsMessage
 from aml_contract import subjects
 from aml_contract.messages import AddDone, JobSubmitted, QuestionDone, SearchDone
 from aml_pipeline.evaluation_spec import build_evaluation_spec
+from aml_pipeline.outages import lane_outages
 from aml_pipeline.participants import ParticipantClient
 from aml_runtime.broker import FastStreamDelivery, Handler, consume, run_delivery
 from aml_runtime.codehash import code_hash
@@ -34,7 +35,10 @@ def create_app(settings: SchedulerSettings | None = None) -> FastStream:
     client = ParticipantClient.from_settings(settings)
     box = SecretBox(settings.secret_keys)
     evaluation_spec = build_evaluation_spec(settings)
-    scheduler = ScheduleJobs(settings, rt.db, rt.broker, client, box, evaluation_spec, code_hash())
+    scheduler = ScheduleJobs(
+        settings, rt.db, rt.broker, client, box, evaluation_spec, code_hash(),
+        outages=lane_outages(rt),
+    )  # fmt: skip
 
     def events(subject: str) -> Callable[[Handler], Handler]:
         return consume(rt.broker, settings, subject, f"scheduler-{subject.split('.')[-1]}", 4)

@@ -126,14 +126,16 @@ async def diagnose(
 ) -> Stall | None:
     """The job's stall, or None while it moves."""
     if job.get("state") == "queued" and not job.get("planned"):
-        # Planning is immediate (an unhealthy participant or missing dataset files fail the job
-        # at once): a job still queued this long keeps failing to plan for the platform's reasons.
+        # Planning is immediate (missing dataset files fail the job at once, a participant
+        # whose Health does not answer pauses it as an outage): a job still queued this long
+        # keeps failing to plan for the platform's reasons.
         created = read_time(job.get("created_at"))
         if created is None:
             return None
-        idle = (micros(moment) - micros(created)) / 1e6
-        if idle < limit_seconds:
+        since = await _idle_since(db, job, micros(created), moment, limit_seconds)
+        if since is None:
             return None
+        idle = (micros(moment) - since) / 1e6
         why = "the job could not be planned (see the scheduler's reconcile.failed log entries)"
         return Stall("add", "platform", idle, limit_seconds, why)
     if job.get("state") != "running" or not job.get("planned"):
@@ -141,19 +143,10 @@ async def diagnose(
     moved = last_moved_us(job)
     if moved is None:
         return None
+    moved = await _idle_since(db, job, moved, moment, limit_seconds)
+    if moved is None:
+        return None
     idle = (micros(moment) - moved) / 1e6
-    if idle < limit_seconds:
-        return None
-    # Only for a job that looks stalled: two reads by key.
-    keys = [str(job.get("version_id")), LLM_CAPACITY_KEY]
-    if any(pause.paused for pause in await open_pauses(db, keys)):
-        return None
-    ends = [end for key in keys if (end := await last_outage_end(db, key)) is not None]
-    if ends:
-        moved = max(moved, round(max(ends) * 1e6))
-        idle = (micros(moment) - moved) / 1e6
-        if idle < limit_seconds:
-            return None
     stage, figures = stuck_stage(job)
     if stage == "add" and (held := await searches_holding_adds(db, str(job["_id"]))):
         stage, figures = "search", f"{figures}, held back by {held} searches not final"
@@ -162,6 +155,24 @@ async def diagnose(
         return Stall(stage, "platform", idle, limit_seconds, f"{figures}; {llm}")
     cause, why = await _participant_or_platform(db, str(job["_id"]), stage, moved)
     return Stall(stage, cause, idle, limit_seconds, f"{figures}; {why}")
+
+
+async def _idle_since(
+    db: AsyncDatabase[Document], job: Document, moved: int, moment: datetime, limit: float
+) -> int | None:
+    """When the job last moved (µs), counting the end of its participant's or the LLM's latest
+    outage as movement, if it has been still for `limit` seconds since; None while it has not,
+    or while either is paused (the outage has its own window). Reads only for a job that looks
+    stalled: its two keys' pauses and latest outages."""
+    if micros(moment) - moved < limit * 1e6:
+        return None
+    keys = [str(job.get("version_id")), LLM_CAPACITY_KEY]
+    if any(pause.paused for pause in await open_pauses(db, keys)):
+        return None
+    ends = [end for key in keys if (end := await last_outage_end(db, key)) is not None]
+    if ends:
+        moved = max(moved, round(max(ends) * 1e6))
+    return moved if micros(moment) - moved >= limit * 1e6 else None
 
 
 async def searches_holding_adds(db: AsyncDatabase[Document], job_id: str) -> int:

@@ -7,8 +7,9 @@ from faststream import FastStream
 from aml_evaluation.prompts import load_prompt
 from aml_evaluation.punkt import require_punkt_tab
 from aml_pipeline.llm import make_llm_client
+from aml_pipeline.outages import lane_outages
 from aml_pipeline.question_stage import QuestionStageWorker
-from aml_pipeline.stage_worker import lane_outages, llm_stage_worker, serve_stage
+from aml_pipeline.stage_worker import llm_stage_worker, serve_stage
 from aml_runtime.service import open_runtime
 from aml_scorer.handlers import ScoreAnswer
 from aml_scorer.settings import ScorerSettings

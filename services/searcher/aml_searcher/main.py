@@ -6,12 +6,12 @@ from faststream import FastStream
 
 from aml_contract.messages import QuestionWork
 from aml_pipeline.jobs import Endpoints
+from aml_pipeline.outages import lane_outages
 from aml_pipeline.participants import ParticipantClient
 from aml_pipeline.question_stage import QuestionStageWorker
 from aml_pipeline.stage_worker import (
     StageWorker,
     capacity_limiter,
-    lane_outages,
     participant_lanes,
     serve_stage,
 )
