@@ -180,9 +180,23 @@ async def test_an_outage_longer_than_its_window_fails_the_call_with_its_start_an
     assert "ConnectError" in reason
     # Nothing was sent while it waited: the retry table's attempts, no more.
     assert len(attempts) == FAST.max_attempts
-    assert await db.lane_pauses.find_one({"_id": KEY}) is None
     history = await db.outages.find({"key": KEY}).to_list()
     assert [h["how"] for h in history] == ["expired"]
+    # No longer paused; for one more window a call that finds it still down fails at once
+    # instead of waiting a window of its own.
+    expired = await db.lane_pauses.find_one({"_id": KEY})
+    assert expired is not None and not expired["paused"] and expired["expired_at"]
+    assert not outages.is_paused(KEY)
+    attempts.clear()
+    with pytest.raises(CallFailed) as again:
+        await asyncio.wait_for(client.add(_endpoint(port), _body(), IDS, observe), timeout=5)
+    assert again.value.ends_job and len(attempts) == 1
+    assert again.value.reason.startswith("add: participant unreachable from ")
+    # The participant back: the first success closes it (its history already written).
+    async with _serving(Simulator(Script()), port):
+        await client.add(_endpoint(port), _body(), IDS, observe)
+    assert await db.lane_pauses.find_one({"_id": KEY}) is None
+    assert len(await db.outages.find({"key": KEY}).to_list()) == 1
     await client.aclose()
 
 
@@ -275,6 +289,19 @@ async def test_a_pause_no_call_waits_for_is_closed_after_its_window(
     assert await close_abandoned(db, moment) == [KEY]
     assert await db.lane_pauses.find_one({"_id": KEY}) is None
     assert (await db.outages.find_one({"key": KEY}) or {}).get("how") == "expired"
+
+
+async def test_an_expired_outage_is_forgotten_a_window_after_it_expired(
+    db: AsyncDatabase[Document],
+) -> None:
+    outages = Outages(db)
+    moment = time.time()
+    pause = await outages.declare(KEY, "participant", moment - 40, "ConnectError", 30)
+    await outages.expire(pause, moment - 10)
+    assert await close_abandoned(db, moment) == []
+    assert await close_abandoned(db, moment + 21) == [KEY]
+    assert await db.lane_pauses.find_one({"_id": KEY}) is None
+    assert len(await db.outages.find({"key": KEY}).to_list()) == 1
 
 
 class _Switch:

@@ -62,7 +62,12 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
         # The release's full suite is LoCoMo; here the full run uses the small sample, so the
         # whole journey (smoke, then full) fits in the test's time.
         config = PlatformConfig(
-            datasets_root=Path("/nonexistent"), extra_env={"AML_FULL_SUITE": '["synthetic"]'}
+            datasets_root=Path("/nonexistent"),
+            extra_env={
+                "AML_FULL_SUITE": '["synthetic"]',
+                # A participant down at its job's start fails the job after this.
+                "AML_PARTICIPANT_OUTAGE_SECONDS": "15",
+            },
         )
         yield start_platform(stack, config)
 
@@ -359,7 +364,8 @@ async def test_results_of_another_team_are_not_visible(
 
 
 def test_gateway_rejects_bad_requests_with_reasons(platform: Platform) -> None:
-    # A participant whose Health endpoint is down: the job must fail at once, with its reason.
+    # A participant whose Health endpoint is down: the job waits for it, shown as paused, and
+    # fails with its reason once the outage outlives its window (R-4.13; 15 s here).
     down = MemoryServer(url=f"http://127.0.0.1:{free_port()}", key="unused-key")
     version_id, key = register_memory_server(platform, down, team="team-api")
     auth = {"Authorization": f"Bearer {key}"}
@@ -388,10 +394,23 @@ def test_gateway_rejects_bad_requests_with_reasons(platform: Platform) -> None:
         # Admin endpoints refuse participant keys.
         assert api.post("/v1/admin/versions", json={}, headers=auth).status_code == 403
 
+    waiting = httpx.get(
+        f"{platform.gateway_url}/v1/jobs/{body['job_id']}", headers=auth, timeout=30
+    ).json()
+    deadline = time.monotonic() + 30
+    while not waiting["paused"] and waiting["state"] == "queued":
+        assert time.monotonic() < deadline, waiting
+        time.sleep(0.2)
+        waiting = httpx.get(
+            f"{platform.gateway_url}/v1/jobs/{body['job_id']}", headers=auth, timeout=30
+        ).json()
+    assert waiting["state"] == "queued"
+    assert waiting["paused"][0]["message"].startswith("paused: participant unreachable since ")
     status = _wait(platform, body["job_id"], key)
     assert status["state"] == "failed"
     assert [e["kind"] for e in status["errors"]] == ["participant_outage"]
     assert "Health" in status["errors"][0]["reason"]
+    assert "longer than AML_PARTICIPANT_OUTAGE_SECONDS = 15 s" in status["errors"][0]["reason"]
     early = httpx.get(
         f"{platform.gateway_url}/v1/jobs/{body['job_id']}/results", headers=auth, timeout=30
     )

@@ -559,4 +559,5 @@ async def test_a_participant_down_past_its_window_at_the_start_fails_the_job(
     assert "participant unreachable from 2026-01-01 00:00:00 UTC to " in failed["failure"]
     assert "AML_PARTICIPANT_OUTAGE_SECONDS = 600 s" in failed["failure"]
     assert "Health endpoint did not answer 2xx" in failed["failure"]
-    assert await db.lane_pauses.find_one({"_id": "ver-st2"}) is None
+    expired = await db.lane_pauses.find_one({"_id": "ver-st2"})
+    assert expired is not None and not expired["paused"] and expired["expired_at"]

@@ -93,7 +93,12 @@ async def complete(
             failing_since = failing_since or started
             status = getattr(exc, "status_code", None)
             reason = f"HTTP {status}" if status else type(exc).__name__
-            await outages.declare(LLM_CAPACITY_KEY, "llm", failing_since, reason, outage_seconds)
+            try:
+                await outages.declare(
+                    LLM_CAPACITY_KEY, "llm", failing_since, reason, outage_seconds
+                )
+            except OutageExpired as expired:
+                raise FinalFailure(FailureKind.PLATFORM_ERROR, expired.reason) from None
             continue
         if outages is not None:
             await outages.succeeded(LLM_CAPACITY_KEY)

@@ -21,9 +21,14 @@ attempts are spent on such failures, an LLM call at once (its client already ret
   Add does not still runs out its window.
 - *expired*: open longer than its window (`AML_PARTICIPANT_OUTAGE_SECONDS`,
   `AML_LLM_OUTAGE_SECONDS`, stored with the pause): the waiting calls fail (`OutageExpired`,
-  with the outage's start and end in the reason) and the pause is closed as expired. A pause no
-  call waits for any more (its workers died) is closed by the scheduler's reconciliation
-  (`close_abandoned`) a grace period after its window, so no lane stays paused for good.
+  with the outage's start and end in the reason), the lane is no longer paused, and for one
+  more window every call that finds the key down fails at once (`declare` returns the expired
+  outage) instead of waiting a window of its own: the questions queued behind an LLM that
+  stayed down fail together, not one batch per window. The first success, or the end of that
+  window (`close_abandoned`), closes it.
+- *abandoned*: a pause no call waits for any more (its workers died) is closed by the
+  scheduler's reconciliation (`close_abandoned`) a grace period after its window, so no lane
+  stays paused for good.
 
 Every process keeps a view of the open pauses (`Outages.is_paused`, read on every call and
 admission without a database operation): its own declarations, an announcement on core NATS
@@ -86,9 +91,12 @@ class LanePause(BaseModel):
     interval: float
     probes: int = 0
     resumed_at: float | None = None
+    # When the outage outlived its window (then `paused` is false, and a call finding the key
+    # down fails at once).
+    expired_at: float | None = None
 
     def expired(self, moment: float) -> bool:
-        return moment - self.since >= self.window
+        return self.expired_at is not None or moment - self.since >= self.window
 
     def describe(self) -> str:
         """What the job page shows while the pause lasts."""
@@ -191,8 +199,11 @@ class Outages:
         self, key: str, kind: LaneKind, since: float, reason: str, window: float
     ) -> LanePause:
         """Pause `key` (a call's failures say it is down since `since`). An open outage keeps
-        its start; a resumed one is paused again, and probed next after its grown interval."""
+        its start; a resumed one is paused again, and probed next after its grown interval; an
+        expired one raises `OutageExpired` (the call fails at once)."""
         known = self._view.get(key)
+        if known is not None and known.expired_at is not None:
+            raise OutageExpired(known, self.clock())
         if known is not None and known.paused:
             # Paused already, as this process knows: every call in flight that finds the key
             # down lands here, and the pause needs saying once.
@@ -212,14 +223,18 @@ class Outages:
             if open_doc is None:
                 return await self.declare(key, kind, since, reason, window)
             known = LanePause.model_validate(open_doc)
+            if known.expired_at is not None:
+                self._learn(key, known)
+                raise OutageExpired(known, moment) from None
             update: Document = {"reason": reason, "paused": True}
             if not known.paused:
                 # Its probe answered but the calls still fail: probed again, later.
                 update["probe_at"] = moment + known.interval
                 log.warning("outage.paused_again", key=key, kind=kind, reason=reason)
             doc = await pauses.find_one_and_update(
-                {"_id": key}, {"$set": update}, return_document=ReturnDocument.AFTER
-            )
+                {"_id": key, "expired_at": None}, {"$set": update},
+                return_document=ReturnDocument.AFTER,
+            )  # fmt: skip
             if doc is None:
                 return await self.declare(key, kind, since, reason, window)
             pause = LanePause.model_validate(doc)
@@ -231,23 +246,37 @@ class Outages:
         """A call of `key` succeeded: an open outage is over. Costs nothing when none is open."""
         if key not in self._view:
             return
-        await self._close(key, None, "ended")
+        await self._close(key)
 
     async def expire(self, pause: LanePause, moment: float) -> str:
-        """Close `pause` as outliving its window; returns the reason its waiting work fails
-        with, naming the outage's start and end (`moment`)."""
-        await self._close(pause.key, pause.since, "expired")
+        """Mark `pause` as outliving its window at `moment` (once, whoever gets there first);
+        returns the reason its waiting work fails with, naming the outage's start and end."""
+        doc = await self.db[LANE_PAUSES].find_one_and_update(
+            {"_id": pause.key, "since": pause.since, "expired_at": None},
+            {"$set": {"paused": False, "expired_at": moment}},
+            return_document=ReturnDocument.AFTER,
+        )
+        if doc is not None:
+            expired = LanePause.model_validate(doc)
+            await record_outage(self.db, expired, moment, "expired")
+            log.warning("outage.expired", key=pause.key, kind=pause.kind,
+                        seconds=round(moment - pause.since, 1))  # fmt: skip
+            self._learn(pause.key, expired)
+            await self._announce(pause.key)
+        else:
+            await self.reload(pause.key)
         return OutageExpired(pause, moment).reason
 
-    async def _close(self, key: str, since: float | None, how: Literal["ended", "expired"]) -> None:
-        match: Document = {"_id": key} if since is None else {"_id": key, "since": since}
-        doc = await self.db[LANE_PAUSES].find_one_and_delete(match)
+    async def _close(self, key: str) -> None:
+        doc = await self.db[LANE_PAUSES].find_one_and_delete({"_id": key})
         if doc is not None:
             pause = LanePause.model_validate(doc)
             until = self.clock()
-            await record_outage(self.db, pause, until, how)
-            seconds = round(until - pause.since, 1)
-            log.warning(f"outage.{how}", key=key, kind=pause.kind, seconds=seconds)
+            if pause.expired_at is None:
+                # An expired outage was recorded when it expired.
+                await record_outage(self.db, pause, until, "ended")
+            log.warning("outage.ended", key=key, kind=pause.kind,
+                        seconds=round(until - pause.since, 1))  # fmt: skip
             await self._announce(key)
         self._learn(key, None)
 
@@ -262,9 +291,7 @@ class Outages:
         """Return once `key` is not paused (at once if it is not); raise `OutageExpired` when
         the pause outlives its window. One waiter of this process at a time reads the pause and,
         when due and claimed across replicas, probes; the others wait for what it learns."""
-        waited: LanePause | None = None
         while (pause := self._view.get(key)) is not None and pause.paused:
-            waited = pause
             moment = self.clock()
             if pause.expired(moment):
                 await self.expire(pause, moment)
@@ -277,10 +304,10 @@ class Outages:
                 continue
             async with lock:
                 await self._tend(pause, probe)
-        moment = self.clock()
-        if waited is not None and key not in self._view and waited.expired(moment):
-            # Closed as expired by another waiter (of this process or another): the same end.
-            raise OutageExpired(waited, moment)
+        current = self._view.get(key)
+        if current is not None and current.expired_at is not None:
+            # Expired by another waiter (of this process or another): the same end.
+            raise OutageExpired(current, current.expired_at)
 
     async def _tend(self, pause: LanePause, probe: Probe) -> None:
         moment = self.clock()
@@ -353,17 +380,22 @@ async def last_outage_end(db: AsyncDatabase[Document], key: str) -> float | None
 
 
 async def close_abandoned(db: AsyncDatabase[Document], moment: float) -> list[str]:
-    """Close every pause open longer than its window plus `ABANDONED_GRACE_SECONDS`: no call
-    waits for it any more (a waiting call expires its pause at the window), so no one would.
-    Run by the scheduler's reconciliation."""
+    """Close every pause open longer than its window plus `ABANDONED_GRACE_SECONDS` (no call
+    waits for it any more: a waiting call expires its pause at the window), and every expired
+    outage a window after it expired (a later call finding the key down waits a window of its
+    own again). Run by the scheduler's reconciliation."""
     closed = []
     async for doc in db[LANE_PAUSES].find({}):
         pause = LanePause.model_validate(doc)
-        if moment - pause.since < pause.window + ABANDONED_GRACE_SECONDS:
+        if pause.expired_at is not None:
+            if moment - pause.expired_at < pause.window:
+                continue
+        elif moment - pause.since < pause.window + ABANDONED_GRACE_SECONDS:
             continue
         gone = await db[LANE_PAUSES].find_one_and_delete({"_id": pause.key, "since": pause.since})
         if gone is not None:
-            await record_outage(db, pause, moment, "expired")
+            if pause.expired_at is None:
+                await record_outage(db, pause, moment, "expired")
             closed.append(pause.key)
     return closed
 

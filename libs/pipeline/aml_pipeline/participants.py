@@ -773,7 +773,12 @@ class ParticipantClient:
             await observe(timing.attempt(operation, attempt, status, error, "retry"))
             budget = 1 if outages.is_open(key) else self._policy.max_attempts
             if since_pause >= budget:
-                await outages.declare(key, "participant", failing_since, last, self._outage_seconds)
+                try:
+                    await outages.declare(
+                        key, "participant", failing_since, last, self._outage_seconds
+                    )
+                except OutageExpired as exc:
+                    raise _outage_too_long(operation, exc) from None
                 continue
             await asyncio.sleep(self._policy.delay(since_pause, retry_after))
 
@@ -789,9 +794,14 @@ class ParticipantClient:
         try:
             await outages.wait(key, healthy)
         except OutageExpired as exc:
-            raise CallFailed(
-                FailureKind.PARTICIPANT_OUTAGE, f"{operation}: {exc.reason}", ends_job=True
-            ) from None
+            raise _outage_too_long(operation, exc) from None
+
+
+def _outage_too_long(operation: str, expired: OutageExpired) -> CallFailed:
+    """The participant was down past its window: final for the call, and for its job."""
+    return CallFailed(
+        FailureKind.PARTICIPANT_OUTAGE, f"{operation}: {expired.reason}", ends_job=True
+    )
 
 
 def status_url(template: str, task_id: str) -> str:

@@ -34,7 +34,7 @@ from aml_pipeline.jobs import (
     record_error,
     run_overdue,
 )
-from aml_pipeline.outages import Outages, close_abandoned
+from aml_pipeline.outages import OutageExpired, Outages, close_abandoned
 from aml_pipeline.participants import ParticipantClient
 from aml_pipeline.progress import questions_final, repair_counters, repair_due, stage_counts
 from aml_pipeline.retention import purge_expired
@@ -148,11 +148,17 @@ class ScheduleJobs:
         if self.outages is not None:
             moment = self.clock().timestamp()
             window = self.settings.participant_outage_seconds
-            pause = await self.outages.declare(version_id, "participant", moment, failure, window)
-            if not pause.expired(moment):
-                log.info("job.waits_for_participant", job_id=job_id, since=pause.since)
-                return
-            reason = await self.outages.expire(pause, moment)
+            try:
+                pause = await self.outages.declare(
+                    version_id, "participant", moment, failure, window
+                )
+            except OutageExpired as expired:
+                reason = f"{failure}: {expired.reason}"
+            else:
+                if not pause.expired(moment):
+                    log.info("job.waits_for_participant", job_id=job_id, since=pause.since)
+                    return
+                reason = f"{failure}: {await self.outages.expire(pause, moment)}"
         await record_error(self.db, job_id, "add", kind, None, reason)
         await fail_job(self.db, self.broker, job_id, "add", kind, reason)
 
