@@ -31,6 +31,7 @@ from aml_devtools.processes import find_executable, free_port, http_ready
 from aml_devtools.stack import HOST, EmbeddedStack, StackConfig
 from aml_participant_simulator import Script, Simulator
 from aml_participant_simulator.recording import RequestRecord
+from aml_participant_simulator.script import EndpointScript
 from aml_runtime.db import read_time
 
 pytestmark = pytest.mark.integration
@@ -96,7 +97,10 @@ def short_windows(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform
 class Participant:
     """The simulator on a fixed port, which a test can take down and bring back."""
 
-    simulator: Simulator = field(default_factory=lambda: Simulator(Script()))
+    # Each Add takes half a second, so the Add phase lasts long enough to be disturbed.
+    simulator: Simulator = field(
+        default_factory=lambda: Simulator(Script(add=EndpointScript(latency=0.5)))
+    )
     port: int = field(default_factory=lambda: free_port(HOST))
     _serving: AbstractContextManager[str] | None = None
 
