@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from aml_devtools.processes import ManagedProcess, free_port, http_ready
+from aml_devtools.stack import HOST, EmbeddedStack
 
 
 def standin_server(factory: pytest.TempPathFactory, latency: float, capacity: int) -> Iterator[str]:
@@ -34,3 +35,14 @@ def standin_server(factory: pytest.TempPathFactory, latency: float, capacity: in
         yield url
     finally:
         process.stop()
+
+
+def standin_in_stack(stack: EmbeddedStack, latency: float, capacity: int, name: str) -> str:
+    """Run the stand-in as one of `stack`'s processes (so a test can kill and restart it on its
+    port); returns its base URL (without /v1)."""
+    port = free_port(HOST)
+    url = f"http://{HOST}:{port}"
+    argv = [sys.executable, "-m", "aml_llm_standin", "--host", HOST, "--port", str(port),
+            "--latency", str(latency), "--concurrency", str(capacity)]  # fmt: skip
+    stack.start_process(name, argv, ready=http_ready(f"{url}/health"))
+    return url

@@ -13,7 +13,6 @@ its questions as the platform's (the job is then not publishable and not charged
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
@@ -24,10 +23,11 @@ from typing import Any
 
 import httpx
 import pytest
+from llm_support import standin_in_stack
 from pymongo import MongoClient
 
 from aml_devtools.platform import Platform, PlatformConfig, register_participant, start_platform
-from aml_devtools.processes import find_executable, free_port, http_ready
+from aml_devtools.processes import find_executable, free_port
 from aml_devtools.stack import HOST, EmbeddedStack, StackConfig
 from aml_participant_simulator import Script, Simulator
 from aml_participant_simulator.recording import RequestRecord
@@ -51,11 +51,7 @@ def _platform(factory: pytest.TempPathFactory, env: dict[str, str]) -> Iterator[
     data_dir = factory.mktemp("platform")
     with EmbeddedStack(StackConfig(data_dir=data_dir, start_llm=False)) as stack:
         stack.start_infra()
-        port = free_port(HOST)
-        llm = f"http://{HOST}:{port}"
-        argv = [sys.executable, "-m", "aml_llm_standin", "--host", HOST, "--port", str(port),
-                "--latency", "0.05", "--concurrency", "4"]  # fmt: skip
-        stack.start_process(STANDIN, argv, ready=http_ready(f"{llm}/health"))
+        llm = standin_in_stack(stack, latency=0.05, capacity=4, name=STANDIN)
         config = PlatformConfig(
             datasets_root=Path("/nonexistent"),
             llm_concurrency=4,

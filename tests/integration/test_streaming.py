@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,11 +15,12 @@ from typing import Any
 import httpx
 import pytest
 from job_support import submit_and_wait
+from llm_support import standin_in_stack
 from pymongo import AsyncMongoClient
 
 from aml_devtools.platform import Platform, PlatformConfig, register_participant, start_platform
-from aml_devtools.processes import find_executable, free_port, http_ready
-from aml_devtools.stack import HOST, EmbeddedStack, StackConfig
+from aml_devtools.processes import find_executable
+from aml_devtools.stack import EmbeddedStack, StackConfig
 from aml_evaluation.registry import register_dataset
 from aml_participant_simulator import Script, Simulator, running_simulator
 from aml_participant_simulator.recording import RequestRecord
@@ -51,11 +51,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     data_dir = tmp_path_factory.mktemp("platform")
     with EmbeddedStack(StackConfig(data_dir=data_dir, start_llm=False)) as stack:
         stack.start_infra()
-        port = free_port(HOST)
-        llm = f"http://{HOST}:{port}"
-        argv = [sys.executable, "-m", "aml_llm_standin", "--host", HOST, "--port", str(port),
-                "--latency", "0.05", "--concurrency", "4"]  # fmt: skip
-        stack.start_process("llm-standin", argv, ready=http_ready(f"{llm}/health"))
+        llm = standin_in_stack(stack, latency=0.05, capacity=4, name="llm-standin")
         config = PlatformConfig(
             datasets_root=root,
             llm_concurrency=4,
