@@ -159,9 +159,6 @@ class Outages:
     def is_open(self, key: str) -> bool:
         return key in self._view
 
-    def pause_of(self, key: str) -> LanePause | None:
-        return self._view.get(key)
-
     def _learn(self, key: str, pause: LanePause | None) -> None:
         before = self._view.get(key)
         if pause is None:
@@ -275,7 +272,7 @@ class Outages:
             if pause.expired_at is None:
                 # An expired outage was recorded when it expired.
                 await record_outage(self.db, pause, until, "ended")
-            log.warning("outage.ended", key=key, kind=pause.kind,
+            log.info("outage.ended", key=key, kind=pause.kind,
                         seconds=round(until - pause.since, 1))  # fmt: skip
             await self._announce(key)
         self._learn(key, None)
