@@ -16,6 +16,7 @@ import json
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -249,8 +250,9 @@ def undisturbed(platform: Platform) -> tuple[dict[str, str], dict[str, Any]]:
 def test_a_participant_blip_and_a_short_llm_outage_are_ridden_through(
     platform: Platform, undisturbed: tuple[dict[str, str], dict[str, Any]]
 ) -> None:
-    """The participant down 5 s in the Add phase (the retries alone ride it through: five
-    attempts span at least 22.5 s), the answer model down 30 s (paused at its first failure)."""
+    """The participant down 5 s in the Add phase and 5 s in the Search phase (the retries alone
+    ride it through: five attempts span at least 22.5 s), the answer model down 30 s (paused at
+    its first failure)."""
     marks: dict[str, float] = {}
 
     def events(participant: Participant, platform: Platform, elapsed: float) -> None:
@@ -261,14 +263,18 @@ def test_a_participant_blip_and_a_short_llm_outage_are_ridden_through(
             participant.up()
             marks["add_up"] = elapsed
         if "llm_down" not in marks and participant.first("search"):
+            participant.down()
             platform.stack.kill(STANDIN)
             marks["llm_down"] = elapsed
+        elif "llm_down" in marks and "search_up" not in marks and elapsed >= marks["llm_down"] + 5:
+            participant.up()
+            marks["search_up"] = elapsed
         elif "llm_down" in marks and "llm_up" not in marks and elapsed >= marks["llm_down"] + 30:
             platform.stack.restart(STANDIN)
             marks["llm_up"] = elapsed
 
     run = _run(platform, "team-blip", events)
-    assert set(marks) == {"add_down", "add_up", "llm_down", "llm_up"}, marks
+    assert set(marks) == {"add_down", "add_up", "llm_down", "search_up", "llm_up"}, marks
     assert run.status["state"] == "completed", run.status
     assert run.status["platform_failures"] == 0 and run.status["errors"] == []
     answers, results = undisturbed
@@ -288,65 +294,80 @@ def test_a_participant_blip_and_a_short_llm_outage_are_ridden_through(
     adds = {item: calls for item, calls in attempts.items() if calls[0]["stage"] == "add"}
     assert len(adds) == 12 and max(len(calls) for calls in adds.values()) <= MAX_ATTEMPTS
     assert any(len(calls) > 1 for calls in adds.values())  # the blip was felt
+    searches = [calls for calls in attempts.values() if calls[0]["stage"] == "search"]
+    assert len(searches) == 30 and max(len(calls) for calls in searches) <= MAX_ATTEMPTS
+    assert any(len(calls) > 1 for calls in searches)
     _same_bytes_on_every_retry(run)
     _within_declared(run)
 
 
-def test_a_participant_down_60s_and_the_llm_down_120s_in_the_search_phase(
+def test_participants_down_60s_in_the_add_and_search_phases_and_the_llm_down_120s(
     platform: Platform, undisturbed: tuple[dict[str, str], dict[str, Any]]
 ) -> None:
-    """Both longer than the stall watchdog's limit (60 s here) and far longer than the retry
-    table's attempts: the version's lane and the LLM stages pause, are probed, resume, and the
-    job completes as if nothing had happened."""
-    marks: dict[str, float] = {}
+    """Two teams at once: one's participant down 60 s from its first Add, the other's 60 s
+    from its first Search, and the answer model down 120 s from then. Each longer than the
+    stall watchdog's limit (60 s here) and far longer than the retry table's attempts: each
+    version's lane and the LLM stages pause, are probed, resume, and both jobs complete as if
+    nothing had happened."""
 
-    def events(participant: Participant, platform: Platform, elapsed: float) -> None:
-        if "down" not in marks and participant.first("search"):
-            participant.down()
-            platform.stack.kill(STANDIN)
-            marks["down"] = elapsed
-        if "down" in marks and "up" not in marks and elapsed >= marks["down"] + 60:
-            participant.up()
-            marks["up"] = elapsed
-        if "down" in marks and "llm_up" not in marks and elapsed >= marks["down"] + 120:
-            platform.stack.restart(STANDIN)
-            marks["llm_up"] = elapsed
+    def outage_from(endpoint: str, llm: bool) -> Callable[[Participant, Platform, float], None]:
+        marks: dict[str, float] = {}
 
-    run = _run(platform, "team-outage", events)
-    assert set(marks) == {"down", "up", "llm_up"}, marks
-    assert run.status["state"] == "completed", run.status
-    assert run.status["errors"] == [] and run.status["platform_failures"] == 0
+        def events(participant: Participant, platform: Platform, elapsed: float) -> None:
+            if "down" not in marks and participant.first(endpoint):
+                participant.down()
+                if llm:
+                    platform.stack.kill(STANDIN)
+                marks["down"] = elapsed
+            if "down" in marks and "up" not in marks and elapsed >= marks["down"] + 60:
+                participant.up()
+                marks["up"] = elapsed
+            llm_back = "down" in marks and elapsed >= marks["down"] + 120
+            if llm and llm_back and "llm_up" not in marks:
+                platform.stack.restart(STANDIN)
+                marks["llm_up"] = elapsed
+
+        return events
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        in_add = pool.submit(_run, platform, "team-down-add", outage_from("add", llm=False))
+        in_search = pool.submit(_run, platform, "team-down-search", outage_from("search", llm=True))
+        runs = {"add": in_add.result(), "search": in_search.result()}
     answers, results = undisturbed
-    assert _answers(platform, run.job_id) == answers
-    assert _results(platform, run) == results
+    for stage, run in runs.items():
+        assert run.status["state"] == "completed", run.status
+        assert run.status["errors"] == [] and run.status["platform_failures"] == 0
+        assert _answers(platform, run.job_id) == answers
+        assert _results(platform, run) == results
 
-    # The pauses, as the API showed them while they lasted, and as the audit keeps them.
-    assert any(
-        m.startswith("paused: participant unreachable since ")
-        for m in run.pauses_seen["participant"]
-    )
-    assert any(
-        m.startswith("paused: answer model unreachable since ") for m in run.pauses_seen["llm"]
-    )
-    (outage,) = _outages(platform, run.version_id)
-    assert outage["how"] == "ended" and 55 <= outage["seconds"] <= 60 + 45 + 20
+        # The pause, as the API showed it while it lasted, and as the audit keeps it.
+        assert _shown(run, "participant", "paused: participant unreachable since ")
+        (outage,) = _outages(platform, run.version_id)
+        assert outage["how"] == "ended" and 55 <= outage["seconds"] <= 60 + 45 + 20
 
-    # No Search beyond the retry table: its attempts before the pause, then one per resume.
-    attempts = _attempts(platform, run.job_id)
-    searches = {item: calls for item, calls in attempts.items() if calls[0]["stage"] == "search"}
-    assert len(searches) == 30
-    assert max(len(calls) for calls in searches.values()) <= MAX_ATTEMPTS + 1
-    # During the pause no further work was taken: only the calls in flight when it began.
-    during = {
-        item
-        for item, calls in searches.items()
-        for call in calls
-        if outage["since"] + 1 < _moment(call["started_at"]) < outage["until"] - 1
-    }
-    assert len(during) <= CAPACITY["max_concurrency"]
-    _same_bytes_on_every_retry(run)
-    # The backlog after the outage went out within the declared capacity.
-    _within_declared(run)
+        # Nothing beyond the retry table: its attempts before the pause, then one per resume.
+        attempts = _attempts(platform, run.job_id)
+        calls = {item: made for item, made in attempts.items() if made[0]["stage"] == stage}
+        assert len(calls) == (12 if stage == "add" else 30)
+        assert max(len(made) for made in calls.values()) <= MAX_ATTEMPTS + 1
+        # During the pause no further work was taken: only the calls in flight when it began.
+        during = {
+            item
+            for item, made in calls.items()
+            for call in made
+            if outage["since"] + 1 < _moment(call["started_at"]) < outage["until"] - 1
+        }
+        assert len(during) <= CAPACITY["max_concurrency"]
+        _same_bytes_on_every_retry(run)
+        # The backlog after the outage went out within the declared capacity.
+        _within_declared(run)
+    assert any(
+        _shown(run, "llm", "paused: answer model unreachable since ") for run in runs.values()
+    )
+    # From the first answer that failed (after the searches resumed, 60-75 s in) to the first
+    # that passed after the restart at 120 s.
+    llm = _outages(platform, "llm")[-1]
+    assert llm["how"] == "ended" and llm["seconds"] >= 40
 
 
 def test_a_participant_down_longer_than_its_window_fails_the_job_with_start_and_end(

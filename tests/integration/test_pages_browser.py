@@ -159,6 +159,20 @@ class Site:
             finally:
                 db.jobs.update_many({"_id": {"$in": jobs}}, {"$set": {"review_state": "approved"}})
 
+    def pause(self, job_id: str, since: float | None) -> None:
+        """The job's participant version paused by an outage since `since` (None: over)."""
+        with MongoClient(self.mongo_url) as mongo:
+            db = mongo[self.mongo_db]
+            version = db.jobs.find_one({"_id": job_id}, {"version_id": 1})
+            assert version is not None
+            db.lane_pauses.delete_many({"_id": version["version_id"]})
+            if since is not None:
+                db.lane_pauses.insert_one(
+                    {"_id": version["version_id"], "kind": "participant", "paused": True,
+                     "since": since, "reason": "network error: ConnectError", "window": 600.0,
+                     "probe_at": since + 2, "interval": 2.0, "probes": 0}
+                )  # fmt: skip
+
     def mark_done(self, stage: ItemStage, job_id: str, count: int, state: str = "done") -> None:
         """Finish `count` new items of a stage as the workers do: the terminal stage document,
         then its count on the job through the runtime's own counter."""
@@ -575,6 +589,19 @@ def test_private_job_page_shows_live_progress(watched: Watched, site: Site) -> N
     assert add.evaluate("e => [e.tagName, e.value, e.max]") == ["PROGRESS", 6, 8]
     assert page.inner_text("#progress-add-text") == "5 of 8 done, 1 failed"
     shot(page, "job-running")
+
+    # An outage of the job's participant (R-4.13): shown while it lasts, gone when it ends.
+    assert page.locator("#job-paused-row").is_hidden()
+    since = datetime(2027, 2, 1, 8, 59, 3, tzinfo=UTC).timestamp()
+    site.pause(job, since)
+    page.locator("#job-paused-row").wait_for(state="visible", timeout=10_000)
+    assert page.inner_text("#job-paused") == (
+        "paused: participant unreachable since 2027-02-01 08:59:03 UTC"
+    )
+    assert "paused: participant unreachable" in page.inner_text("#job-live")
+    shot(page, "job-paused")
+    site.pause(job, None)
+    page.locator("#job-paused-row").wait_for(state="hidden", timeout=10_000)
 
     # Polled every 2 s: new progress shows without a reload.
     site.mark_done("add", job, 2)
