@@ -90,6 +90,13 @@ def _body() -> bytes:
     return encode(add)
 
 
+class Audit(list[Attempt]):
+    """The attempts a call reported, in order (the client's observer)."""
+
+    async def observe(self, attempt: Attempt) -> None:
+        self.append(attempt)
+
+
 def _serving(simulator: Simulator, port: int) -> AbstractAsyncContextManager[str]:
     return serve_in_loop(simulator, HOST, port)
 
@@ -119,10 +126,8 @@ async def test_a_participant_that_comes_back_is_waited_for_and_sent_the_same_byt
     simulator = Simulator(Script())
     outages = Outages(db)
     client = _client(outages)
-    attempts: list[Attempt] = []
-
-    async def observe(attempt: Attempt) -> None:
-        attempts.append(attempt)
+    attempts = Audit()
+    observe = attempts.observe
 
     body = _body()
     call = asyncio.create_task(client.add(_endpoint(port), body, IDS, observe))
@@ -163,10 +168,8 @@ async def test_an_outage_longer_than_its_window_fails_the_call_with_its_start_an
     port = free_port(HOST)
     outages = Outages(db)
     client = _client(outages, window=2.5)
-    attempts: list[Attempt] = []
-
-    async def observe(attempt: Attempt) -> None:
-        attempts.append(attempt)
+    attempts = Audit()
+    observe = attempts.observe
 
     started = time.monotonic()
     with pytest.raises(CallFailed) as failed:
@@ -208,8 +211,7 @@ async def test_a_failure_that_is_not_an_outage_fails_the_item_as_before(
     outages = Outages(db)
     client = _client(outages)
 
-    async def observe(attempt: Attempt) -> None:
-        pass
+    observe = Audit().observe
 
     async with _serving(Simulator(script), port):
         with pytest.raises(CallFailed) as failed:
@@ -229,10 +231,8 @@ async def test_while_an_outage_is_open_a_call_tries_once_before_it_waits(
     script = Script(add=EndpointScript(responses=[Outcome(status=503)] * 50))
     outages = Outages(db)
     client = _client(outages, window=7.0)
-    attempts: list[Attempt] = []
-
-    async def observe(attempt: Attempt) -> None:
-        attempts.append(attempt)
+    attempts = Audit()
+    observe = attempts.observe
 
     async with _serving(Simulator(script), port) as _:
         with pytest.raises(CallFailed) as failed:
@@ -256,8 +256,7 @@ async def test_replicas_share_one_pause_and_one_probe_at_a_time(
     replicas = [Outages(db), Outages(db)]
     clients = [_client(outages) for outages in replicas]
 
-    async def observe(attempt: Attempt) -> None:
-        pass
+    observe = Audit().observe
 
     calls = [
         asyncio.create_task(client.add(_endpoint(port), _body(), IDS, observe))

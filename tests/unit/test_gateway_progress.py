@@ -258,3 +258,7 @@ def test_a_pause_is_shown_in_words_with_its_start() -> None:
               "stages": {}, "paused": [p.model_dump(mode="json") for p in shown]}  # fmt: skip
     lines = progress_lines(status)
     assert lines[1:] == [p.message for p in shown]
+    # In the status: what stops work now, not an outage resumed (its probe answered).
+    resumed = llm.model_copy(update={"paused": False})
+    status_now = status_of(_job(), VERSION, [], NOW, [participant, resumed])
+    assert [p.kind for p in status_now.paused] == ["participant"]

@@ -22,8 +22,8 @@ attempts are spent on such failures, an LLM call at once (its client already ret
 - *expired*: open longer than its window (`AML_PARTICIPANT_OUTAGE_SECONDS`,
   `AML_LLM_OUTAGE_SECONDS`, stored with the pause): the waiting calls fail (`OutageExpired`,
   with the outage's start and end in the reason), the lane is no longer paused, and for one
-  more window every call that finds the key down fails at once (`declare` returns the expired
-  outage) instead of waiting a window of its own: the questions queued behind an LLM that
+  more window every call that finds the key down fails at once (`declare` raises
+  `OutageExpired`) instead of waiting a window of its own: the questions queued behind an LLM that
   stayed down fail together, not one batch per window. The first success, or the end of that
   window (`close_abandoned`), closes it.
 - *abandoned*: a pause no call waits for any more (its workers died) is closed by the

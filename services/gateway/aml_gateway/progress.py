@@ -6,6 +6,7 @@ whatever the database holds."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from pymongo.asynchronous.database import AsyncDatabase
@@ -61,9 +62,7 @@ async def job_status(db: AsyncDatabase[Document], job: Document) -> JobStatus:
     if job.get("state") in ACTIVE_JOB_STATES:
         # Two keys by id: the job's participant version and the deployment's LLM.
         pauses = await open_pauses(db, [str(job.get("version_id")), LLM_CAPACITY_KEY])
-    status = status_of(job, version, errors, datetime.now(UTC))
-    status.paused = [job_pause(pause) for pause in pauses if pause.paused]
-    return status
+    return status_of(job, version, errors, datetime.now(UTC), pauses)
 
 
 def job_pause(pause: LanePause) -> JobPause:
@@ -77,7 +76,11 @@ def job_pause(pause: LanePause) -> JobPause:
 
 
 def status_of(
-    job: Document, version: Document | None, errors: list[JobError], now: datetime
+    job: Document,
+    version: Document | None,
+    errors: list[JobError],
+    now: datetime,
+    pauses: Sequence[LanePause] = (),
 ) -> JobStatus:
     """The status from what `job_status` read (pure)."""
     stored = JobDocument.model_validate(job)
@@ -132,6 +135,8 @@ def status_of(
         review_state=stored.review_state,
         gate=gate,
         review_reason=stored.review_reason,
+        # Only what stops work now: a resumed or expired outage is not shown as a pause.
+        paused=[job_pause(pause) for pause in pauses if pause.paused],
     )
 
 
