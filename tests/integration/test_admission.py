@@ -10,6 +10,7 @@ import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -51,15 +52,17 @@ def _handler(seen: Seen, hold: float) -> Any:
     async def handle(work: QuestionWork, item: WorkItem) -> None:
         version = work.version_id
         seen.deliveries[version].append(item.delivered)
-        seen.in_flight[version] += 1
-        seen.peak[version] = max(seen.peak[version], seen.in_flight[version])
-        try:
-            async with item.admission.request() as departure:
+        # Requests in flight, as the participant sees them (the next item under a slot gets
+        # ready while the current one's request is out, `StageWorker._process`).
+        async with item.admission.request() as departure:
+            seen.in_flight[version] += 1
+            seen.peak[version] = max(seen.peak[version], seen.in_flight[version])
+            try:
                 departure.at = time.time()
                 seen.departures[version].append(departure.at)
                 await asyncio.sleep(hold)
-        finally:
-            seen.in_flight[version] -= 1
+            finally:
+                seen.in_flight[version] -= 1
         await item.delivery.ack()
 
     return handle
@@ -171,6 +174,52 @@ async def test_two_workers_hold_a_shared_concurrency_and_rate(env: Any, mongo_ur
         assert sum(1 for t in departures if first <= t < first + 1.0) <= 5
     # 16 departures at five per second need at least two full periods after the first five.
     assert departures[-1] - departures[0] >= 2.0
+
+
+async def test_a_saturated_slot_gets_its_next_item_ready_during_the_call(env: Any) -> None:
+    """One slot, items that read for a while before their request: the next item is fetched
+    and does its reading while the current request is out, and its request leaves when that
+    one's answer is in, never while it is out."""
+    settings, broker, db = env
+    await _versions(db, **{"ver-one": (1, 1000.0)})
+    await _publish(broker, "ver-one", "jone", 8)
+    marks: list[tuple[str, str, float]] = []
+
+    async def handle(work: QuestionWork, item: WorkItem) -> None:
+        marks.append(("ready", work.item_id, time.monotonic()))
+        await asyncio.sleep(0.05)  # its reads and audit record
+        async with item.admission.request():
+            marks.append(("sent", work.item_id, time.monotonic()))
+            await asyncio.sleep(0.15)  # the participant's answer
+            marks.append(("answered", work.item_id, time.monotonic()))
+        await item.delivery.ack()
+
+    worker = StageWorker(
+        participant_lanes("search", "t-one", db),
+        QuestionWork,
+        handle,
+        CapacityLimiter(db, rate_patience_seconds=RATE_PATIENCE_SECONDS),
+        settings,
+        max_in_flight=8,
+    )
+    await worker.start(broker)
+    try:
+        await _until(lambda: sum(1 for m in marks if m[0] == "answered") >= 8)
+    finally:
+        await worker.stop()
+    at = {(kind, item): moment for kind, item, moment in marks}
+    order = [item for kind, item, _ in marks if kind == "sent"]
+    assert len(order) == 8
+    for previous, following in pairwise(order):
+        # Never two requests out at once under one slot.
+        assert at["sent", following] >= at["answered", previous]
+    # Within a run under one admission, the next item got ready while the request was out.
+    overlapped = [
+        following
+        for previous, following in pairwise(order)
+        if at["sent", previous] <= at["ready", following] < at["answered", previous]
+    ]
+    assert len(overlapped) >= len(order) - 1 - 8 // REUSE_LIMIT
 
 
 async def test_a_failed_jobs_queued_work_never_reaches_a_handler(env: Any) -> None:

@@ -78,7 +78,9 @@ async def search_once(
     work = QuestionWork(
         job_id=job_id, version_id="ver-h", item_id=f"{job_id}/s1:q1", facts=FACTS, search_body="{}"
     )
-    item = SimpleNamespace(delivered=delivered, call=lambda job: StageCall(delivered, None, job))
+    item = SimpleNamespace(
+        delivered=delivered, admission=None, call=lambda job: StageCall(delivered, None, job)
+    )
     stage = searcher(db, broker, candidates)
     await stage._process(work, cast(Any, item))
     await stage.close()

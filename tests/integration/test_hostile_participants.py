@@ -33,7 +33,7 @@ from aml_contract.participant import (
     SearchRequest,
     encode,
 )
-from aml_pipeline.jobs import Endpoints
+from aml_pipeline.jobs import Endpoints, JobStates
 from aml_pipeline.participants import Attempt, CallFailed, Endpoint, ParticipantClient
 from aml_pipeline.stage_worker import StageCall, WorkItem
 from aml_runtime.broker import FinalFailure
@@ -410,6 +410,17 @@ async def _version(db: Any, server: _Server, add: str = "add", search: str = "se
     )  # fmt: skip
 
 
+class _Running:
+    """The job is running (these tests drive the handler without a broker)."""
+
+    async def is_active(self, job_id: str) -> bool:
+        return True
+
+
+def _job_states(db: Any) -> JobStates:
+    return cast(JobStates, _Running())
+
+
 def _endpoints(db: Any) -> Endpoints:
     return Endpoints(db, SecretBox(SecretStr(SecretBox.new_key())))
 
@@ -431,9 +442,11 @@ async def test_the_adder_fails_a_malformed_add_as_a_contract_error_after_one_req
     request_id = f"{JOB}:{path}"
     await db.add_chunks.insert_one(
         {"_id": request_id, "state": "pending", "user_id": IDS[1], "session_id": IDS[2],
-         "body": _add_body()}
+         "seq": 1, "body": _add_body()}
     )  # fmt: skip
-    handler = SendChunk(CommonSettings(), db, cast(Any, None), client, _endpoints(db))
+    handler = SendChunk(
+        CommonSettings(), db, cast(Any, None), client, _endpoints(db), _job_states(db)
+    )
     item = cast(WorkItem, SimpleNamespace(delivered=1, admission=None))
     work = AddWork(job_id=JOB, version_id="v", request_id=request_id)
     with pytest.raises(FinalFailure) as failed:

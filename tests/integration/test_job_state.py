@@ -1,6 +1,7 @@
-"""A question stage's view of its job's state (`QuestionStageWorker._job`) on a real nats-server
-and nx-27017: read at most once a second, and a failure announced by `fail_job` is heard at
-once, so the job's remaining items are dropped without a read."""
+"""A stage's view of its jobs' state (`aml_pipeline.jobs.JobStates`, kept by every question
+stage and the adder) on a real nats-server and nx-27017: read at most once a second, and a
+failure announced by `fail_job` is heard at once, so the job's remaining items are dropped
+without a read."""
 
 from __future__ import annotations
 
@@ -58,26 +59,27 @@ async def test_a_failure_is_heard_at_once_and_a_read_is_reused_for_a_second(
         await db.jobs.insert_one(
             {"_id": job_id, "version_id": "ver-1", "state": "running", "top_k": 10}
         )
-    stage = QuestionStageWorker("search", CommonSettings(), db, broker, _unused)
-    job = await stage._job("j-announced")
+    # A question stage's view (the adder keeps the same one).
+    jobs = QuestionStageWorker("search", CommonSettings(), db, broker, _unused).jobs
+    job = await jobs.get("j-announced")
     assert job is not None and job["state"] == "running" and job["top_k"] == 10
     assert reads.reads == 1
-    assert (await stage._job("j-announced")) == job
+    assert (await jobs.get("j-announced")) == job
     assert reads.reads == 1  # reused within the second
 
     # Failed by another process: the announcement reaches this stage well within the second.
     failed_at = time.monotonic()
     await fail_job(db, broker, "j-announced", "search", FailureKind.CONTRACT_ERROR, "test")
-    while (await stage._job("j-announced") or {}).get("state") == "running":
+    while (await jobs.get("j-announced") or {}).get("state") == "running":
         assert time.monotonic() - failed_at < 0.5, "the failure was not heard"
         await asyncio.sleep(0.01)
     assert reads.reads == 1  # heard, not read
-    assert (await stage._job("j-announced") or {}).get("state") == "failed"
+    assert (await jobs.get("j-announced") or {}).get("state") == "failed"
 
     # A state changed without an announcement is seen at the next read, within the second.
-    await stage._job("j-silent")
+    await jobs.get("j-silent")
     await db.jobs.update_one({"_id": "j-silent"}, {"$set": {"state": "failed"}})
-    assert (await stage._job("j-silent") or {}).get("state") == "running"
+    assert (await jobs.get("j-silent") or {}).get("state") == "running"
     await asyncio.sleep(1.05)
-    assert (await stage._job("j-silent") or {}).get("state") == "failed"
+    assert (await jobs.get("j-silent") or {}).get("state") == "failed"
     assert reads.reads == 3

@@ -160,6 +160,24 @@ async def test_stats_count_calls_kinds_and_the_busiest_second(
     assert _stats(standin)["calls"] == 0
 
 
+async def test_intervals_show_when_each_served_request_held_its_slot(
+    llm: openai.AsyncOpenAI, standin: str
+) -> None:
+    """On the machine's monotonic clock, so a benchmark can lay them over its own times."""
+    prompt = _answer_prompt("What did Caroline join?")
+    before = time.monotonic()
+    await asyncio.gather(*(_ask(llm, prompt) for _ in range(CAPACITY + 1)), return_exceptions=True)
+    after = time.monotonic()
+    body = httpx.get(f"{standin}/stats/intervals", timeout=10).json()
+    assert body["clock"] == "time.monotonic"
+    # The request over the capacity was answered 429 and held no slot.
+    assert len(body["intervals"]) == CAPACITY == _stats(standin)["served"]
+    for start, end in body["intervals"]:
+        assert before <= start and start + LATENCY <= end <= after
+    httpx.post(f"{standin}/stats/reset", timeout=10).raise_for_status()
+    assert httpx.get(f"{standin}/stats/intervals", timeout=10).json()["intervals"] == []
+
+
 def test_max_in_window_counts_half_open_windows() -> None:
     assert max_in_window([]) == 0
     assert max_in_window([0.0, 0.1, 0.2]) == 3

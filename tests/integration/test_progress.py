@@ -25,7 +25,7 @@ from aml_contract.messages import AddWork, QuestionStage, QuestionWork
 from aml_gateway.progress import job_status
 from aml_pipeline import progress
 from aml_pipeline.evaluation_spec import build_evaluation_spec
-from aml_pipeline.jobs import record_error
+from aml_pipeline.jobs import JobStates, record_error
 from aml_pipeline.progress import (
     Counted,
     ItemStage,
@@ -149,7 +149,9 @@ async def test_an_outcome_counts_once_however_often_it_is_stored(
     assert [counted.item_id for counted in announced] == [work("jonce", 0).item_id]
     # The adder's guarded update: ten concurrent finishes of one chunk count one.
     await db.add_chunks.insert_one({"_id": "jonce/u/0", "job_id": "jonce", "state": "pending"})
-    adder = SendChunk(CommonSettings(), db, broker, cast(Any, None), cast(Any, None))
+    adder = SendChunk(
+        CommonSettings(), db, broker, cast(Any, None), cast(Any, None), JobStates(db, broker)
+    )
     add = AddWork(job_id="jonce", version_id="ver-1", request_id="jonce/u/0")
     await asyncio.gather(*[adder.finish(add, "done", {}) for _ in range(10)])
     errors = [record_error(db, "jonce", "search", "outage", "jonce/x", "down") for _ in range(10)]

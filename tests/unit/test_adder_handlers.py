@@ -20,10 +20,11 @@ from aml_adder.settings import AdderSettings
 from aml_contract import subjects
 from aml_contract.messages import AddWork, message_id
 from aml_pipeline.capacity import Admission
-from aml_pipeline.jobs import Endpoints
+from aml_pipeline.jobs import Endpoints, JobStates
 from aml_pipeline.participants import CallFailed, Endpoint, Observer, ParticipantClient
 from aml_pipeline.stage_worker import WorkItem
 from aml_runtime.broker import FetchedDelivery
+from aml_runtime.documents import ACTIVE_JOB_STATES
 
 JOB = "job-1"
 VERSION = "ver-1"
@@ -58,6 +59,17 @@ class FakeParticipant:
         await asyncio.sleep(0)
         if self.failure is not None:
             raise self.failure
+
+
+class ActiveJobs:
+    """`JobStates` over the fake database, read on every call."""
+
+    def __init__(self, db: FakeDatabase) -> None:
+        self.db = db
+
+    async def is_active(self, job_id: str) -> bool:
+        job = self.db.jobs.documents.get(job_id)
+        return job is not None and job["state"] in ACTIVE_JOB_STATES
 
 
 class FixedEndpoints:
@@ -100,6 +112,7 @@ class Rig:
     participant: FakeParticipant
     handler: SendChunk
     announced: list[tuple[str, Document]]
+    released: list[tuple[str, Document]]
 
 
 @pytest.fixture
@@ -109,15 +122,26 @@ async def rig() -> AsyncIterator[Rig]:
     participant = FakeParticipant()
     client = cast(ParticipantClient, participant)
     endpoints = cast(Endpoints, FixedEndpoints())
-    handler = SendChunk(AdderSettings(), db.typed(), broker, client, endpoints)
+    handler = SendChunk(
+        AdderSettings(), db.typed(), broker, client, endpoints, cast(JobStates, ActiveJobs(db))
+    )
     announced: list[tuple[str, Document]] = []
 
     @broker.subscriber(subjects.ADD_DONE, stream=JStream(subjects.EVENTS_STREAM, declare=False))
     async def add_done(body: Document, msg: NatsMessage) -> None:
         announced.append((msg.headers["Nats-Msg-Id"], body))
 
+    released: list[tuple[str, Document]] = []
+
+    @broker.subscriber("aml.work.>", stream=JStream(subjects.WORK_STREAM, declare=False))
+    async def work(body: Document, msg: NatsMessage) -> None:
+        released.append((msg.headers["Nats-Msg-Id"], body))
+
     async with TestNatsBroker(broker):
-        yield Rig(db, participant, handler, announced)
+        yield Rig(db, participant, handler, announced, released)
+
+
+USER = "eval:job-1:synthetic:syn-1"
 
 
 def store(db: FakeDatabase, chunk_state: str = "pending", job_state: str = "running") -> None:
@@ -131,15 +155,20 @@ def store(db: FakeDatabase, chunk_state: str = "pending", job_state: str = "runn
         "_id": CHUNK,
         "job_id": JOB,
         "state": chunk_state,
-        "user_id": "eval:job-1:synthetic:syn-1",
+        "user_id": USER,
         "session_id": "s1",
         "seq": 1,
         "body": BODY,
     }
 
 
-def done(outcome: str) -> tuple[str, Document]:
-    return message_id("add-done", CHUNK), {"job_id": JOB, "request_id": CHUNK, "outcome": outcome}
+def done(outcome: str, read: bool = True, next_released: bool = False) -> tuple[str, Document]:
+    """The announcement; with the chunk's user and seq when the adder read the chunk (a give-up
+    by the delivery budget did not)."""
+    body = {"job_id": JOB, "request_id": CHUNK, "outcome": outcome}
+    body |= {"user_id": USER, "seq": 1} if read else {"user_id": None, "seq": None}
+    body["next_released"] = next_released
+    return message_id("add-done", CHUNK), body
 
 
 @pytest.mark.parametrize("state", ["done", "failed"])
@@ -213,7 +242,7 @@ async def test_a_refused_add_fails_the_chunk_once_with_its_reason(rig: Rig) -> N
     progress = rig.db.jobs.documents[JOB]["progress"]
     assert progress["add"] == {"failed": 1} and progress["errors"] == 1
     assert [e["item"] for e in rig.db.job_errors.documents.values()] == [CHUNK]
-    assert rig.announced == [done("failed")]
+    assert rig.announced == [done("failed", read=False)]
     assert settled(item) == ["ack"]
 
 
@@ -233,4 +262,38 @@ async def test_a_transient_error_leaves_the_chunk_pending_until_the_last_deliver
     assert settled(last) == ["ack"]
     assert rig.db.add_chunks.documents[CHUNK]["failure_kind"] == "platform_error"
     assert rig.db.jobs.documents[JOB]["progress"]["add"] == {"failed": 1}
-    assert rig.announced == [done("failed")]
+    assert rig.announced == [done("failed", read=False)]
+
+
+@pytest.mark.parametrize(
+    ("successor", "hands_on"),
+    [
+        ({"state": "pending"}, True),
+        # Searches are asked right before it: the scheduler releases them first.
+        ({"state": "pending", "searched_before": ["q1"]}, False),
+        # Already sent (a redelivery of this one): nothing to hand on.
+        ({"state": "done"}, False),
+        (None, False),  # the user's last chunk: its questions are the scheduler's to release
+    ],
+)
+async def test_a_confirmed_add_hands_the_users_next_add_on_when_nothing_gates_it(
+    rig: Rig, successor: Document | None, hands_on: bool
+) -> None:
+    store(rig.db)
+    following = f"{USER}:chunk-2"
+    if successor is not None:
+        rig.db.add_chunks.documents[following] = {
+            "_id": following, "job_id": JOB, "user_id": USER, "seq": 2, **successor
+        }  # fmt: skip
+    await rig.handler(WORK, delivery(1))
+    assert rig.announced == [done("done", next_released=hands_on)]
+    if hands_on:
+        # Under the id the scheduler would publish it with: the broker keeps one of the two.
+        assert rig.released == [
+            (
+                message_id(subjects.WORK_ADD, following),
+                {"job_id": JOB, "version_id": VERSION, "request_id": following},
+            )
+        ]
+    else:
+        assert rig.released == []

@@ -22,8 +22,11 @@ from aml_runtime.documents import ScoreDocument, StageRecord
 from aml_runtime.telemetry import item_trace, item_trace_hex
 from aml_scheduler.handlers import question_outcome
 from aml_scheduler.planning import (
+    WrittenOwners,
+    dataset_parts,
     plan_chunks,
     plan_questions,
+    plan_written_texts,
     question_item_id,
 )
 from aml_scorer.handlers import ScoreAnswer
@@ -270,3 +273,46 @@ def test_planned_documents_hold_only_what_the_plan_writes(
     assert all("_id" in doc and "id" not in doc for doc in [*chunks, *questions])
     assert not {"finished_at", "at_us", "failure", "failure_kind"} & set(chunks[0])
     assert any("gold_answer" in doc and doc["gold_answer"] is None for doc in questions)
+
+
+def _streaming() -> Dataset:
+    data = Path(__file__).parents[1] / "data" / "streaming" / "streaming_v1.json"
+    return parse_locomo(json.loads(data.read_text()), "streaming", "v1")
+
+
+@pytest.mark.parametrize("turns_per_part", [1, 40, 10**9])
+def test_planning_part_by_part_gives_the_documents_of_the_whole(
+    dataset: Dataset, turns_per_part: int
+) -> None:
+    """A job is planned and stored part by part (whole conversations with their questions): the
+    same chunks, questions (streaming points and held searches included) and written texts as
+    planning the dataset at once."""
+    for whole in (dataset, _streaming(), load_dataset("synthetic_multimodal", Path("/x"))):
+        parts = list(dataset_parts(whole, turns_per_part))
+        if turns_per_part == 1:
+            assert len(parts) >= len(whole.conversations)
+        chunks = [c.stored() for part in parts for c in plan_chunks("job-1", part)]
+        questions = [q.stored() for part in parts for q in plan_questions("job-1", part, 10)]
+        assert chunks == [c.stored() for c in plan_chunks("job-1", whole)]
+        by_id = sorted(questions, key=lambda q: str(q["_id"]))
+        expected = [q.stored() for q in plan_questions("job-1", whole, 10)]
+        assert by_id == sorted(expected, key=lambda q: str(q["_id"]))
+        owners = WrittenOwners()
+        for part in parts:
+            owners.add(c.body for c in plan_chunks("job-1", part) if c.body is not None)
+        bodies = [c.body for c in plan_chunks("job-1", whole) if c.body is not None]
+        assert sorted(owners.documents("job-1"), key=str) == sorted(
+            plan_written_texts("job-1", bodies), key=str
+        )
+
+
+def test_a_text_written_in_two_conversations_names_both_users() -> None:
+    owners = WrittenOwners()
+    for user in ("u1", "u2"):
+        request = AddRequest(
+            request_id=f"{user}:chunk-1", user_id=user, session_id="s",
+            messages=[{"role": "user", "content": "the same words"}],
+        )  # fmt: skip
+        owners.add([request.model_dump_json().encode()])
+    (document,) = owners.documents("job-1")
+    assert document["users"] == ["u1", "u2"]

@@ -21,9 +21,11 @@ from faststream.nats import JStream, NatsBroker, NatsMessage, TestNatsBroker
 
 from aml_contract import subjects
 from aml_contract.messages import AddDone, QuestionDone, SearchDone, message_id
+from aml_contract.participant import user_chunk_id
 from aml_evaluation.aggregate import QuestionOutcome
 from aml_evaluation.datasets import parse_locomo
 from aml_evaluation.registry import load_dataset
+from aml_pipeline.chains import add_order
 from aml_pipeline.evaluation_spec import build_evaluation_spec
 from aml_runtime.broker import publish
 from aml_scheduler.handlers import ScheduleJobs, platform_failed, platform_failure_reason
@@ -554,3 +556,61 @@ async def test_an_add_stays_held_while_a_search_before_it_is_open(
     assert "eval:job-1:streaming:str-2:chunk-1" not in {
         s.body["request_id"] for s in rig.on(subjects.WORK_ADD)
     }
+
+
+async def test_users_write_in_a_window_longest_first_and_questions_flow_early(
+    rig: Rig, datasets_root: Path
+) -> None:
+    """LoCoMo-10 (ten conversations) for a version declaring 2 at once: three users write at a
+    time, longest conversation first; a user's questions go out as soon as its own Adds are
+    written, and the next user starts then, so the first questions flow long before the last
+    Add while every Add still follows its predecessor."""
+    dataset = load_dataset("locomo", datasets_root)
+    chunks = [c.stored() for c in plan_chunks(JOB, dataset)]
+    questions = [q.stored() for q in plan_questions(JOB, dataset, top_k=10)]
+    planned(rig.db, (chunks, questions), "running")
+    rig.db.versions.documents[VERSION] = {
+        "_id": VERSION, "capacity": {"max_concurrency": 2, "max_rps": 10.0}
+    }  # fmt: skip
+    order = add_order(c["user_id"] for c in chunks)
+    rig.db.jobs.documents[JOB]["users"] = order
+    await rig.scheduler.release(JOB)
+    assert [s.body["request_id"] for s in rig.on(subjects.WORK_ADD)] == [
+        user_chunk_id(user, 1) for user in order[:3]
+    ]
+
+    # Acting as the adder, always confirming the Add released earliest.
+    confirmed: set[str] = set()
+    writing_at_most = 0
+    first_question_at = None
+    while pending := [
+        s.body["request_id"]
+        for s in rig.on(subjects.WORK_ADD)
+        if s.body["request_id"] not in confirmed
+    ]:
+        writing_at_most = max(writing_at_most, len(pending))
+        request_id = pending[0]
+        rig.db.add_chunks.documents[request_id]["state"] = "done"
+        confirmed.add(request_id)
+        if first_question_at is None and rig.on(subjects.WORK_SEARCH):
+            first_question_at = len(confirmed)
+        await rig.scheduler.on_add_done(AddDone(job_id=JOB, request_id=request_id, outcome="done"))
+
+    assert writing_at_most == 3
+    assert confirmed == {c["_id"] for c in chunks}
+    for add in rig.on(subjects.WORK_ADD):
+        assert all(
+            state == "done" for s, state in add.seen["states"].items() if s < add.seen["seq"]
+        )
+    assert sorted(s.body["item_id"] for s in rig.on(subjects.WORK_SEARCH)) == sorted(
+        q["_id"] for q in questions
+    )
+    # Users finish in the job's order, and the first questions leave with half of the Adds
+    # written at most (the window's three longest conversations: 137 of 399; all ten users at
+    # once, the first would wait for some 300).
+    finished = [
+        rig.db.questions.documents[s.body["item_id"]]["user_id"]
+        for s in rig.on(subjects.WORK_SEARCH)
+    ]
+    assert list(dict.fromkeys(finished))[:3] == sorted(order[:3], key=order.index)
+    assert first_question_at is not None and first_question_at <= len(chunks) / 2

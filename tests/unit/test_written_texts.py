@@ -1,14 +1,12 @@
 """The searcher's map of who each text of a job was written for (aml_searcher.WrittenTexts):
-read once per job, bounded in jobs and in texts per job."""
+only a search's candidates are looked up, by id, never a job's whole map; answers (also "written
+to no one") are remembered, up to a bound."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
-import pytest
-
-from aml_searcher import handlers
 from aml_searcher.handlers import WrittenTexts
 
 
@@ -25,11 +23,8 @@ class _Texts:
 
     def find(self, query: dict[str, Any], projection: Any = None) -> AsyncIterator[Any]:
         self.queries.append(query)
-        if "job_id" in query:
-            found = [d for d in self.docs if d["job_id"] == query["job_id"]]
-        else:
-            found = [d for d in self.docs if d["_id"] in query["_id"]["$in"]]
-        return self._iterate(found)
+        assert set(query) == {"_id"}, "only by id: a job's map is never read whole"
+        return self._iterate([d for d in self.docs if d["_id"] in query["_id"]["$in"]])
 
     async def _iterate(self, docs: list[dict[str, Any]]) -> AsyncIterator[Any]:
         for doc in docs:
@@ -41,17 +36,22 @@ class _Db:
         self.written_texts = _Texts()
 
 
-def _written() -> tuple[WrittenTexts, _Texts]:
+def _written(kept: int = 1000) -> tuple[WrittenTexts, _Texts]:
     db = _Db()
-    return WrittenTexts(cast(Any, db)), db.written_texts
+    return WrittenTexts(cast(Any, db), kept=kept), db.written_texts
 
 
-async def test_a_jobs_texts_are_read_once() -> None:
+def _asked(texts: _Texts) -> list[list[str]]:
+    return [sorted(query["_id"]["$in"]) for query in texts.queries]
+
+
+async def test_only_the_candidates_are_looked_up_and_each_once() -> None:
     written, texts = _written()
     assert await written.owners("j1", {"d0", "d1", "nope"}) == {"d0": ["j1-u0"], "d1": ["j1-u1"]}
-    assert await written.owners("j1", {"d3"}) == {"d3": ["j1-u1"]}
+    # Known ones (a text written to no one too) are not asked again.
+    assert await written.owners("j1", {"d0", "nope", "d3"}) == {"d0": ["j1-u0"], "d3": ["j1-u1"]}
     assert await written.owners("j2", {"d0"}) == {"d0": ["j2-u0"]}
-    assert texts.queries == [{"job_id": "j1"}, {"job_id": "j2"}]
+    assert _asked(texts) == [["j1/d0", "j1/d1", "j1/nope"], ["j1/d3"], ["j2/d0"]]
 
 
 async def test_no_text_no_query() -> None:
@@ -60,21 +60,12 @@ async def test_no_text_no_query() -> None:
     assert texts.queries == []
 
 
-async def test_the_least_recently_used_job_is_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(handlers, "_JOBS_KEPT", 1)
-    written, texts = _written()
+async def test_the_least_recently_used_answers_are_forgotten() -> None:
+    written, texts = _written(kept=2)
     await written.owners("j1", {"d0"})
-    await written.owners("j2", {"d0"})
+    await written.owners("j1", {"d1"})
+    await written.owners("j1", {"d0"})  # d0 used last: d1 is the one forgotten next
+    await written.owners("j1", {"d2"})
     await written.owners("j1", {"d0"})
-    assert texts.queries == [{"job_id": "j1"}, {"job_id": "j2"}, {"job_id": "j1"}]
-
-
-async def test_a_job_with_too_many_texts_is_looked_up_per_search(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(handlers, "_TEXTS_KEPT_PER_JOB", 2)
-    written, texts = _written()
-    assert await written.owners("j1", {"d2"}) == {"d2": ["j1-u0"]}
-    assert await written.owners("j1", {"d3"}) == {"d3": ["j1-u1"]}
-    assert texts.queries[0] == {"job_id": "j1"}
-    assert texts.queries[1:] == [{"_id": {"$in": ["j1/d2"]}}, {"_id": {"$in": ["j1/d3"]}}]
+    await written.owners("j1", {"d1"})
+    assert _asked(texts) == [["j1/d0"], ["j1/d1"], ["j1/d2"], ["j1/d1"]]

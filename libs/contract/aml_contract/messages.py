@@ -35,6 +35,13 @@ class AddDone(_Message):
     job_id: str
     request_id: str
     outcome: Outcome
+    # The Add's user and place in its chain, when the adder read them: the scheduler then moves
+    # the user on without reading the chunk (the next Add is found by id).
+    user_id: str | None = None
+    seq: int | None = None
+    # The adder published the user's next Add itself (nothing gates it): the scheduler has
+    # nothing to release for this user.
+    next_released: bool = False
 
 
 class QuestionFacts(_Message):

@@ -132,7 +132,13 @@ class SearchResponse(BaseModel):
 
 
 def add_request_id(run: str, dataset: str, conversation: str, chunk: int) -> str:
-    return f"eval:{run}:{dataset}:{conversation}:chunk-{chunk}"
+    return user_chunk_id(memory_user_id(run, dataset, conversation), chunk)
+
+
+def user_chunk_id(user_id: str, chunk: int) -> str:
+    """The request_id of a memory user's `chunk`-th Add: the platform finds a user's next Add by
+    its id, without a query over the job's Adds."""
+    return f"{user_id}:chunk-{chunk}"
 
 
 def memory_user_id(run: str, dataset: str, conversation: str) -> str:

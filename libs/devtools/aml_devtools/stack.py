@@ -29,7 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from aml_devtools.install_model import INSTALL_COMMAND as MODEL_INSTALL_COMMAND
 from aml_devtools.install_model import model_file
@@ -114,6 +114,9 @@ class StackConfig(BaseModel):
     nats_port: int | None = None
     nats_monitor_port: int | None = None
     mongo_port: int | None = None
+    # A MongoDB already running elsewhere (e.g. a real MongoDB to compare with nx-27017): the
+    # URL every service is given; none is started, so start_mongo is off and mongo_port unset.
+    mongo_url: str | None = None
     llm_port: int | None = None
     llm_parallel: int = Field(default=1, ge=1)
     # llama.cpp splits its context between slots, so the total is this times llm_parallel.
@@ -122,6 +125,15 @@ class StackConfig(BaseModel):
     ready_timeout_seconds: float = Field(default=60.0, gt=0)
     llm_ready_timeout_seconds: float = Field(default=180.0, gt=0)
     stop_grace_seconds: float = Field(default=10.0, ge=0)
+
+    @model_validator(mode="after")
+    def _one_mongo(self) -> Self:
+        if self.mongo_url is not None and (self.start_mongo or self.mongo_port is not None):
+            raise ValueError(
+                "mongo_url names a MongoDB not started here: start_mongo must be off and "
+                "mongo_port unset"
+            )
+        return self
 
 
 class ProcessInfo(BaseModel):
@@ -194,7 +206,14 @@ class EmbeddedStack:
 
     @property
     def mongo_url(self) -> str:
+        if self.config.mongo_url is not None:
+            return self.config.mongo_url
         return f"mongodb://{HOST}:{_need(self.mongo_port, 'MongoDB')}/?directConnection=true"
+
+    @property
+    def has_mongo(self) -> bool:
+        """Whether the stack has a MongoDB: started here, on a set port, or an external URL."""
+        return self.mongo_port is not None or self.config.mongo_url is not None
 
     @property
     def llm_base_url(self) -> str:
@@ -216,7 +235,7 @@ class EmbeddedStack:
         env["AML_STACK_PID"] = str(os.getpid())
         if self.nats_port is not None:
             env["AML_NATS_URL"] = self.nats_url
-        if self.mongo_port is not None:
+        if self.has_mongo:
             env["AML_MONGO_URL"] = self.mongo_url
         if self.llm_port is not None:
             env["AML_LLM_BASE_URL"] = self.llm_base_url
@@ -462,7 +481,7 @@ class EmbeddedStack:
             nats_monitor_url=(
                 self.nats_monitor_url if self.nats_monitor_port is not None else None
             ),
-            mongo_url=self.mongo_url if self.mongo_port is not None else None,
+            mongo_url=self.mongo_url if self.has_mongo else None,
             llm_base_url=self.llm_base_url if self.llm_port is not None else None,
             llm_api_key=LLM_API_KEY,
             llm_model=LLM_MODEL,

@@ -32,6 +32,7 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -54,6 +55,11 @@ _HOLDER_POLL_SECONDS = (2.0, 4.0)
 _TURN_WAIT_SECONDS = (0.1, 0.3)
 
 Notify = Callable[[str], Awaitable[None]]
+
+# Called when a request of the work item this task serves leaves under its admission: the stage
+# worker then fetches the admission's next item, which gets ready while this request is in
+# flight (`aml_pipeline.stage_worker`, `StageWorker._process`).
+REQUEST_LEAVING: ContextVar[Callable[[], None] | None] = ContextVar("request_leaving", default=None)
 
 
 class Capacity(BaseModel):
@@ -134,16 +140,46 @@ class Admission:
     _released: bool = field(default=False)
     # Rate slots used and their departures, not yet written (see `request`).
     _stamps: list[tuple[str, float]] = field(default_factory=list)
+    # One call in flight under the concurrency slot: two items served in a row overlap (the
+    # next one gets ready while the current one's request is out), their calls never do.
+    _turn: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _turn_holder: asyncio.Task[object] | None = None
+
+    @contextlib.asynccontextmanager
+    async def turn(self) -> AsyncIterator[None]:
+        """The slot's turn for one call, with its retries, back-offs and outage waits, and
+        what must happen before the next call may leave (a job failed by this one). Turns are
+        taken in the order they are asked for; the holder may take it again (its requests)."""
+        task = asyncio.current_task()
+        if task is not None and self._turn_holder is task:
+            yield
+            return
+        async with self._turn:
+            self._turn_holder = task
+            try:
+                yield
+            finally:
+                self._turn_holder = None
 
     @contextlib.asynccontextmanager
     async def request(self) -> AsyncIterator[Departure]:
-        """Hold a rate slot for one request and stamp it with the request's departure.
+        """Hold the slot's turn (unless the caller holds it for its whole call) and a rate slot
+        for one request, and stamp the rate slot with the request's departure.
 
-        The first request uses the slot taken with the admission; later ones (retries, status
-        polls) wait for one. The caller passes `Departure.trace` as httpx's `trace` extension.
-        The stamp is written with the release (one database round trip for both), or before
-        the next request waits for a slot: the slot stays locked meanwhile, and its free time
-        is the departure's whenever it is written."""
+        The first request uses the rate slot taken with the admission or reserved for the next
+        item; later ones (retries, status polls, an item whose slot a retry used) wait for one.
+        The caller passes `Departure.trace` as httpx's `trace` extension. The stamp is written
+        with the release (one database round trip for both), or before the next request waits
+        for a slot: the slot stays locked meanwhile, and its free time is the departure's
+        whenever it is written."""
+        async with self.turn(), self._rate_slot() as departure:
+            leaving = REQUEST_LEAVING.get()
+            if leaving is not None:
+                leaving()
+            yield departure
+
+    @contextlib.asynccontextmanager
+    async def _rate_slot(self) -> AsyncIterator[Departure]:
         departure = Departure()
         slot, free_at = self.rate_slot, self.rate_slot_free_at
         self.rate_slot, self.rate_slot_free_at = None, 0.0
@@ -219,6 +255,16 @@ class Admission:
             self.capacity, self.holder, stamps, self.concurrency_slot, unused, notify
         )
         self.rate_slot, self.rate_slot_free_at = None, 0.0
+
+
+@contextlib.asynccontextmanager
+async def turn(admission: Admission | None) -> AsyncIterator[None]:
+    """`Admission.turn`, or nothing for a caller without an admission."""
+    if admission is None:
+        yield
+        return
+    async with admission.turn():
+        yield
 
 
 class CapacityLimiter:

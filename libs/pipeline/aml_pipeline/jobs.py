@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from faststream.nats import NatsBroker
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from pydantic import ValidationError
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
@@ -175,3 +178,67 @@ def run_limits(version: Document) -> RunLimits:
     """A version's declared run limits (R-3.1); none declared, none apply. Read from a version
     document or a projection of it."""
     return RunLimits.model_validate(version.get("run_limits") or {})
+
+
+# How long a stage reuses a job's state it read (see `JobStates`).
+_JOB_READ_SECONDS = 1.0
+_JOB_READS_KEPT = 256
+# How long a job announced as finished is remembered as such (its work is purged by then).
+_FINISHED_KEPT_SECONDS = 3600.0
+
+
+@dataclass
+class JobStates:
+    """A stage process's view of its jobs' state (and `top_k`), so that an item checks its job
+    is still active without a read of its own."""
+
+    db: AsyncDatabase[Document]
+    broker: NatsBroker
+    _jobs: dict[str, tuple[float, Document | None]] = field(default_factory=dict, init=False)
+    _finished_watch: Subscription | None = field(default=None, init=False)
+
+    async def get(self, job_id: str) -> Document | None:
+        """The job's state (and `top_k`), read at most once per `_JOB_READ_SECONDS`. A failed
+        job's work is purged from the broker and the failure is announced on
+        `aml.jobs.finished`, which every replica of every stage hears: a job announced finished
+        is skipped from then on, without a read. What is left is the announcement's way over
+        the broker (milliseconds, like the moment between a read and the call it allows); a
+        lost announcement is covered by the next read, within a second."""
+        if self._finished_watch is None:
+            # Before the read: an announcement made after it is heard.
+            self._finished_watch = await self.broker.connection.subscribe(
+                subjects.JOB_FINISHED, cb=self._finished
+            )
+        moment = time.monotonic()
+        cached = self._jobs.get(job_id)
+        if cached is not None and cached[0] > moment:
+            return cached[1]
+        job = await self.db.jobs.find_one({"_id": job_id}, {"state": 1, "top_k": 1})
+        self._keep(job_id, moment + _JOB_READ_SECONDS, job)
+        return job
+
+    async def _finished(self, msg: Msg) -> None:
+        try:
+            finished = JobFinished.model_validate_json(msg.data)
+        except ValidationError:
+            return
+        self._keep(
+            finished.job_id, time.monotonic() + _FINISHED_KEPT_SECONDS, {"state": finished.state}
+        )
+
+    def _keep(self, job_id: str, until: float, job: Document | None) -> None:
+        if len(self._jobs) >= _JOB_READS_KEPT:
+            moment = time.monotonic()
+            kept = [(k, v) for k, v in self._jobs.items() if v[0] > moment]
+            # Bounded also when many jobs finished within the hour: a forgotten one is read.
+            self._jobs = dict(kept[-_JOB_READS_KEPT // 2 :])
+        self._jobs[job_id] = (until, job)
+
+    def ended(self, job_id: str, state: str) -> None:
+        """This process ended the job (`fail_job`): its next item knows without waiting for
+        the announcement to come back."""
+        self._keep(job_id, time.monotonic() + _FINISHED_KEPT_SECONDS, {"state": state})
+
+    async def is_active(self, job_id: str) -> bool:
+        job = await self.get(job_id)
+        return job is not None and job["state"] in ACTIVE_JOB_STATES

@@ -16,22 +16,17 @@ failed, every time it is handed on (de-duplicated by the broker).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import pydantic_core
 from faststream.nats import NatsBroker
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
-from pydantic import ValidationError
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
 from aml_contract import subjects
 from aml_contract.messages import (
-    JobFinished,
     QuestionDone,
     QuestionFacts,
     QuestionStage,
@@ -40,7 +35,8 @@ from aml_contract.messages import (
     message_id,
 )
 from aml_contract.subjects import WorkStage
-from aml_pipeline.jobs import fail_job, record_error
+from aml_pipeline.capacity import turn
+from aml_pipeline.jobs import JobStates, fail_job, record_error
 from aml_pipeline.progress import Counted, OutcomeCounter, outcome_of
 from aml_pipeline.stage_worker import StageCall, WorkItem
 from aml_runtime.broker import FinalFailure, publish, publish_work, run_delivery
@@ -65,12 +61,6 @@ _FATAL_KINDS = frozenset(
         FailureKind.RUN_LIMIT_REACHED,
     }
 )
-
-# How long a stage reuses a job's state it read (see `QuestionStageWorker._job`).
-_JOB_READ_SECONDS = 1.0
-_JOB_READS_KEPT = 256
-# How long a job announced as finished is remembered as such (its work is purged by then).
-_FINISHED_KEPT_SECONDS = 3600.0
 
 # The largest candidate list (as compact JSON) the search hands to the answer stage with the
 # work, saving the answer stage a read of the search document; a larger one is read there. Well
@@ -103,12 +93,12 @@ class QuestionStageWorker:
     db: AsyncDatabase[Document]
     broker: NatsBroker
     compute: Compute
-    _jobs: dict[str, tuple[float, Document | None]] = field(default_factory=dict, init=False)
-    _finished_watch: Subscription | None = field(default=None, init=False)
     counter: OutcomeCounter = field(init=False)
+    jobs: JobStates = field(init=False)
 
     def __post_init__(self) -> None:
         self.counter = OutcomeCounter(self.db, self._all_final)
+        self.jobs = JobStates(self.db, self.broker)
 
     async def close(self) -> None:
         """Count what is still pending (a stopping worker)."""
@@ -149,19 +139,25 @@ class QuestionStageWorker:
             # re-announce a terminal question, which the scheduler may not have seen.
             await self._hand_on(work, existing["state"], announce=True)
             return
-        # Checked after admission, right before the call: a failed job's work is dropped here.
-        job = await self._job(work.job_id)
-        if job is None or job["state"] not in ACTIVE_JOB_STATES:
-            return
         question = await self._question(work)
-        try:
-            fields = await self.compute(work, question, item.call(job))
-        except FinalFailure as exc:
-            if exc.ends_job:
-                # The question's own failure is recorded by the delivery's give-up; the job
-                # stops now, its queued work purged.
-                await fail_job(self.db, self.broker, work.job_id, self.stage, exc.kind, exc.reason)
-            raise
+        # The call under the slot's turn: the item served next under the same admission gets
+        # ready meanwhile and waits here, and it sees a job this call failed as failed.
+        async with turn(item.admission):
+            # Checked right before the call: a failed job's work is dropped here.
+            job = await self.jobs.get(work.job_id)
+            if job is None or job["state"] not in ACTIVE_JOB_STATES:
+                return
+            try:
+                fields = await self.compute(work, question, item.call(job))
+            except FinalFailure as exc:
+                if exc.ends_job or exc.kind in _FATAL_KINDS:
+                    # The question's own failure is recorded by the delivery's give-up; the
+                    # job stops now, its queued work purged.
+                    await fail_job(
+                        self.db, self.broker, work.job_id, self.stage, exc.kind, exc.reason
+                    )
+                    self.jobs.ended(work.job_id, "failed")
+                raise
         stored = await self.store(work, {"state": "done", **fields})
         carried: Document = {
             "facts": work.facts or QuestionFacts.of(question),
@@ -174,43 +170,6 @@ class QuestionStageWorker:
         if self.stage == "answer" and stored.written:
             carried["answer"] = fields.get("answer")
         await self._hand_on(work.model_copy(update=carried), stored.state, announce=False)
-
-    async def _job(self, job_id: str) -> Document | None:
-        """The job's state (and `top_k`), read at most once per `_JOB_READ_SECONDS`. A failed
-        job's work is purged from the broker and the failure is announced on
-        `aml.jobs.finished`, which every replica of every stage hears: a job announced finished
-        is skipped from then on, without a read. What is left is the announcement's way over
-        the broker (milliseconds, like the moment between a read and the call it allows); a
-        lost announcement is covered by the next read, within a second."""
-        if self._finished_watch is None:
-            # Before the read: an announcement made after it is heard.
-            self._finished_watch = await self.broker.connection.subscribe(
-                subjects.JOB_FINISHED, cb=self._finished
-            )
-        moment = time.monotonic()
-        cached = self._jobs.get(job_id)
-        if cached is not None and cached[0] > moment:
-            return cached[1]
-        job = await self.db.jobs.find_one({"_id": job_id}, {"state": 1, "top_k": 1})
-        self._keep(job_id, moment + _JOB_READ_SECONDS, job)
-        return job
-
-    async def _finished(self, msg: Msg) -> None:
-        try:
-            finished = JobFinished.model_validate_json(msg.data)
-        except ValidationError:
-            return
-        self._keep(
-            finished.job_id, time.monotonic() + _FINISHED_KEPT_SECONDS, {"state": finished.state}
-        )
-
-    def _keep(self, job_id: str, until: float, job: Document | None) -> None:
-        if len(self._jobs) >= _JOB_READS_KEPT:
-            moment = time.monotonic()
-            kept = [(k, v) for k, v in self._jobs.items() if v[0] > moment]
-            # Bounded also when many jobs finished within the hour: a forgotten one is read.
-            self._jobs = dict(kept[-_JOB_READS_KEPT // 2 :])
-        self._jobs[job_id] = (until, job)
 
     async def _question(self, work: QuestionWork) -> Document:
         if work.facts is not None and work.search_body is not None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import random
 import time
@@ -47,7 +48,14 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract import subjects
 from aml_contract.messages import QuestionWork
-from aml_pipeline.capacity import Admission, Capacity, CapacityLimiter, Pool, Refused
+from aml_pipeline.capacity import (
+    REQUEST_LEAVING,
+    Admission,
+    Capacity,
+    CapacityLimiter,
+    Pool,
+    Refused,
+)
 from aml_pipeline.jobs import version_capacity
 from aml_pipeline.llm import llm_capacity
 from aml_pipeline.outages import Outages
@@ -157,6 +165,12 @@ class _Lane:
     # One pull at a time on the lane's inbox: the loop and items served in a row both fetch,
     # and a pull's answer must not be taken (or handed back as stale) by another.
     fetching: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Rung by the doorbell: an admission standing by for the lane's next item (its current
+    # item's request is out or done, `StageWorker._process`) fetches then.
+    rang: asyncio.Event = field(default_factory=asyncio.Event)
+    # Admissions of this process standing by: the loop makes no new admission for the lane
+    # meanwhile (one of them takes the new item without a database operation).
+    standing_by: int = 0
 
 
 @dataclass
@@ -213,6 +227,9 @@ class StageWorker(Generic[Work]):
 
     def _mark_ready(self, lane: str) -> None:
         self._ready[lane] = None
+        known = self._known.get(lane)
+        if known is not None:
+            known.rang.set()
         self._wake.set()
 
     async def _freed(self, msg: Msg) -> None:
@@ -288,7 +305,7 @@ class StageWorker(Generic[Work]):
 
     async def _serve(self, name: str) -> bool:
         lane = await self._lane(name)
-        if lane.not_before > time.monotonic():
+        if lane.not_before > time.monotonic() or lane.standing_by:
             return False
         if self.outages is not None and self.outages.is_paused(lane.capacity.key):
             # No work is taken for a key that is down; its pause lifting wakes the lane.
@@ -343,32 +360,77 @@ class StageWorker(Generic[Work]):
         self._wake.set()
 
     async def _process(self, lane: str, msg: Msg, admission: Admission) -> None:
-        """Work items of one lane, one after the other under one concurrency slot: after an
-        item, the next is fetched under the same slot while the lane has work (and, with a rate
-        limit, a rate slot is free at once), up to the lanes' `reuse_limit` items, so a busy lane
-        does not give its slot back only to take it again. Then the slot is released for the
-        others."""
-        done: FetchedDelivery | None = None
+        """Work items of one lane under one concurrency slot, up to the lanes' `reuse_limit`,
+        so a busy lane does not give its slot back only to take it again; then the slot is
+        released for the others.
+
+        The next item is fetched (with, under a rate limit, a rate slot free at once) as soon as
+        the current one's request leaves, and gets ready (its reads, its audit record) while
+        that request is in flight; its own request leaves the moment the current one's answer
+        is in (`Admission.request` lets one through at a time). So a saturated participant
+        waits for no database round trip between two requests. At most two items of a slot are
+        in progress at once; one that sends no request (already done, its job failed) lets the
+        next be fetched when it ends."""
+        limit = self.lanes.reuse_limit
+        # Each item in progress, with its request-leaving signal.
+        running: dict[asyncio.Task[FetchedDelivery], asyncio.Event] = {}
+        last: FetchedDelivery | None = None
         ended: _Ended = "idle"
+        served = 0
+        following: Msg | _Ended | None = msg
         try:
-            limit = self.lanes.reuse_limit
-            for served in range(1, limit + 1):
-                done = await self._process_one(lane, msg, admission)
-                if served == limit:
+            while True:
+                if isinstance(following, Msg):
+                    task, leaving = self._item_task(lane, following, admission)
+                    running[task] = leaving
+                    served, following = served + 1, None
+                if served >= limit:
                     ended = "served_in_full"
-                    break
-                following = await self._next_under(lane, admission, done)
-                if isinstance(following, str):
+                elif (
+                    following is None
+                    and len(running) < 2
+                    and all(leaving.is_set() for leaving in running.values())
+                ):
+                    known = self._known.get(lane)
+                    if known is not None:
+                        known.rang.clear()  # a ring from now on is for a later message
+                    following = await self._next_under(lane, admission)
+                    if isinstance(following, Msg):
+                        continue
                     ended = following
+                if not running:
                     break
-                msg = following
+                # Nothing to fetch now: stand by for the doorbell while the items finish.
+                standby = self._known.get(lane) if following == "idle" else None
+                if standby is not None:
+                    standby.standing_by += 1
+                try:
+                    finished = await _first_of(running, standby.rang if standby else None)
+                finally:
+                    if standby is not None:
+                        standby.standing_by -= 1
+                        self._wake.set()  # the loop may admit for the lane again
+                for task in finished:
+                    running.pop(task)
+                    if last is not None:
+                        await last.send_held_ack()
+                    last = task.result()
+                if following == "idle":
+                    following = None  # work may have come meanwhile: look again
+        except asyncio.CancelledError:
+            for task in running:
+                task.cancel()
+            raise
         finally:
+            if running:
+                # Never abandoned mid-call: an item's request is out at the participant.
+                await asyncio.wait(running)
             try:
                 await admission.release()
             finally:
                 # After the release's announcement: two publishes in a row leave in one write.
-                if done is not None:
-                    await done.send_held_ack()
+                if last is not None:
+                    await last.send_held_ack()
             self._capacity_freed(admission.capacity.key)
         known = self._known.get(lane)
         if known is None:
@@ -384,6 +446,17 @@ class StageWorker(Generic[Work]):
             # As a refused admission would: not tried again before a rate slot frees.
             wait = await self.limiter.wait_hint(admission.capacity, "rate")
             known.not_before, known.waits_for = time.monotonic() + wait, "rate"
+
+    def _item_task(
+        self, lane: str, msg: Msg, admission: Admission
+    ) -> tuple[asyncio.Task[FetchedDelivery], asyncio.Event]:
+        """The item's own task, and the event its first request's leaving sets
+        (`REQUEST_LEAVING`)."""
+        leaving = asyncio.Event()
+        context = contextvars.copy_context()
+        context.run(REQUEST_LEAVING.set, leaving.set)
+        task = asyncio.create_task(self._process_one(lane, msg, admission), context=context)
+        return task, leaving
 
     async def _process_one(self, lane: str, msg: Msg, admission: Admission) -> FetchedDelivery:
         def again_after(delay: float) -> None:
@@ -406,12 +479,10 @@ class StageWorker(Generic[Work]):
             log.exception("stage_worker.item_failed", subject=msg.subject)
         return delivery
 
-    async def _next_under(
-        self, name: str, admission: Admission, done: FetchedDelivery
-    ) -> Msg | _Ended:
+    async def _next_under(self, name: str, admission: Admission) -> Msg | _Ended:
         """The lane's next message under `admission`'s concurrency slot, or why not: nothing
         waiting (or the worker is stopping, or the lane's capacity was re-read since), or no
-        rate slot free now. The finished item's ACK leaves with the fetch."""
+        rate slot free now."""
         lane = self._known.get(name)
         if lane is None or name not in self._ready or self._stopping:
             return "idle"
@@ -421,7 +492,6 @@ class StageWorker(Generic[Work]):
             return "rate"
         if self._stopping:
             return "idle"  # it stopped while the admission waited for the rate slot
-        await done.send_held_ack()
         following = await self._fetch(lane)
         if following is None:
             self._ready.pop(name, None)
@@ -523,6 +593,23 @@ class StageWorker(Generic[Work]):
                 assert self._nc is not None
                 stale._client = self._nc
                 await stale.nak(delay=_HAND_BACK)
+
+
+async def _first_of(
+    running: dict[asyncio.Task[FetchedDelivery], asyncio.Event], rang: asyncio.Event | None
+) -> set[asyncio.Task[FetchedDelivery]]:
+    """Wait until an item finishes or its first request leaves (or, with `rang`, the lane's
+    doorbell rings); the finished ones."""
+    waiting = [leaving for leaving in running.values() if not leaving.is_set()]
+    if rang is not None:
+        waiting.append(rang)
+    signals = [asyncio.ensure_future(signal.wait()) for signal in waiting]
+    try:
+        await asyncio.wait([*running, *signals], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for signal in signals:
+            signal.cancel()
+    return {task for task in running if task.done()}
 
 
 # -- wiring shared by the four workers -------------------------------------------------------

@@ -115,6 +115,8 @@ INDEXES: tuple[Index, ...] = (
     _index(ADD_CHUNKS, "job_id"),
     _index(QUESTIONS, "job_id", "conversation_id"),
     _index(QUESTIONS, "job_id"),
+    # A user's questions, released when its Adds are written (a memory user_id is one job's).
+    _index(QUESTIONS, "user_id"),
     *(_index(name, "job_id", "state") for name in (SEARCHES, ANSWERS, SCORES)),
     *(_index(name, "job_id") for name in (SEARCHES, ANSWERS, SCORES)),
     _index(CALLS, "job_id", "item_id", "attempt"),

@@ -1,18 +1,25 @@
-"""Add one chunk. The scheduler releases a user's chunks one at a time and in order, so this
+"""Add one chunk. A user's chunks are released one at a time and in order (by the scheduler, or
+by this handler right after it confirmed the previous one: `aml_pipeline.chains`), so this
 handler only has to be idempotent: a chunk already confirmed is never sent again, only its
 completion is re-announced (the publish is de-duplicated by the broker)."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from faststream.nats import NatsBroker
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract import subjects
 from aml_contract.messages import AddDone, AddWork, Outcome, message_id
+from aml_contract.participant import user_chunk_id
 from aml_pipeline.audit import VALID, CallRecorder
-from aml_pipeline.jobs import Endpoints, job_is_active, record_error
+from aml_pipeline.capacity import turn
+from aml_pipeline.chains import NEXT_CHUNK_FIELDS, goes_on_by_itself, release_add
+from aml_pipeline.jobs import Endpoints, JobStates, record_error
 from aml_pipeline.participants import CallFailed, ParticipantClient
 from aml_pipeline.progress import count_final
 from aml_pipeline.stage_worker import WorkItem
@@ -31,6 +38,8 @@ class SendChunk:
     broker: NatsBroker
     client: ParticipantClient
     endpoints: Endpoints
+    # Whether an Add's job is still active, known without a read per Add (`JobStates`).
+    jobs: JobStates
 
     async def __call__(self, work: AddWork, item: WorkItem) -> None:
         async def attempt() -> None:
@@ -52,44 +61,113 @@ class SendChunk:
             await run_delivery(item.delivery, self.settings, attempt, give_up)
 
     async def add(self, work: AddWork, item: WorkItem) -> None:
-        chunk = await self.db.add_chunks.find_one({"_id": work.request_id})
+        # Both reads at once: the chunk, and whether its job is still active (checked after
+        # admission, right before the call: a failed job's work is dropped here).
+        chunk, active = await asyncio.gather(
+            self.db.add_chunks.find_one({"_id": work.request_id}),
+            self.jobs.is_active(work.job_id),
+        )
         if chunk is None:
             raise FinalFailure(
                 FailureKind.PLATFORM_ERROR, f"chunk {work.request_id} is not planned"
             )
+        chain = Chain(str(chunk["user_id"]), int(chunk["seq"]))
         if chunk["state"] != "pending":
             # Its writer counted it (or died first: the repair counts it); announce it again.
-            await self.announce(work, chunk["state"])
+            await self.announce(work, chunk["state"], chain)
             return
-        # Checked after admission, right before the call: a failed job's work is dropped here.
-        if not await job_is_active(self.db, work.job_id):
+        if not active:
             return
         endpoint = await self.endpoints.get(work.version_id, work.job_id)
         ids = (chunk["_id"], chunk["user_id"], chunk["session_id"])
-        async with CallRecorder(
-            self.db, work.job_id, "add", work.request_id, item.delivered, work.version_id
-        ) as observe:
-            try:
-                await self.client.add(endpoint, chunk["body"], ids, observe, item.admission)
-            except CallFailed as exc:
-                if exc.kind == FailureKind.CONTRACT_ERROR:
-                    await observe.validated(exc.reason)
-                raise FinalFailure(exc.kind, exc.reason) from None
-            await observe.validated(VALID)
-        await self.finish(work, "done", {})
+        # The user's next chunk, read while this one's request is out: nothing but this Add's
+        # confirmation changes it (a pending chunk's gate is planned and fixed).
+        successor = asyncio.ensure_future(
+            self.db.add_chunks.find_one(
+                {"_id": user_chunk_id(chain.user_id, chain.seq + 1)}, NEXT_CHUNK_FIELDS
+            )
+        )
+        try:
+            async with CallRecorder(
+                self.db, work.job_id, "add", work.request_id, item.delivered, work.version_id
+            ) as observe:
+                # The call under the slot's turn: the Add served next under the same admission
+                # gets ready meanwhile and waits here, then checks its job again.
+                async with turn(item.admission):
+                    if item.admission is not None and not await self.jobs.is_active(work.job_id):
+                        return
+                    try:
+                        await self.client.add(endpoint, chunk["body"], ids, observe, item.admission)
+                    except CallFailed as exc:
+                        if exc.kind == FailureKind.CONTRACT_ERROR:
+                            await observe.validated(exc.reason)
+                        raise FinalFailure(exc.kind, exc.reason) from None
+                following = await successor
+                await self.finish(
+                    work, "done", {}, chain, following, audit=observe.validated(VALID)
+                )
+        finally:
+            if not successor.done():
+                successor.cancel()
+            elif not successor.cancelled():
+                # Read, so that a failed read of a successor never used is not reported.
+                successor.exception()
 
-    async def finish(self, work: AddWork, outcome: Outcome, fields: Document) -> None:
+    async def finish(
+        self,
+        work: AddWork,
+        outcome: Outcome,
+        fields: Document,
+        chain: Chain | None = None,
+        successor: Document | None = None,
+        audit: Awaitable[None] | None = None,
+    ) -> None:
+        """Store the chunk's outcome (with its audit record, at once), hand the user's next Add
+        on when nothing gates it (`aml_pipeline.chains`), announce the outcome, count it."""
         at_us = now_us()
-        updated = await self.db.add_chunks.update_one(
+        stored = self.db.add_chunks.update_one(
             {"_id": work.request_id, "state": "pending"},
             {"$set": {"state": outcome, "finished_at": now(), "at_us": at_us, **fields}},
         )
+        if audit is not None:
+            updated, _ = await asyncio.gather(stored, audit)
+        else:
+            updated = await stored
+        goes_on = outcome == "done" and chain is not None and goes_on_by_itself(successor)
+        if goes_on:
+            assert chain is not None and successor is not None
+            await release_add(
+                self.broker, work.job_id, work.version_id, chain.user_id, str(successor["_id"])
+            )
+        # Announced before it is counted: the scheduler waits for the announcement, the
+        # job's progress counter for nobody (a crash in between is the repair's to count, as
+        # one right before the count always was).
+        await self.announce(work, outcome, chain, next_released=goes_on)
         # The guarded update did nothing when an earlier delivery finished the chunk first; its
         # outcome stands and was counted by that delivery (or, if it died, by the repair).
         if updated.modified_count:
             await count_final(self.db, work.job_id, "add", outcome, at_us)
-        await self.announce(work, outcome)
 
-    async def announce(self, work: AddWork, outcome: Outcome) -> None:
-        done = AddDone(job_id=work.job_id, request_id=work.request_id, outcome=outcome)
+    async def announce(
+        self,
+        work: AddWork,
+        outcome: Outcome,
+        chain: Chain | None = None,
+        next_released: bool = False,
+    ) -> None:
+        where = {"user_id": chain.user_id, "seq": chain.seq} if chain is not None else {}
+        done = AddDone(
+            job_id=work.job_id,
+            request_id=work.request_id,
+            outcome=outcome,
+            next_released=next_released,
+            **where,
+        )
         await publish(self.broker, subjects.ADD_DONE, done, message_id("add-done", work.request_id))
+
+
+class Chain(NamedTuple):
+    """An Add's user and its place in the user's chain."""
+
+    user_id: str
+    seq: int

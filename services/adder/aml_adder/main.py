@@ -7,7 +7,7 @@ from faststream import FastStream
 from aml_adder.handlers import SendChunk
 from aml_adder.settings import AdderSettings
 from aml_contract.messages import AddWork
-from aml_pipeline.jobs import Endpoints
+from aml_pipeline.jobs import Endpoints, JobStates
 from aml_pipeline.outages import lane_outages
 from aml_pipeline.participants import ParticipantClient
 from aml_pipeline.stage_worker import (
@@ -27,7 +27,7 @@ def create_app(settings: AdderSettings | None = None) -> FastStream:
     outages = lane_outages(rt)
     client = ParticipantClient.from_settings(settings, limiter, outages)
     endpoints = Endpoints(rt.db, SecretBox(settings.secret_keys))
-    handler = SendChunk(settings, rt.db, rt.broker, client, endpoints)
+    handler = SendChunk(settings, rt.db, rt.broker, client, endpoints, JobStates(rt.db, rt.broker))
     worker = StageWorker(
         participant_lanes("add", "adder", rt.db),
         AddWork,

@@ -4,35 +4,44 @@ guarded updates, so a redelivered event or the periodic reconciliation changes n
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import structlog
 from faststream.nats import NatsBroker
-from pymongo import ASCENDING
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError
 
 from aml_contract.messages import (
     AddDone,
-    AddWork,
     JobSubmitted,
     QuestionDone,
     QuestionFacts,
     QuestionWork,
     SearchDone,
 )
+from aml_contract.participant import user_chunk_id
 from aml_evaluation.aggregate import QuestionOutcome, aggregate
 from aml_evaluation.chunker import chunker_version
 from aml_evaluation.registry import DatasetFileError, bundle_hash, open_dataset
 from aml_evaluation.spec import EvaluationSpec
+from aml_pipeline.chains import (
+    NEXT_CHUNK_FIELDS,
+    active_window,
+    add_order,
+    bounded_put,
+    first_not_done,
+    release_add,
+)
 from aml_pipeline.jobs import (
     fail_job,
     load_endpoint,
     publish_finished,
     record_error,
     run_overdue,
+    version_capacity,
 )
 from aml_pipeline.outages import OutageExpired, Outages, close_abandoned
 from aml_pipeline.participants import ParticipantClient
@@ -49,20 +58,19 @@ from aml_runtime.documents import (
     QUESTIONS,
     SEARCHES,
     WRITTEN_TEXTS,
-    AddChunkDocument,
     FailureKind,
     JobDocument,
-    QuestionDocument,
     ScoreDocument,
     StageRecord,
 )
 from aml_runtime.secrets import SecretBox
 from aml_runtime.telemetry import item_trace
 from aml_scheduler.planning import (
+    WrittenOwners,
     bundle_fingerprint,
+    dataset_parts,
     plan_chunks,
     plan_questions,
-    plan_written_texts,
 )
 from aml_scheduler.settings import SchedulerSettings
 from aml_scheduler.watchdog import diagnose, stall_limit_seconds
@@ -71,6 +79,8 @@ log = structlog.get_logger()
 _DUPLICATE_KEY = 11000
 # Released users remembered at most (a LoCoMo-10 job has ten; many jobs run at once).
 _RELEASED_KEPT = 100_000
+# How long a version's declared concurrency is used before it is read again.
+_CAPACITY_CACHE_SECONDS = 5.0
 
 
 @dataclass
@@ -91,6 +101,11 @@ class ScheduleJobs:
     # Users whose questions this process has seen released (their marker is written, and never
     # removed while the job lives): the reconciliation's re-drive skips them without a read.
     _released: set[tuple[str, str]] = field(default_factory=set, init=False)
+    # Per writing user, the seq of the Add this process last released (all before it are
+    # confirmed): where its next Add is looked for, and what counts it as writing.
+    _cursors: dict[tuple[str, str], int] = field(default_factory=dict, init=False)
+    # Per version, its declared concurrency and when it was read.
+    _concurrency: dict[str, tuple[int, float]] = field(default_factory=dict, init=False)
     # Jobs this process is planning right now: the submission event and the reconciliation's
     # re-drive often meet on a new job, and the second must not plan it again meanwhile (the
     # plan is idempotent, but it costs a second or so of CPU on a LoCoMo-sized dataset).
@@ -163,9 +178,17 @@ class ScheduleJobs:
         await fail_job(self.db, self.broker, job_id, "add", kind, reason)
 
     async def on_add_done(self, event: AddDone) -> None:
+        if event.outcome == "done" and event.user_id is not None and event.seq is not None:
+            if event.next_released:
+                # The adder released the user's next Add itself (`aml_pipeline.chains`).
+                bounded_put(self._cursors, (event.job_id, event.user_id), event.seq + 1,
+                            _RELEASED_KEPT)  # fmt: skip
+                return
+            await self.release(event.job_id, event.user_id, event.seq)
+            return
         # Not the body (an Add's whole session): only what the release needs.
         chunk = await self.db.add_chunks.find_one(
-            {"_id": event.request_id}, {"user_id": 1, "failure": 1, "failure_kind": 1}
+            {"_id": event.request_id}, {"user_id": 1, "seq": 1, "failure": 1, "failure_kind": 1}
         )
         if chunk is None:
             return
@@ -176,7 +199,7 @@ class ScheduleJobs:
                 self.db, self.broker, event.job_id, "add", kind, f"{event.request_id}: {reason}"
             )
             return
-        await self.release(event.job_id, str(chunk["user_id"]))
+        await self.release(event.job_id, str(chunk["user_id"]), int(chunk["seq"]))
 
     async def on_question_done(self, event: QuestionDone) -> None:
         await self.complete_if_done(event.job_id)
@@ -256,13 +279,15 @@ class ScheduleJobs:
 
     async def _plan(self, job: Document) -> None:
         job_id = job["_id"]
-        chunks: list[AddChunkDocument] = []
-        questions: list[QuestionDocument] = []
+        totals = {"add": 0, "questions": 0}
+        chunk_users: list[str] = []
+        written = WrittenOwners()
         excluded: dict[str, list[str]] = {}
         bundles: dict[str, str] = {}
         f1_variants: dict[str, str] = {}
         # The chunk rule of each dataset's Adds (`chunk-v1`, or `chunk-mm-v1` for images).
         chunkers: dict[str, str] = {}
+        top_k = self.evaluation_spec.top_k
         for dataset_id in job["datasets"]:
             # Shipped or operator-registered (its manifest under the datasets root).
             manifest, dataset = open_dataset(dataset_id, self.settings.datasets_root)
@@ -270,12 +295,17 @@ class ScheduleJobs:
             bundles[dataset_id] = bundle_hash(manifest)
             f1_variants[dataset_id] = dataset.f1_variant
             chunkers[dataset_id] = chunker_version(dataset)
-            chunks += plan_chunks(job_id, dataset)
-            questions += plan_questions(job_id, dataset, self.evaluation_spec.top_k)
-        await _insert_once(self.db, ADD_CHUNKS, [chunk.stored() for chunk in chunks])
-        bodies = [chunk.body for chunk in chunks if chunk.body is not None]
-        await _insert_once(self.db, WRITTEN_TEXTS, plan_written_texts(job_id, bodies))
-        await _insert_once(self.db, QUESTIONS, [question.stored() for question in questions])
+            # Part by part: a large job's Add bodies are never all in memory at once.
+            for part in dataset_parts(dataset):
+                chunks = plan_chunks(job_id, part)
+                questions = plan_questions(job_id, part, top_k)
+                await _insert_once(self.db, ADD_CHUNKS, [chunk.stored() for chunk in chunks])
+                await _insert_once(self.db, QUESTIONS, [q.stored() for q in questions])
+                written.add(chunk.body for chunk in chunks if chunk.body is not None)
+                chunk_users += [chunk.user_id for chunk in chunks]
+                totals["add"] += len(chunks)
+                totals["questions"] += len(questions)
+        await _insert_once(self.db, WRITTEN_TEXTS, written.documents(job_id))
         # The whole evaluation spec is stored once per content hash (`specs`); the job records
         # its hash and summary (`spec_hash`, `spec`).
         spec_hash = self.evaluation_spec.content_hash
@@ -297,59 +327,118 @@ class ScheduleJobs:
                     "code_hash": self.code_hash,
                     "dataset_bundles": bundles,
                     "dataset_bundle_hash": bundle_fingerprint(bundles),
-                    "users": sorted({chunk.user_id for chunk in chunks}),
+                    # In the order their Adds start (`aml_pipeline.chains`).
+                    "users": add_order(chunk_users),
                     "excluded_categories": excluded,
                     "f1_variants": f1_variants,
                     "chunkers": chunkers,
-                    "totals": {"add": len(chunks), "questions": len(questions)},
+                    "totals": totals,
                 }
             },
         )
-        log.info("job.planned", job_id=job_id, chunks=len(chunks), questions=len(questions))
+        log.info("job.planned", job_id=job_id, chunks=totals["add"], questions=totals["questions"])
 
-    async def release(self, job_id: str, user_id: str | None = None) -> None:
-        """Per user, publish the first Add not yet confirmed, or, once all are, the questions.
+    async def release(
+        self, job_id: str, user_id: str | None = None, confirmed_seq: int | None = None
+    ) -> None:
+        """Publish each writing user's next Add not yet confirmed, or, once all of a user's are,
+        its questions; and start users up to the job's window (`aml_pipeline.chains`).
 
-        Only one Add per user is ever outstanding because the next is published only after the
-        previous one is confirmed; users progress independently of each other. A streaming
-        dataset's Add that questions are asked right before (`searched_before`) is published
-        only once their searches are final: they are released first (`_held_searches_final`)."""
-        job = await self.db.jobs.find_one(
-            {"_id": job_id}, {"state": 1, "users": 1, "version_id": 1}
-        )
+        With `user_id`, only that user moves on (`confirmed_seq`: its Add just confirmed), and
+        the window is filled only when it has finished. Only one Add per user is ever
+        outstanding because the next is published only after the previous one is confirmed. A
+        streaming dataset's Add that questions are asked right before (`searched_before`) is
+        published only once their searches are final: they are released first
+        (`_held_searches_final`)."""
+        job = await self.db.jobs.find_one({"_id": job_id}, {"state": 1, "version_id": 1})
         if job is None or job["state"] != "running":
             return
         version_id = str(job["version_id"])
-        for user in [user_id] if user_id else job.get("users", []):
-            if (job_id, user) in self._released:
+        if user_id is not None:
+            if (job_id, user_id) in self._released:
+                return
+            if not await self._advance(job_id, version_id, user_id, confirmed_seq):
+                return
+        await self._fill_window(job_id, version_id, user_id is None)
+
+    async def _fill_window(self, job_id: str, version_id: str, redrive: bool) -> None:
+        """Keep the job's window of writing users full, in the job's order. `redrive`: publish
+        every writing user's next Add again (de-duplicated by the broker), for the
+        reconciliation; otherwise a user this process already released an Add of counts as
+        writing without a read."""
+        # Read only here, as a user finishes: a job may have thousands of users.
+        job = await self.db.jobs.find_one({"_id": job_id}, {"users": 1})
+        users: list[str] = (job or {}).get("users", [])
+        window = active_window(await self._max_concurrency(version_id))
+        writing = 0
+        for user in users:
+            if writing >= window:
+                return
+            key = (job_id, user)
+            if key in self._released:
                 continue
-            pending = await self.db.add_chunks.find_one(
-                {"job_id": job_id, "user_id": user, "state": {"$ne": "done"}},
-                {"state": 1, "seq": 1, "searched_before": 1},
-                sort=[("seq", ASCENDING)],
+            if key in self._cursors and not redrive:
+                writing += 1
+                continue
+            if key not in self._cursors and await self._questions_released(job_id, user):
+                continue
+            if not await self._advance(job_id, version_id, user, None):
+                writing += 1
+
+    async def _advance(
+        self, job_id: str, version_id: str, user: str, confirmed_seq: int | None
+    ) -> bool:
+        """Publish the user's first Add not confirmed yet; True when there is none (its
+        questions are then released)."""
+        key = (job_id, user)
+        start = confirmed_seq + 1 if confirmed_seq is not None else self._cursors.get(key, 1)
+
+        async def lookup(seq: int) -> Document | None:
+            return await self.db.add_chunks.find_one(
+                {"_id": user_chunk_id(user, seq)}, NEXT_CHUNK_FIELDS
             )
-            if pending is None:
-                await self._release_questions(job_id, version_id, user)
-            elif pending["state"] == "pending":
-                if pending.get("searched_before") and not await self._held_searches_final(
-                    job_id, version_id, user, pending
-                ):
-                    # The Add goes out when the last of those searches is announced final
-                    # (on_search_done) or, should that be lost, at the reconciliation's re-drive.
-                    continue
-                chunk_id = pending["_id"]
-                work = AddWork(job_id=job_id, version_id=version_id, request_id=chunk_id)
-                # An Add chunk's item id is its request_id: the span carries both names.
-                ids = {"job_id": job_id, "item_id": chunk_id, "request_id": chunk_id}
-                with item_trace("aml.release", chunk_id, stage="add", user_id=user, **ids):
-                    await publish_work(self.broker, "add", work, chunk_id)
+
+        seq, pending = await first_not_done(lookup, start)
+        if pending is None:
+            await self._release_questions(job_id, version_id, user)
+            self._cursors.pop(key, None)
+            return True
+        bounded_put(self._cursors, key, seq, _RELEASED_KEPT)
+        if pending["state"] != "pending":
+            return False  # failed: its job fails (on_add_done)
+        if pending.get("searched_before") and not await self._held_searches_final(
+            job_id, version_id, user, pending
+        ):
+            # The Add goes out when the last of those searches is announced final
+            # (on_search_done) or, should that be lost, at the reconciliation's re-drive.
+            return False
+        await release_add(self.broker, job_id, version_id, user, str(pending["_id"]))
+        return False
+
+    async def _max_concurrency(self, version_id: str) -> int:
+        """The version's declared concurrency, re-read at most every few seconds."""
+        cached = self._concurrency.get(version_id)
+        moment = time.monotonic()
+        if cached is not None and moment - cached[1] < _CAPACITY_CACHE_SECONDS:
+            return cached[0]
+        version = await self.db.versions.find_one({"_id": version_id}, {"capacity": 1})
+        declared = version_capacity(version or {"_id": version_id}).max_concurrency
+        bounded_put(self._concurrency, version_id, (declared, moment), _RELEASED_KEPT)
+        return declared
+
+    async def _questions_released(self, job_id: str, user_id: str) -> bool:
+        if await self.db.question_releases.find_one({"_id": f"{job_id}/{user_id}"}) is None:
+            return False
+        self._remember_released(job_id, user_id)
+        return True
 
     async def _release_questions(self, job_id: str, version_id: str, user_id: str) -> None:
         marker = f"{job_id}/{user_id}"
-        if await self.db.question_releases.find_one({"_id": marker}) is not None:
-            self._remember_released(job_id, user_id)
+        if await self._questions_released(job_id, user_id):
             return
-        query = {"job_id": job_id, "user_id": user_id}
+        # A memory user_id belongs to one job: by it alone, so the single-field index serves it
+        # (nx-27017 serves an equality filter only from a single-field index).
+        query = {"user_id": user_id}
         # A question that held an Add back was released before that Add, at its point.
         await self._publish_questions(version_id, query, held=False)
         # Written only after every publish went out: a crash before it re-publishes (harmless).

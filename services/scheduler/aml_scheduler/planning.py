@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from aml_contract.participant import (
@@ -14,12 +15,21 @@ from aml_contract.participant import (
     memory_user_id,
 )
 from aml_evaluation.chunker import AddChunk, plan_adds, search_query
-from aml_evaluation.datasets import DEFAULT_SCORER, Dataset, question_at_point
-from aml_evaluation.isolation import content_text, owners_of_texts
+from aml_evaluation.datasets import (
+    DEFAULT_SCORER,
+    Conversation,
+    Dataset,
+    Question,
+    question_at_point,
+)
+from aml_evaluation.isolation import content_text, text_digest
 from aml_runtime.documents import AddChunkDocument, QuestionDocument
 from aml_runtime.telemetry import item_trace_hex
 
 Document = dict[str, Any]
+# Turns of conversation planned and stored at a time (`dataset_parts`): a few thousand Add
+# bodies, a few megabytes.
+PART_TURNS = 5_000
 
 
 def question_item_id(job_id: str, dataset_id: str, question_id: str) -> str:
@@ -174,17 +184,65 @@ def _at_points(
 def plan_written_texts(job_id: str, bodies: list[bytes]) -> list[Document]:
     """Which user_ids each written text went to (from the Add bodies): what the searcher checks
     leakage against."""
-    writes = []
-    for body in bodies:
-        request = AddRequest.model_validate_json(body)
-        for message in request.messages:
-            text = content_text(message.model_dump(mode="json")["content"])
-            if text:
-                writes.append((request.user_id, text))
-    return [
-        {"_id": f"{job_id}/{digest}", "job_id": job_id, "users": users}
-        for digest, users in owners_of_texts(writes).items()
-    ]
+    owners = WrittenOwners()
+    owners.add(bodies)
+    return owners.documents(job_id)
+
+
+@dataclass
+class WrittenOwners:
+    """`plan_written_texts` gathered part by part: per text digest, the users it was written
+    for (a text written in two conversations has both), without keeping the texts."""
+
+    owners: dict[str, set[str]] = field(default_factory=dict)
+
+    def add(self, bodies: Iterable[bytes]) -> None:
+        for body in bodies:
+            request = AddRequest.model_validate_json(body)
+            for message in request.messages:
+                text = content_text(message.model_dump(mode="json")["content"])
+                if text:
+                    self.owners.setdefault(text_digest(text), set()).add(request.user_id)
+
+    def documents(self, job_id: str) -> list[Document]:
+        return [
+            {"_id": f"{job_id}/{digest}", "job_id": job_id, "users": sorted(users)}
+            for digest, users in self.owners.items()
+        ]
+
+
+def dataset_parts(dataset: Dataset, turns_per_part: int = PART_TURNS) -> Iterator[Dataset]:
+    """The dataset in parts of whole conversations with their questions (each part at least
+    `turns_per_part` turns, but the last), so a job is planned and stored part by part and no
+    process holds all of a large job's Add bodies at once. Planning a part gives the same
+    documents as planning the whole (every rule is per conversation)."""
+    questions: dict[str, list[Question]] = {}
+    for question in dataset.questions:
+        questions.setdefault(question.conversation_id, []).append(question)
+    part: list[Conversation] = []
+    turns = 0
+    for conversation in dataset.conversations:
+        part.append(conversation)
+        turns += conversation.turn_count
+        if turns >= turns_per_part:
+            yield _part(dataset, part, questions)
+            part, turns = [], 0
+    if part or questions:
+        # The last conversations, and any question of a conversation the dataset lacks.
+        yield _part(dataset, part, questions, rest=True)
+
+
+def _part(
+    dataset: Dataset,
+    conversations: list[Conversation],
+    questions: dict[str, list[Question]],
+    rest: bool = False,
+) -> Dataset:
+    taken = [q for c in conversations for q in questions.pop(c.conversation_id, [])]
+    if rest:
+        taken += [q for left in questions.values() for q in left]
+        questions.clear()
+    return dataset.model_copy(update={"conversations": conversations, "questions": taken})
 
 
 def bundle_fingerprint(bundles: dict[str, str]) -> str:

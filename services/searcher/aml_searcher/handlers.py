@@ -23,47 +23,54 @@ from aml_runtime.documents import FailureKind
 # The items as stored: one dump of the list (a dump per item cost three times as much).
 _SEARCH_ITEMS: TypeAdapter[list[SearchItem]] = TypeAdapter(list[SearchItem])
 
-# Jobs whose written texts one searcher keeps in memory, and the most texts it keeps of one job
-# (beyond that, each search looks its candidates up instead: LoCoMo-10 has about 6,000).
-_JOBS_KEPT = 16
-_TEXTS_KEPT_PER_JOB = 200_000
+# Written texts' owners one searcher remembers (the most recently used; each entry is a digest
+# and a user or two). A job's map is never read whole: a 50,000-Add job writes some 200,000 texts,
+# and every searcher holding them all (and the database reading them out) froze a job's Adds.
+_OWNERS_KEPT = 50_000
 
 
 @dataclass
 class WrittenTexts:
     """Which users each text of a job was written for: planned with the job (before any of its
-    questions is released) and never changed, so a searcher reads a job's map once instead of
-    once per search."""
+    questions is released) and never changed. A search looks up only its candidates' texts, by
+    id (`<job_id>/<digest>`), and remembers the answers, so a text returned again (the same
+    memory found by several questions) is not read again."""
 
     db: AsyncDatabase[Document]
-    _jobs: OrderedDict[str, dict[str, list[str]] | None] = field(default_factory=OrderedDict)
+    kept: int = _OWNERS_KEPT
+    # (job_id, digest) -> the users it was written for; () for a text written to none.
+    _owners: OrderedDict[tuple[str, str], tuple[str, ...]] = field(default_factory=OrderedDict)
 
     async def owners(self, job_id: str, digests: set[str]) -> dict[str, list[str]]:
-        if not digests:
-            return {}
-        if job_id not in self._jobs:
-            self._jobs[job_id] = await self._read(job_id)
-            while len(self._jobs) > _JOBS_KEPT:
-                self._jobs.popitem(last=False)
-        self._jobs.move_to_end(job_id)
-        texts = self._jobs[job_id]
-        if texts is None:
-            return await self._look_up(job_id, digests)
-        return {digest: texts[digest] for digest in digests if digest in texts}
+        found: dict[str, list[str]] = {}
+        missing: list[str] = []
+        for digest in digests:
+            known = self._owners.get((job_id, digest))
+            if known is None:
+                missing.append(digest)
+                continue
+            self._owners.move_to_end((job_id, digest))
+            if known:
+                found[digest] = list(known)
+        if missing:
+            looked_up = await self._look_up(job_id, missing)
+            for digest in missing:
+                users = looked_up.get(digest)
+                self._remember((job_id, digest), tuple(users or ()))
+                if users:
+                    found[digest] = users
+        return found
 
-    async def _read(self, job_id: str) -> dict[str, list[str]] | None:
-        texts: dict[str, list[str]] = {}
-        async for doc in self.db.written_texts.find({"job_id": job_id}, {"users": 1}):
-            if len(texts) >= _TEXTS_KEPT_PER_JOB:
-                return None
-            texts[doc["_id"].rsplit("/", 1)[1]] = doc["users"]
-        return texts
+    def _remember(self, key: tuple[str, str], users: tuple[str, ...]) -> None:
+        self._owners[key] = users
+        while len(self._owners) > self.kept:
+            self._owners.popitem(last=False)
 
-    async def _look_up(self, job_id: str, digests: set[str]) -> dict[str, list[str]]:
+    async def _look_up(self, job_id: str, digests: list[str]) -> dict[str, list[str]]:
         return {
             doc["_id"].rsplit("/", 1)[1]: doc["users"]
             async for doc in self.db.written_texts.find(
-                {"_id": {"$in": [f"{job_id}/{d}" for d in digests]}}
+                {"_id": {"$in": [f"{job_id}/{d}" for d in digests]}}, {"users": 1}
             )
         }
 

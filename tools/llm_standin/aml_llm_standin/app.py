@@ -3,8 +3,10 @@
 - `POST /v1/chat/completions`: the OpenAI chat completion shape. A request arriving while
   `capacity` others are being served is answered 429 at once, in OpenAI's error shape; the
   others are answered after `latency_s` with a deterministic reply (see replies.py);
-- `GET /health`; `GET /stats` (a StatsReport); `POST /stats/reset` (between a benchmark's
-  scenarios, so that each reads its own figures; it also forgets the recorded requests);
+- `GET /health`; `GET /stats` (a StatsReport); `GET /stats/intervals` (BusyIntervals: when each
+  served request held its slot, on the `time.monotonic()` clock, which every process of the
+  machine shares); `POST /stats/reset` (between a benchmark's scenarios, so that each reads its
+  own figures; it also forgets the recorded requests and intervals);
 - `GET /requests`: the `messages` of the last RECENT_REQUESTS valid chat requests, oldest
   first, as received (content parts included), so a test can see what the platform sent.
 """
@@ -106,6 +108,7 @@ def create_app(latency_s: float, capacity: int) -> Starlette:
             return _error(400, text, "invalid_request_error", None)
         recent.append([message.model_dump(exclude_unset=True) for message in chat_request.messages])
         admitted = stats.arrive()
+        started = time.monotonic()
         try:
             if not admitted:
                 # At once, not queued: a platform that over-sends must show up as 429s.
@@ -118,13 +121,16 @@ def create_app(latency_s: float, capacity: int) -> Starlette:
             stats.served("judge" if is_judge_prompt(prompt) else "answer")
             return JSONResponse(_completion(next(numbers), chat_request, prompt, reply))
         finally:
-            stats.leave(admitted)
+            stats.leave(admitted, started)
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
     async def report(request: Request) -> Response:
         return Response(stats.report().model_dump_json(), media_type="application/json")
+
+    async def intervals(request: Request) -> Response:
+        return Response(stats.intervals().model_dump_json(), media_type="application/json")
 
     async def reset(request: Request) -> Response:
         stats.reset()
@@ -139,6 +145,7 @@ def create_app(latency_s: float, capacity: int) -> Starlette:
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/health", health, methods=["GET"]),
             Route("/stats", report, methods=["GET"]),
+            Route("/stats/intervals", intervals, methods=["GET"]),
             Route("/stats/reset", reset, methods=["POST"]),
             Route("/requests", requests, methods=["GET"]),
         ]

@@ -1,4 +1,7 @@
-"""What the stand-in saw, for `GET /stats`: calls, concurrency and rate, from arrival times.
+"""What the stand-in saw, for `GET /stats`: calls, concurrency and rate, from arrival times; and
+for `GET /stats/intervals`, when each served request held its slot, so that a benchmark can
+tell how busy the model was over any window it chooses afterwards (a window only known once the
+run is over, such as "from the first written conversation to the job's end").
 
 Everything runs on the server's one event loop, so plain counters need no lock."""
 
@@ -39,6 +42,14 @@ class StatsReport(BaseModel):
     max_in_1s: int = Field(description="most arrivals in any 1 s window [t, t+1)")
 
 
+class BusyIntervals(BaseModel):
+    clock: str = Field(default="time.monotonic", description="the clock of the times below")
+    intervals: list[tuple[float, float]] = Field(
+        description="(start, end) of every served request that ended since the last reset, in "
+        "the order they ended: from its admission to its answer (429s hold no slot, no interval)"
+    )
+
+
 class CallStats:
     def __init__(self, latency_s: float, capacity: int) -> None:
         self.latency_s = latency_s
@@ -56,6 +67,7 @@ class CallStats:
         self._invalid = 0
         self._max_concurrency = 0
         self._max_active = 0
+        self._intervals: list[tuple[float, float]] = []
 
     def arrive(self) -> bool:
         """Count an arrival; True when it may be served (a slot is free), False for a 429."""
@@ -69,10 +81,14 @@ class CallStats:
         self._max_active = max(self._max_active, self.active)
         return True
 
-    def leave(self, admitted: bool) -> None:
+    def leave(self, admitted: bool, started: float | None = None) -> None:
+        """A request is done; an admitted one with its admission time (`time.monotonic()`)
+        is recorded as a busy interval until now."""
         self.in_flight -= 1
         if admitted:
             self.active -= 1
+            if started is not None:
+                self._intervals.append((started, time.monotonic()))
 
     def served(self, kind: str) -> None:
         self._served[kind] += 1
@@ -93,3 +109,6 @@ class CallStats:
             max_active=self._max_active,
             max_in_1s=max_in_window(self._arrivals),
         )
+
+    def intervals(self) -> BusyIntervals:
+        return BusyIntervals(intervals=list(self._intervals))

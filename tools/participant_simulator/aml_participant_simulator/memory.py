@@ -4,9 +4,12 @@ quality; the reference memory server (aml_memory_server) is the realistic one.""
 
 from __future__ import annotations
 
+import heapq
 import re
 import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from aml_contract.participant import AddRequest, Content
@@ -42,47 +45,68 @@ def item(memory: Memory, score: float) -> dict[str, Any]:
 
 
 class InProcessMemoryStore:
-    """Written from the server's event loop, read from test threads: hence the lock."""
+    """Written from the server's event loop, read from test threads: hence the lock.
+
+    Memories are kept twice, by reference: in one list in storage order (`all`, and leakage
+    from any other user) and in one list per user_id, so that a Search reads that user's
+    memories alone, however many other users have stored. Both lists only ever grow (a reset
+    replaces the whole store), so a reader takes a list and its length under the lock and reads
+    that prefix without copying it while later Adds append past it."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._memories: list[Memory] = []
+        self._by_user: dict[str, list[Memory]] = {}
         self._request_ids: set[str] = set()
 
     def add(self, request: AddRequest) -> bool:
         """Store the request's messages; False (and nothing stored) when the request_id was
         stored before, which makes retries idempotent. Raises TimestampOutOfRange."""
         rows = rows_from_add(request)
+        memories = [
+            Memory(
+                row.id,
+                row.user_id,
+                row.content,
+                row.created_at,
+                words(row.content),
+                row.stored_content(),
+            )
+            for row in rows
+        ]
         with self._lock:
             if request.request_id in self._request_ids:
                 return False
             self._request_ids.add(request.request_id)
-            self._memories.extend(
-                Memory(
-                    row.id,
-                    row.user_id,
-                    row.content,
-                    row.created_at,
-                    words(row.content),
-                    row.stored_content(),
-                )
-                for row in rows
-            )
+            self._memories.extend(memories)
+            for memory in memories:
+                self._by_user.setdefault(memory.user_id, []).append(memory)
             return True
 
     def all(self) -> list[Memory]:
+        """Every memory, in storage order across users (a copy: for tests and inspection)."""
         with self._lock:
             return list(self._memories)
+
+    def _user(self, user_id: str) -> Iterator[Memory]:
+        """`user_id`'s memories stored so far, in storage order, not copied."""
+        with self._lock:
+            mine = self._by_user.get(user_id, [])
+            count = len(mine)
+        return islice(mine, count)
+
+    def _stored(self) -> Iterator[Memory]:
+        """Every memory stored so far, in storage order, not copied."""
+        with self._lock:
+            memories = self._memories
+            count = len(memories)
+        return islice(memories, count)
 
     def search(self, user_id: str, query: str, top_k: int) -> list[dict[str, Any]]:
         """`user_id`'s memories sharing at least one word with the query, best first; the score
         is the number of distinct shared words, ties in storage order (stable sort)."""
         wanted = words(query)
-        scored = [
-            (float(len(wanted & memory.words)), memory)
-            for memory in self.all()
-            if memory.user_id == user_id
-        ]
+        scored = [(float(len(wanted & memory.words)), memory) for memory in self._user(user_id)]
         hits = sorted((pair for pair in scored if pair[0] > 0), key=lambda pair: -pair[0])
         return [item(memory, score) for score, memory in hits[:top_k]]
 
@@ -90,13 +114,13 @@ class InProcessMemoryStore:
         self, user_id: str, query: str, count: int, from_user_id: str | None
     ) -> list[Memory]:
         """Memories of other users for leakage: best overlap first, but taken even without
-        overlap, so that leakage shows whenever another user has stored anything."""
+        overlap, so that leakage shows whenever another user has stored anything. Ties in
+        storage order (nsmallest is sorted()[:count], stable)."""
         wanted = words(query)
-        others = [
-            memory
-            for memory in self.all()
-            if memory.user_id != user_id
-            and (from_user_id is None or memory.user_id == from_user_id)
-        ]
-        others.sort(key=lambda memory: -len(wanted & memory.words))
-        return others[:count]
+        if from_user_id is not None:
+            if from_user_id == user_id:
+                return []
+            others: Iterable[Memory] = self._user(from_user_id)
+        else:
+            others = (memory for memory in self._stored() if memory.user_id != user_id)
+        return heapq.nsmallest(count, others, key=lambda memory: -len(wanted & memory.words))

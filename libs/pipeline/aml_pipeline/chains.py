@@ -1,0 +1,108 @@
+"""Each user's chain of Adds: which Add goes out next, and how many users write at once.
+
+A user's Adds are confirmed strictly in order (the next is released only once the previous is
+confirmed), so at any moment its chunks are a run of `done` ones followed by the rest. The next
+Add is therefore found by its id (`user_chunk_id`) — one lookup after a confirmation, a galloping
+search from a remembered position otherwise — never by a query over the job's Adds, whose cost
+would grow with the job (nx-27017 serves such a filter by reading every chunk of the job).
+
+Users do not all start at once: a job writes a window of users a little wider than the
+participant's declared concurrency, longest conversation first, and starts the next user when
+one is written in full. Conversations are then written early and one after another, so their
+questions flow into Search and the LLM while the others are still being written, instead of all
+conversations finishing together at the end of the Add phase.
+
+The scheduler releases a user's first Add and every Add something gates (searches held before
+it, the window); the adder hands on the next Add of a chain itself, right after it confirmed
+one, when nothing gates it (`goes_on_by_itself`), so a user's next Add does not wait for a round
+trip through the scheduler. Both publish it under the same message id (`release_add`), so the
+broker keeps one, whoever publishes first."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, TypeVar
+
+from faststream.nats import NatsBroker
+
+from aml_contract.messages import AddWork
+from aml_runtime.broker import publish_work
+from aml_runtime.telemetry import item_trace
+
+Chunk = TypeVar("Chunk", bound=Mapping[str, Any])
+
+
+def add_order(chunk_users: Iterable[str]) -> list[str]:
+    """A job's users in the order their Adds start: most Adds first (the longest chain bounds
+    the job, so it must not start last), then by id. `chunk_users` names each Add's user."""
+    counts = Counter(chunk_users)
+    return sorted(counts, key=lambda user: (-counts[user], user))
+
+
+def active_window(max_concurrency: int) -> int:
+    """Users of one job written at once: the declared concurrency and a quarter more (at least
+    one), so that a user between two of its Adds (its confirmation travelling to the scheduler
+    and its next Add back) does not leave a slot idle."""
+    return max_concurrency + max(1, max_concurrency // 4)
+
+
+async def first_not_done(
+    lookup: Callable[[int], Awaitable[Chunk | None]], start: int
+) -> tuple[int, Chunk | None]:
+    """The first chunk at or after `start` whose `state` is not done, as (seq, chunk); chunk
+    is None when the chain ends before it (every chunk is done). `start` must not be past that chunk
+    (every chunk before `start` is done). Galloping then bisecting: O(log distance) lookups, one
+    when `start` is the answer."""
+    done_until = start - 1  # every seq <= done_until is done
+    step, probe = 1, start
+    while True:
+        chunk = await lookup(probe)
+        if chunk is None or chunk["state"] != "done":
+            break
+        done_until, probe, step = probe, probe + step, step * 2
+    found: tuple[int, Chunk | None] = (probe, chunk)
+    low, high = done_until, probe
+    while high - low > 1:
+        middle = (low + high) // 2
+        chunk = await lookup(middle)
+        if chunk is not None and chunk["state"] == "done":
+            low = middle
+        else:
+            high, found = middle, (middle, chunk)
+    return found
+
+
+def bounded_put(memory: dict[Any, Any], key: Any, value: Any, limit: int) -> None:
+    """Remember `key` in a per-process cache that forgets everything at `limit` (forgetting
+    costs a database read later, nothing else)."""
+    if key not in memory and len(memory) >= limit:
+        memory.clear()
+    memory[key] = value
+
+
+# What a release needs to know of the next chunk.
+NEXT_CHUNK_FIELDS = {"state": 1, "seq": 1, "searched_before": 1}
+
+
+def goes_on_by_itself(successor: Mapping[str, Any] | None) -> bool:
+    """Whether the adder that confirmed an Add releases the user's next one itself: it exists,
+    is not sent yet and no question is asked right before it (those Adds wait for their
+    searches, which the scheduler releases first)."""
+    return (
+        successor is not None
+        and successor.get("state") == "pending"
+        and not successor.get("searched_before")
+    )
+
+
+async def release_add(
+    broker: NatsBroker, job_id: str, version_id: str, user_id: str, chunk_id: str
+) -> None:
+    """Publish an Add chunk's work, de-duplicated by its id (the broker keeps one copy whoever
+    publishes it, within its duplicate window), in the trace of its item."""
+    work = AddWork(job_id=job_id, version_id=version_id, request_id=chunk_id)
+    # An Add chunk's item id is its request_id: the span carries both names.
+    ids = {"job_id": job_id, "item_id": chunk_id, "request_id": chunk_id}
+    with item_trace("aml.release", chunk_id, stage="add", user_id=user_id, **ids):
+        await publish_work(broker, "add", work, chunk_id)

@@ -1,0 +1,75 @@
+"""A user's chain of Adds (`aml_pipeline.chains`): the next Add is found by id in O(log n)
+lookups (one right after a confirmation), and users start longest conversation first, a window
+a little wider than the declared concurrency."""
+
+from __future__ import annotations
+
+import pytest
+
+from aml_pipeline.chains import active_window, add_order, bounded_put, first_not_done
+
+
+def _chain(done: int, length: int, last: str = "pending") -> dict[int, dict[str, str]]:
+    return {
+        seq: {"state": "done" if seq <= done else (last if seq == done + 1 else "pending")}
+        for seq in range(1, length + 1)
+    }
+
+
+async def _search(
+    chain: dict[int, dict[str, str]], start: int
+) -> tuple[int, dict[str, str] | None, list[int]]:
+    looked: list[int] = []
+
+    async def lookup(seq: int) -> dict[str, str] | None:
+        looked.append(seq)
+        return chain.get(seq)
+
+    seq, chunk = await first_not_done(lookup, start)
+    return seq, chunk, looked
+
+
+@pytest.mark.parametrize("length", [1, 2, 7, 64, 1000])
+async def test_the_first_not_done_is_found_from_any_start_at_or_before_it(length: int) -> None:
+    for done in sorted({0, 1, length // 2, length - 1, length}):
+        for start in sorted({1, max(1, done // 3), done + 1}):
+            if start > done + 1:
+                continue
+            seq, chunk, looked = await _search(_chain(done, length), start)
+            assert seq == done + 1
+            assert chunk == (None if done == length else {"state": "pending"})
+            # Galloping then bisecting over the distance covered.
+            distance = done + 1 - start + 1
+            assert len(looked) <= 2 * distance.bit_length() + 1, (done, start, looked)
+
+
+async def test_right_after_a_confirmation_the_next_add_is_one_lookup() -> None:
+    seq, chunk, looked = await _search(_chain(41, 500), start=42)
+    assert (seq, chunk, looked) == (42, {"state": "pending"}, [42])
+
+
+async def test_a_failed_add_is_where_the_chain_stops() -> None:
+    seq, chunk, _ = await _search(_chain(10, 30, last="failed"), start=1)
+    assert (seq, chunk) == (11, {"state": "failed"})
+
+
+def test_users_start_with_the_longest_chain_then_by_id() -> None:
+    users = ["b", "a", "c", "a", "c", "c", "d", "b"]
+    assert add_order(users) == ["c", "a", "b", "d"]
+
+
+@pytest.mark.parametrize(("declared", "window"), [(1, 2), (4, 5), (8, 10), (16, 20), (64, 80)])
+def test_the_window_is_a_little_wider_than_the_declared_concurrency(
+    declared: int, window: int
+) -> None:
+    assert active_window(declared) == window
+
+
+def test_a_bounded_cache_forgets_everything_at_its_limit() -> None:
+    memory: dict[str, int] = {}
+    for n in range(3):
+        bounded_put(memory, str(n), n, limit=3)
+    bounded_put(memory, "2", 5, limit=3)  # an update never forgets
+    assert memory == {"0": 0, "1": 1, "2": 5}
+    bounded_put(memory, "3", 3, limit=3)
+    assert memory == {"3": 3}

@@ -1,0 +1,170 @@
+"""The load benchmark's scale scenario (`pipeline_load.py --scenario scale`): the generated
+LoCoMo-format datasets give exactly the Adds and questions asked for under the platform's own
+parser and chunker, and the figures read from the simulator's records and the LLM stand-in's
+intervals (chain gaps, gaps at a saturated participant, busy shares, CPU between samples) mean
+what docs/performance.md says; and the embedded stack takes an external MongoDB's URL."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from aml_devtools.stack import EmbeddedStack, StackConfig
+from aml_evaluation.chunker import plan_adds
+from aml_evaluation.registry import load_dataset, register_dataset
+from aml_participant_simulator import RequestRecord
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "pipeline_load_scale", BENCHMARKS / "pipeline_load.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["pipeline_load_scale"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_generated_dataset_has_the_adds_questions_and_users_asked_for(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    size = bench.Size(adds=45, questions=22, users=4)
+    path = tmp_path / "scale" / f"{size.dataset_id}.json"
+    bench.write_scale_dataset(path, size)
+    first = path.read_bytes()
+    bench.write_scale_dataset(path, size)
+    assert path.read_bytes() == first, "the same size and seed give the same bytes"
+    # Registered the operator's way (what `aml dataset add` calls), parsed by the platform.
+    done = register_dataset([path], "locomo", size.dataset_id, tmp_path)
+    assert done.manifest.question_counts is not None
+    assert sum(done.manifest.question_counts.values()) == 22
+    assert {c for c, n in done.manifest.question_counts.items() if n} <= {1, 2, 3, 4}
+    dataset = load_dataset(size.dataset_id, tmp_path)
+    adds = plan_adds(dataset, "run-1")
+    assert len(adds) == 45 and len(dataset.conversations) == 4
+    assert sorted(len({a.seq for a in adds if a.conversation_id == c.conversation_id})
+                  for c in dataset.conversations) == [11, 11, 11, 12]  # fmt: skip
+    turns = {t.turn_id for c in dataset.conversations for s in c.sessions for t in s.turns}
+    assert all(set(q.evidence) <= turns and q.answer for q in dataset.questions)
+
+
+def test_sizes_are_parsed_smallest_first_and_refused_when_impossible(bench: ModuleType) -> None:
+    sizes = bench.parse_sizes("1200/400/12, 400/200/8")
+    assert [s.label for s in sizes] == ["400/200/8", "1200/400/12"]
+    for wrong in ("400/200", "4/200/8", "400/4/8", "", "a/b/c"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bench.parse_sizes(wrong)
+
+
+def _record(
+    seq: int, endpoint: str, body: dict[str, Any], arrived: float, finished: float,
+    status: int = 200,
+) -> RequestRecord:  # fmt: skip
+    return RequestRecord(
+        seq=seq,
+        endpoint=endpoint,
+        method="POST",
+        path=f"/{endpoint}",
+        query_string="",
+        headers=[],
+        body=json.dumps(body).encode(),
+        arrived_monotonic=arrived,
+        arrived_at=datetime.fromtimestamp(1_800_000_000 + arrived, UTC),
+        finished_monotonic=finished,
+        concurrency_at_arrival=1,
+        total_concurrency_at_arrival=1,
+        outcome="ok" if status == 200 else "reject_429",
+        status=status,
+        latency_s=finished - arrived,
+    )
+
+
+def _add(
+    seq: int, user: str, request: str, arrived: float, finished: float, status: int = 200
+) -> RequestRecord:
+    return _record(seq, "add", {"user_id": user, "request_id": request}, arrived, finished, status)
+
+
+def test_chain_gaps_run_from_an_answer_to_the_same_users_next_add(bench: ModuleType) -> None:
+    records = [
+        _add(0, "u1", "a1", 0.00, 0.01),
+        _add(1, "u2", "b1", 0.00, 0.01),
+        _add(2, "u1", "a2", 0.11, 0.12),  # 100 ms after a1's answer
+        _add(3, "u2", "b2", 0.02, 0.03, status=429),  # refused, then sent again
+        _add(4, "u2", "b2", 0.51, 0.52),
+        _add(5, "u1", "a3", 0.13, 0.14),  # 10 ms
+    ]
+    gaps = sorted(bench.chain_gaps_ms(records))
+    assert gaps == pytest.approx([10.0, 10.0, 100.0])  # b1 -> b2: to b2's first attempt
+    assert bench.conversations_written(records) == {"u1": 0.14, "u2": 0.52}
+
+
+def test_gaps_at_a_saturated_participant_count_only_while_work_was_due(
+    bench: ModuleType,
+) -> None:
+    search = {"user_id": "u1", "query": "q", "top_k": 5}
+    records = [
+        _add(0, "u1", "a1", 1.00, 1.08),
+        _add(1, "u2", "b1", 1.09, 1.17),  # due since the start: 10 ms after a1's answer
+        _add(2, "u1", "a2", 1.18, 1.26),  # due at 1.08: 10 ms
+        _add(3, "u2", "b2", 1.27, 1.35),
+        # u1's last Add was answered at 1.26: its Search was due, 5 ms
+        _record(4, "search", search, 1.36, 1.44),
+        # nothing arrives after it: no gap
+    ]
+    gaps = bench.queued_gaps_ms(records, job_start=0.0)
+    assert gaps == pytest.approx([10.0, 10.0, 10.0, 10.0])
+    bound = bench.participant_bound(records)
+    assert bound["wall_s"] == pytest.approx(0.44) and bound["service_s"] == pytest.approx(0.40)
+    # A user's next Add is due the moment its previous one is answered.
+    chain = [_add(0, "u1", "a1", 0.0, 0.1), _add(1, "u1", "a2", 0.5, 0.6)]
+    assert bench.queued_gaps_ms(chain, job_start=0.0) == pytest.approx([400.0])
+    # Nothing was due when a1 was answered (the job started, as far as b1 goes, at 0.3).
+    others = [_add(0, "u1", "a1", 0.0, 0.1), _add(1, "u2", "b1", 0.5, 0.6)]
+    assert bench.queued_gaps_ms(others, job_start=0.0) == pytest.approx([400.0])
+    assert bench.queued_gaps_ms(others, job_start=0.3) == []
+
+
+def test_busy_share_and_mean_in_flight_over_a_window(bench: ModuleType) -> None:
+    intervals = [(0.0, 2.0), (1.0, 3.0), (5.0, 6.0), (9.0, 12.0)]
+    figures = bench.busy_figures(intervals, 1.0, 11.0)
+    # busy 1-3, 5-6, 9-11 = 5 of 10 s; in flight 1 + 2 + 1 + 2 = 6 s
+    assert figures == {"window_s": 10.0, "busy": 0.5, "mean_in_flight": 0.6}
+    assert bench.busy_figures(intervals, 4.0, 4.0)["busy"] is None
+
+
+def test_cpu_between_samples_is_interpolated_and_grouped(bench: ModuleType) -> None:
+    samples = [
+        (0.0, {"scheduler": 1.0, "nats": 0.0, "mongo": 0.0}),
+        (2.0, {"scheduler": 3.0, "nats": 1.0, "mongo": 2.0}),
+        (4.0, {"scheduler": 3.0, "nats": 1.0, "mongo": 4.0}),
+    ]
+    between = bench.cpu_between(samples, 1.0, 3.0)
+    assert between == pytest.approx({"scheduler": 1.0, "nats": 0.5, "mongo": 2.0})
+    groups = bench.cpu_groups(between, items=10)
+    assert groups == {"services": 100.0, "nats": 50.0, "database": 200.0, "platform": 350.0}
+    # An external MongoDB is no process of the stack: its CPU is not measured.
+    assert bench.cpu_groups({"scheduler": 1.0}, items=10)["database"] is None
+
+
+def test_the_stack_hands_an_external_mongodb_url_to_its_services(tmp_path: Path) -> None:
+    url = "mongodb://db.example:27017/?replicaSet=rs0"
+    stack = EmbeddedStack(
+        StackConfig(data_dir=tmp_path, start_llm=False, start_mongo=False, mongo_url=url)
+    )
+    assert stack.mongo_url == url and stack.env()["AML_MONGO_URL"] == url
+    assert stack.info().mongo_url == url
+    with pytest.raises(ValueError, match="start_mongo"):
+        StackConfig(data_dir=tmp_path, start_llm=False, mongo_url=url)
