@@ -352,14 +352,9 @@ def wait_until_started(stack: EmbeddedStack, timeout: float = 120.0) -> dict[str
     measures the jobs' cost, not the processes' start-up, which would otherwise land in the
     first scenario only (about 0.5-0.8 s of CPU per worker: some 2 ms per question of
     LoCoMo-10)."""
-    deadline = time.monotonic() + timeout
-    earlier = cpu_snapshot(stack)
-    while time.monotonic() < deadline:
-        time.sleep(STARTED_QUIET_SECONDS)
-        later = cpu_snapshot(stack)
-        if quiet(earlier, later, STARTED_QUIET_SECONDS):
-            return {name: round(later[name], 2) for name in SERVICES}
-        earlier = later
+    later = quiet_snapshot(stack, timeout)
+    if later is not None:
+        return {name: round(later[name], 2) for name in SERVICES}
     raise BenchmarkTimeout("the platform's services did not settle after starting")
 
 
@@ -1618,15 +1613,21 @@ def reset_callees(bench: Bench, team: Team) -> None:
 def wait_quiet(stack: EmbeddedStack, timeout: float) -> bool:
     """Wait until every service is quiet (as after starting), e.g. for the previous job's
     publication to end; False when it was not within `timeout`."""
+    return quiet_snapshot(stack, timeout) is not None
+
+
+def quiet_snapshot(stack: EmbeddedStack, timeout: float) -> dict[str, float] | None:
+    """The processes' CPU seconds once every service has been quiet for a sampling interval,
+    or None when they were not within `timeout`."""
     deadline = time.monotonic() + timeout
     earlier = cpu_snapshot(stack)
     while time.monotonic() < deadline:
         time.sleep(STARTED_QUIET_SECONDS)
         later = cpu_snapshot(stack)
         if quiet(earlier, later, STARTED_QUIET_SECONDS):
-            return True
+            return later
         earlier = later
-    return False
+    return None
 
 
 def wait_sampled(bench: Bench, team: Team, job_id: str) -> tuple[dict[str, Any], CpuSamples]:

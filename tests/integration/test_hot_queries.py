@@ -122,11 +122,12 @@ async def _confirm(
     user: str,
     seq: int,
     commands: Commands | None = None,
+    next_released: bool = False,
 ) -> list[tuple[str, str, Document]]:
     """Confirm the Add as the adder would, then announce it; the scheduler's commands."""
     await db.add_chunks.update_one({"_id": user_chunk_id(user, seq)}, {"$set": {"state": "done"}})
     event = AddDone(job_id=job_id, request_id=user_chunk_id(user, seq), outcome="done",
-                    user_id=user, seq=seq)  # fmt: skip
+                    user_id=user, seq=seq, next_released=next_released)  # fmt: skip
     if commands is None:
         await scheduler.on_add_done(event)
         return []
@@ -241,10 +242,4 @@ async def test_an_add_the_adder_handed_on_costs_the_scheduler_nothing(
     scheduler = _scheduler(db, broker)
     order = await _plan(db, "j-handed", per_user=5)
     await scheduler.release("j-handed")
-    await db.add_chunks.update_one({"_id": user_chunk_id(order[0], 1)}, {"$set": {"state": "done"}})
-    event = AddDone(job_id="j-handed", request_id=user_chunk_id(order[0], 1), outcome="done",
-                    user_id=order[0], seq=1, next_released=True)  # fmt: skip
-    commands.recording = True
-    await scheduler.on_add_done(event)
-    commands.recording = False
-    assert commands.take() == []
+    assert await _confirm(db, scheduler, "j-handed", order[0], 1, commands, True) == []
