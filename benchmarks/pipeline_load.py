@@ -79,7 +79,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from itertools import pairwise
+from itertools import accumulate, pairwise
 from pathlib import Path
 from random import Random
 from typing import Any, TypeVar
@@ -1425,6 +1425,31 @@ def chain_gaps_ms(records: Iterable[RequestRecord]) -> list[float]:
     return gaps
 
 
+def free_slot_chain_gaps_ms(records: Sequence[RequestRecord], capacity: int) -> list[float]:
+    """The chain gaps (`chain_gaps_ms`) during which the participant had a free slot the whole
+    time (fewer than `capacity` requests in flight from the answer to the next arrival): the
+    platform's own part of a link, where the rest of the gaps also wait for the declared
+    capacity, busy with other users' requests."""
+    events = sorted(
+        [(r.arrived_monotonic, 1) for r in records] + [(r.finished_monotonic, -1) for r in records]
+    )
+    times = [moment for moment, _ in events]
+    in_flight = list(accumulate(step for _, step in events))
+    gaps = []
+    for adds in add_attempts(records).values():
+        for earlier, later in pairwise(adds):
+            arrived = later[0].arrived_monotonic
+            answered = _answered(earlier, arrived)
+            if answered is None:
+                continue
+            # In flight just after the answer, and after every event before the arrival.
+            first = max(0, bisect.bisect_right(times, answered) - 1)
+            last = bisect.bisect_left(times, arrived)
+            if max(in_flight[first:last], default=0) < capacity:
+                gaps.append((arrived - answered) * 1000)
+    return gaps
+
+
 def conversations_written(records: Iterable[RequestRecord]) -> dict[str, float]:
     """Per user, when the participant answered its last Add."""
     written = {}
@@ -1779,6 +1804,9 @@ def measure_size(bench: Bench, team: Team, size: Size) -> dict[str, Any]:
         ),
         "cpu_ms": scale_cpu(run, moments, adds, questions),
         "chain_gap_ms": quantile_figures(chain_gaps_ms(run.records)),
+        "free_slot_chain_gap_ms": quantile_figures(
+            free_slot_chain_gaps_ms(run.records, SCALE_PROFILE.max_concurrency)
+        ),
         "first_written_seconds": _span(moments["created"], moments["first_written"]),
         "llm_after_first_written": llm_busy,
         "llm": run.llm,
@@ -2046,8 +2074,10 @@ def _time_row(f: dict[str, Any]) -> list[str]:
 
 def _flow_row(f: dict[str, Any]) -> list[str]:
     gaps, llm, busy = f["chain_gap_ms"], f["llm"], f["llm_after_first_written"]
+    free = f.get("free_slot_chain_gap_ms") or {"p50": None, "count": 0}
     return [
         _size_label(f), _num(gaps["p50"]), _num(gaps["p90"]), _num(gaps["max"]),
+        _num(free["p50"]), str(free["count"]),
         _num(f["first_written_seconds"]), _percent(busy["busy"]),
         _num(busy["mean_in_flight"], 2), str(llm["calls"]), str(llm["rejected_429"]),
         str(llm["max_concurrency"]),
@@ -2080,7 +2110,8 @@ def _participant_row(f: dict[str, Any]) -> list[str]:
 _TIME_HEADER = ("size A/Q/U", "state", "Adds", "questions", "users", "wall s", "plan s",
                 "Add phase s", "q phase s", "Adds/s", "q/s", "bound s", "wall/bound",
                 "machine x")  # fmt: skip
-_FLOW_HEADER = ("chain gap ms", "p50", "p90", "max", "1st written s", "LLM busy after",
+_FLOW_HEADER = ("chain gap ms", "p50", "p90", "max", "free p50", "free n", "1st written s",
+                "LLM busy after",
                 "mean in flight", "LLM calls", "429s", "max conc")  # fmt: skip
 _PARTICIPANT_HEADER = ("participant", "requests", "429s", "max conc", "max/1s", "dup add",
                        "dup search", "within (+LLM)")  # fmt: skip

@@ -437,3 +437,76 @@ async def test_an_idle_worker_reads_the_stream_rarely_and_still_finds_a_redelive
     finally:
         await worker.stop()
         await watch.unsubscribe()
+
+
+async def test_adds_and_searches_short_of_one_versions_slots_share_them(env: Any) -> None:
+    """While both the adder and the searcher are refused a version's slots, Adds take an eighth
+    of its capacity (one slot at least) and Searches the rest, so written conversations are
+    searched while others are still being written; either alone takes all of it. The version's
+    limit holds for the two together throughout."""
+    settings, broker, db = env
+    await _versions(db, **{"ver-share": (8, 1000.0)})
+    now = {"add": 0, "search": 0}
+    peak = {"add": 0, "search": 0, "both": 0}
+    done: dict[str, list[str]] = {"add": [], "search": []}
+
+    def handler(stage: str) -> Any:
+        async def handle(work: QuestionWork, item: WorkItem) -> None:
+            async with item.admission.request() as departure:
+                departure.at = time.time()
+                now[stage] += 1
+                peak[stage] = max(peak[stage], now[stage])
+                peak["both"] = max(peak["both"], now["add"] + now["search"])
+                try:
+                    await asyncio.sleep(0.05)
+                finally:
+                    now[stage] -= 1
+            done[stage].append(work.item_id)
+            await item.delivery.ack()
+
+        return handle
+
+    def worker(stage: subjects.WorkStage) -> Any:
+        return StageWorker(
+            participant_lanes(stage, f"t-share-{stage}", db),
+            QuestionWork,
+            handler(stage),
+            CapacityLimiter(db, rate_patience_seconds=RATE_PATIENCE_SECONDS),
+            settings,
+            max_in_flight=16,
+        )
+
+    async def publish(stage: subjects.WorkStage, prefix: str, count: int) -> None:
+        for index in range(count):
+            work = QuestionWork(job_id="jshare", version_id="ver-share", item_id=f"{prefix}{index}")
+            await publish_work(broker, stage, work, work.item_id)
+
+    await publish("add", "a", 300)
+    await publish("search", "s", 160)
+    adder, searcher = worker("add"), worker("search")
+    await adder.start(broker)
+    await searcher.start(broker)
+    try:
+        # Both short of slots: once they have heard of each other, each keeps to its share.
+        await _until(lambda: len(done["search"]) >= 40)
+        peak.update(add=0, search=0)
+        await _until(lambda: len(done["search"]) == 160)
+        assert peak["add"] == 1 and peak["search"] == 7
+        assert len(done["add"]) < 250  # still queued when the Searches were done
+        # Adds alone take all of it once the searcher no longer asks ...
+        await asyncio.sleep(1.0)
+        peak["add"] = 0
+        await _until(lambda: len(done["add"]) == 300)
+        assert peak["add"] >= 6
+        # ... and Searches alone too.
+        peak["search"] = 0
+        await publish("search", "t", 60)
+        await _until(lambda: len(done["search"]) == 220)
+        assert peak["search"] >= 6
+    finally:
+        await searcher.stop()
+        await adder.stop()
+    assert sorted(done["search"]) == sorted(f"{p}{i}" for p, n in (("s", 160), ("t", 60))
+                                            for i in range(n))  # fmt: skip
+    assert sorted(done["add"]) == sorted(f"a{i}" for i in range(300))
+    assert peak["both"] <= 8

@@ -111,3 +111,30 @@ async def test_the_audit_times_a_request_from_its_headers_whatever_its_connectio
     await departure.trace("http11.receive_response_headers.complete", {})
     assert departure.sent_at == sent_at
     assert departure.at is not None and departure.at > sent_at
+
+
+@pytest.mark.parametrize(
+    ("declared", "first", "rest"),
+    [
+        # (concurrency, rate): (concurrency slots, rate slots) of each share
+        ((8, 100.0), ((0, 1), (0, 12)), ((1, 8), (12, 100))),
+        ((4, 10.0), ((0, 1), (0, 1)), ((1, 4), (1, 10))),
+        ((16, None), ((0, 2), (0, 0)), ((2, 16), (0, 0))),
+        # A pool of one slot is not split: the two stages take it in turn.
+        ((3, 2.5), ((0, 1), (0, 1)), ((1, 3), (1, 2))),
+        ((1, 0.5), ((0, 1), (0, 1)), ((0, 1), (0, 1))),
+        ((2, 1.9), ((0, 1), (0, 1)), ((1, 2), (0, 1))),
+    ],
+)
+def test_two_stages_with_work_at_one_key_split_each_pool_an_eighth_to_the_rest(
+    declared: tuple[int, float | None],
+    first: tuple[tuple[int, int], tuple[int, int]],
+    rest: tuple[tuple[int, int], tuple[int, int]],
+) -> None:
+    capacity = Capacity(key="ver-1", max_concurrency=declared[0], max_rps=declared[1])
+    assert capacity.slot_range("concurrency") == (0, declared[0])
+    assert capacity.slot_range("rate") == (0, capacity.rate_slots)
+    for share, ranges in (("first", first), ("rest", rest)):
+        shared = capacity.shared(share)  # type: ignore[arg-type]
+        assert (shared.slot_range("concurrency"), shared.slot_range("rate")) == ranges
+        assert shared.key == capacity.key and shared.rate_period == capacity.rate_period

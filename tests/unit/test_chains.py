@@ -4,9 +4,18 @@ a little wider than the declared concurrency."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
-from aml_pipeline.chains import active_window, add_order, bounded_put, first_not_done
+from aml_pipeline.capacity import Capacity
+from aml_pipeline.chains import (
+    active_window,
+    add_order,
+    bounded_put,
+    first_not_done,
+    users_by_adds,
+)
 
 
 def _chain(done: int, length: int, last: str = "pending") -> dict[int, dict[str, str]]:
@@ -56,13 +65,27 @@ async def test_a_failed_add_is_where_the_chain_stops() -> None:
 def test_users_start_with_the_longest_chain_then_by_id() -> None:
     users = ["b", "a", "c", "a", "c", "c", "d", "b"]
     assert add_order(users) == ["c", "a", "b", "d"]
+    # The same order from each user's count of Adds (what a planner keeps, not every Add).
+    assert users_by_adds(Counter(users)) == add_order(users)
+    assert users_by_adds({"x": 1, "y": 3, "w": 1}) == ["y", "w", "x"]
 
 
 @pytest.mark.parametrize(("declared", "window"), [(1, 2), (4, 5), (8, 10), (16, 20), (64, 80)])
 def test_the_window_is_a_little_wider_than_the_declared_concurrency(
     declared: int, window: int
 ) -> None:
-    assert active_window(declared) == window
+    assert active_window(Capacity(key="v", max_concurrency=declared)) == window
+    # A rate that many users' chains cannot keep busy changes nothing.
+    assert active_window(Capacity(key="v", max_concurrency=declared, max_rps=1000.0)) == window
+
+
+@pytest.mark.parametrize(
+    ("declared", "rate", "window"), [(4, 10.0, 3), (16, 10.0, 3), (4, 0.5, 2), (64, 100.0, 21)]
+)
+def test_under_a_declared_rate_the_window_holds_the_users_the_rate_keeps_busy(
+    declared: int, rate: float, window: int
+) -> None:
+    assert active_window(Capacity(key="v", max_concurrency=declared, max_rps=rate)) == window
 
 
 def test_a_bounded_cache_forgets_everything_at_its_limit() -> None:

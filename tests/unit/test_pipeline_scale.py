@@ -111,6 +111,25 @@ def test_chain_gaps_run_from_an_answer_to_the_same_users_next_add(bench: ModuleT
     assert bench.conversations_written(records) == {"u1": 0.14, "u2": 0.52}
 
 
+def test_free_slot_chain_gaps_leave_out_links_that_waited_for_capacity(
+    bench: ModuleType,
+) -> None:
+    records = [
+        _add(0, "u1", "a1", 0.00, 0.10),
+        _add(1, "u2", "b1", 0.00, 0.05),
+        # u2's next Add 10 ms after b1's answer, with u1's in flight: one of two slots free.
+        _add(2, "u2", "b2", 0.06, 0.30),
+        # u1's next: 100 ms after a1's answer, both slots held by u2 and u3 from 0.12 to 0.20.
+        _add(3, "u3", "c1", 0.12, 0.20),
+        _add(4, "u1", "a2", 0.20, 0.40),
+    ]
+    assert sorted(bench.chain_gaps_ms(records)) == pytest.approx([10.0, 100.0])
+    assert bench.free_slot_chain_gaps_ms(records, capacity=2) == pytest.approx([10.0])
+    assert sorted(bench.free_slot_chain_gaps_ms(records, capacity=3)) == pytest.approx(
+        [10.0, 100.0]
+    )
+
+
 def test_gaps_at_a_saturated_participant_count_only_while_work_was_due(
     bench: ModuleType,
 ) -> None:

@@ -316,3 +316,21 @@ def test_a_text_written_in_two_conversations_names_both_users() -> None:
         owners.add([request.model_dump_json().encode()])
     (document,) = owners.documents("job-1")
     assert document["users"] == ["u1", "u2"]
+
+
+def test_written_texts_are_taken_in_batches_and_counted_by_pair(dataset: Dataset) -> None:
+    """A planner stores what it holds once it holds many (text, user) pairs: taken in batches,
+    the same documents, and nothing is held from then on."""
+    bodies = [c.body for c in plan_chunks("job-1", dataset) if c.body is not None]
+    owners = WrittenOwners()
+    owners.add(bodies)
+    expected = owners.documents("job-1")
+    assert owners.pairs == sum(len(doc["users"]) for doc in expected) > len(expected) // 2
+    owners.add(bodies)  # the same texts again: no new pair
+    assert owners.pairs == sum(len(doc["users"]) for doc in expected)
+    batches = owners.take("job-1", 7)
+    assert owners.pairs == 0
+    taken = list(batches)
+    assert [len(batch) for batch in taken[:-1]] == [7] * (len(taken) - 1)
+    assert [doc for batch in taken for doc in batch] == expected
+    assert not owners.owners and not owners.documents("job-1")

@@ -37,6 +37,10 @@ CAPACITY_FREED: Final = "aml.capacity.freed"
 # Core NATS (not stored): a capacity key's outage was declared, resumed or ended
 # (aml_pipeline.outages); the body is the key. Every worker re-reads that key's pause.
 LANE_OUTAGE: Final = "aml.lanes.outage"
+# Core NATS (not stored): a stage was refused a capacity key's slot while it had work for it;
+# the body is "<stage> <key>". The other stage calling the same key then keeps to its share
+# (aml_pipeline.stage_worker, `Lanes.shares_with`).
+CAPACITY_WANTED: Final = "aml.capacity.wanted"
 
 ADD_DONE: Final = "aml.done.add"
 QUESTION_DONE: Final = "aml.done.question"

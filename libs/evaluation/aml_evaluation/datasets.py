@@ -33,7 +33,8 @@ from __future__ import annotations
 import calendar
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -94,6 +95,24 @@ class BundleManifest(Protocol):
 
     @property
     def categories(self) -> Mapping[int, str]: ...
+
+
+@dataclass(frozen=True)
+class ItemFormat:
+    """A format whose every file is a JSON list of objects ("items"), each one conversation with
+    its questions, so that a bundle can be read an item at a time
+    (:func:`aml_evaluation.registry.open_dataset_stream`) by the format's own rules.
+
+    ``parse`` is those rules over some of the bundle's items, as (file name, item) in bundle
+    order; parsing the items a few at a time gives the dataset's conversations and questions, in
+    order, that parsing them all at once does. What the whole parse checks across items is then
+    checked over the whole read: conversation ids (each item's) are distinct, at most
+    ``max_items`` items and ``max_turns`` turns in all (None: no bound); a read that breaks one
+    of them is parsed whole again, which refuses it with the format's own error."""
+
+    parse: Callable[[Sequence[tuple[str, Mapping[str, Any]]], BundleManifest], Dataset]
+    max_items: int | None = None
+    max_turns: int | None = None
 
 
 class _Frozen(BaseModel):
@@ -423,7 +442,7 @@ def parse_locomo_bundle(
     """A LoCoMo bundle (the registry's parser of format "locomo"): every file is a JSON list of
     samples, concatenated in manifest order. A manifest without categories (a draft that
     `aml dataset add` is checking) gets LoCoMo's own."""
-    samples: list[Mapping[str, Any]] = []
+    samples: list[tuple[str, Mapping[str, Any]]] = []
     for name, content in contents:
         try:
             parsed = json.loads(content)
@@ -431,10 +450,19 @@ def parse_locomo_bundle(
             raise ValueError(f"dataset file {name!r}: not JSON: {error}") from None
         if not isinstance(parsed, list) or not all(isinstance(item, dict) for item in parsed):
             raise ValueError(f"dataset file {name!r}: a LoCoMo file is a JSON list of samples")
-        samples.extend(parsed)
+        samples.extend((name, sample) for sample in parsed)
+    return parse_locomo_samples(samples, manifest)
+
+
+def parse_locomo_samples(
+    samples: Sequence[tuple[str, Mapping[str, Any]]], manifest: BundleManifest
+) -> Dataset:
+    """The dataset of LoCoMo samples read from a bundle's files, as (file name, sample): what
+    :func:`parse_locomo_bundle` does once the files are read, and the registry's streaming
+    read (:data:`LOCOMO_ITEMS`) a few samples at a time."""
     try:
         return parse_locomo(
-            samples,
+            [sample for _, sample in samples],
             manifest.dataset_id,
             manifest.version,
             categories=manifest.categories or LOCOMO_CATEGORIES,
@@ -444,3 +472,6 @@ def parse_locomo_bundle(
     except (KeyError, TypeError, AttributeError) as error:
         # A sample without a required field: one line naming what is missing.
         raise ValueError(f"not a LoCoMo sample: {type(error).__name__}: {error}") from None
+
+
+LOCOMO_ITEMS: Final = ItemFormat(parse=parse_locomo_samples)

@@ -79,6 +79,7 @@ from aml_evaluation.datasets import (
     BundleManifest,
     Conversation,
     Dataset,
+    ItemFormat,
     Question,
     Session,
     Turn,
@@ -173,6 +174,15 @@ def parse(contents: Sequence[tuple[str, bytes]], manifest: LongMemEvalManifest) 
             if not isinstance(item, dict):
                 raise ValueError(f"{name} instance [{position}]: not a JSON object")
             instances.append((name, item))
+    return parse_instances(instances, manifest)
+
+
+def parse_instances(
+    instances: Sequence[tuple[str, Mapping[str, Any]]], manifest: LongMemEvalManifest
+) -> Dataset:
+    """The dataset of LongMemEval instances read from a bundle's files, as (file name,
+    instance): what :func:`parse` does once the files are read, and the registry's streaming
+    read (:data:`ITEMS`) a few instances at a time."""
     return _dataset(
         instances,
         manifest.dataset_id,
@@ -243,6 +253,11 @@ def _dataset(
         conversations=conversations,
         questions=questions,
     )
+
+
+# Read an instance at a time (aml_evaluation.registry.open_dataset_stream): every instance is
+# one conversation, its question_id; the bundle's bounds are checked over the whole read.
+ITEMS: Final = ItemFormat(parse=parse_instances, max_items=MAX_INSTANCES, max_turns=MAX_TOTAL_TURNS)
 
 
 class _TurnBudget:

@@ -14,6 +14,15 @@ bundle of that format is read. A parser raises ``ValueError`` naming what is wro
 together), the parser gets a draft manifest whose ``categories`` is empty: it returns the
 categories its format defines, and those become the manifest's.
 
+**Reading a piece at a time.** :func:`open_dataset_stream` (what the scheduler plans from) checks
+every file's sha256 reading it in blocks, then gives the dataset a few conversations at a time
+(:class:`DatasetStream`): the files of a format listed in ``_ITEM_FORMATS`` (LoCoMo, LongMemEval:
+JSON lists of items, each one conversation with its questions) are read an item at a time with
+ijson and each item parsed by the format's own rules (its
+:class:`~aml_evaluation.datasets.ItemFormat`); other formats, and files ijson might read otherwise
+than ``json.loads``, are parsed whole. Either way the conversations and questions are the whole
+parse's, and a file it refuses is refused with the whole parse's error.
+
 **Where manifests live.** Shipped manifests are package data (``data/manifests/<id>.json``).
 Operator manifests are written by ``aml dataset add`` to ``<datasets root>/manifests/<id>.json``:
 the datasets root (``AML_DATASETS_ROOT``) is the one directory every service that reads datasets
@@ -36,11 +45,12 @@ import os
 import re
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Final, Literal, get_args
+from typing import IO, Any, Final, Literal, get_args
 
+import ijson  # type: ignore[import-untyped]
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from aml_contract.api.vocabulary import Track
@@ -50,6 +60,7 @@ from aml_evaluation.datasets import (
     DEFAULT_SCORER,
     LOCOMO_ADVERSARIAL_CATEGORY,
     Dataset,
+    ItemFormat,
 )
 from aml_evaluation.media import (
     MAX_SOURCE_IMAGE_BYTES,
@@ -98,6 +109,23 @@ _PARSERS: Final[dict[str, tuple[str, str]]] = {
     "personamem": ("aml_evaluation.personamem", "parse"),
     "mem-gallery": ("aml_evaluation.memgallery", "parse"),
 }
+# Formats whose files are JSON lists of items, each one conversation with its questions, read an
+# item at a time by open_dataset_stream: format -> (module, its ItemFormat). The others (PersonaMem:
+# questions over shared contexts; Mem-Gallery: one dialog per file, with its images) are parsed
+# whole.
+_ITEM_FORMATS: Final[dict[str, tuple[str, str]]] = {
+    "locomo": ("aml_evaluation.datasets", "LOCOMO_ITEMS"),
+    "longmemeval": ("aml_evaluation.longmemeval", "ITEMS"),
+}
+# Bytes read at a time while a file's sha256 is checked or its items are read.
+_READ_BLOCK: Final = 1 << 20
+# A \u escape of a high surrogate not followed by one of a low surrogate: json.loads keeps it (a
+# lone surrogate), ijson's yajl reads it otherwise ('?', or one character of the two).
+_UNPAIRED_HIGH_SURROGATE: Final = re.compile(
+    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+)
+# Bytes one such match spans, with its look-ahead (kept from one block for the next).
+_SURROGATE_SPAN: Final = 12
 # Fields added after the first manifests, with the default a manifest without them means; left
 # out of the canonical JSON while they hold it (bundle hashes of old manifests stay the same).
 _ADDED_FIELD_DEFAULTS: Final[dict[str, object]] = {
@@ -219,16 +247,23 @@ def read_verified(root: Path, entry: ManifestFile) -> bytes:
     try:
         content = path.read_bytes()
     except OSError as error:
-        raise DatasetFileError(
-            f"dataset file {entry.path!r} cannot be read at {path}: {error.strerror}"
-        ) from None
-    actual = hashlib.sha256(content).hexdigest()
+        raise _unreadable(entry, path, error) from None
+    _check_sha256(entry, path, hashlib.sha256(content).hexdigest())
+    return content
+
+
+def _unreadable(entry: ManifestFile, path: Path, error: OSError) -> DatasetFileError:
+    return DatasetFileError(
+        f"dataset file {entry.path!r} cannot be read at {path}: {error.strerror}"
+    )
+
+
+def _check_sha256(entry: ManifestFile, path: Path, actual: str) -> None:
     if actual != entry.sha256:
         raise DatasetFileError(
             f"dataset file {entry.path!r} at {path} has sha256 {actual}, "
             f"manifest expects {entry.sha256}"
         )
-    return content
 
 
 def parser_of(format_name: str) -> BundleParser:
@@ -260,13 +295,7 @@ def parse_contents(contents: Sequence[tuple[str, bytes]], manifest: DatasetManif
     DatasetFileError naming the dataset and the format."""
     parse = parser_of(manifest.format)
     try:
-        dataset = parse(contents, manifest)
-        # The track is the manifest's; a multimodal one is checked against the media limits
-        # here, so an image too many is refused when the dataset is loaded, never dropped.
-        if dataset.track != manifest.track:
-            dataset = dataset.model_copy(update={"track": manifest.track})
-        if dataset.track == "multimodal":
-            check_media_limits(dataset)
+        dataset = _as_the_manifest_says(parse(contents, manifest), manifest)
     except DatasetFileError:
         raise
     except MissingImagesError as error:
@@ -280,6 +309,16 @@ def parse_contents(contents: Sequence[tuple[str, bytes]], manifest: DatasetManif
     return dataset
 
 
+def _as_the_manifest_says(dataset: Dataset, manifest: DatasetManifest) -> Dataset:
+    """The track is the manifest's; a multimodal dataset is checked against the media limits
+    here, so an image too many is refused when the dataset is loaded, never dropped."""
+    if dataset.track != manifest.track:
+        dataset = dataset.model_copy(update={"track": manifest.track})
+    if dataset.track == "multimodal":
+        check_media_limits(dataset)
+    return dataset
+
+
 def bundle_root(manifest: DatasetManifest, datasets_root: Path) -> Path:
     """Where the manifest's files are: the package's data dir or the datasets root."""
     return PACKAGE_DATA_DIR if manifest.location == "package" else datasets_root
@@ -289,6 +328,173 @@ def load_manifest_bundle(manifest: DatasetManifest, root: Path) -> Dataset:
     """Verify every file the manifest lists under `root`, then parse them by its format."""
     contents = [(entry.path, read_verified(root, entry)) for entry in manifest.files]
     return parse_contents(contents, manifest)
+
+
+class _ChangedWhileRead(DatasetFileError):
+    """A file's bytes read for its items are not those whose sha256 was checked."""
+
+
+class _HashingReader:
+    """A binary file that hashes what is read from it."""
+
+    def __init__(self, handle: IO[bytes]) -> None:
+        self.handle = handle
+        self.sha256 = hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.handle.read(size)
+        self.sha256.update(data)
+        return data
+
+
+class DatasetStream:
+    """A verified bundle read a piece at a time (:func:`stream_manifest_bundle`).
+
+    ``dataset`` holds the dataset-level fields (no conversations, no questions): the same as the
+    whole parse's. :meth:`pieces` gives the dataset's conversations in order, each with all its
+    questions, in pieces (small :class:`Dataset` s with the same dataset-level fields): together
+    they are the whole parse's conversations and questions. ``streamed`` tells how: an item at a
+    time (a format of :data:`_ITEM_FORMATS`, its files read incrementally with ijson and hashed
+    again as they are read), or, for the other formats and for files ijson might read otherwise
+    than ``json.loads`` (not starting with a list, a form feed or vertical tab, an unpaired
+    surrogate escape), parsed whole at once and given as one piece."""
+
+    def __init__(
+        self,
+        manifest: DatasetManifest,
+        root: Path,
+        dataset: Dataset,
+        items: ItemFormat | None = None,
+        whole: Dataset | None = None,
+    ) -> None:
+        self.manifest = manifest
+        self.dataset = dataset
+        self.streamed = whole is None
+        # Why the item-at-a-time read gave up and the bundle was parsed whole (None: it did not).
+        self.parsed_whole: str | None = None
+        self._root = root
+        self._items = items
+        self._whole = whole
+
+    def pieces(self) -> Iterator[Dataset]:
+        """The dataset's conversations, each with its questions, a few at a time.
+
+        Anything the item-at-a-time read stumbles on (a JSON or format error, ids given twice,
+        a bound passed) has the bundle parsed whole instead: its error is raised (the one
+        :func:`load_manifest_bundle` raises, though pieces before it were given already), or, if
+        it parses, the conversations not given yet follow as one piece. A file whose bytes
+        changed since its sha256 was checked raises DatasetFileError at its end."""
+        if self._whole is not None:
+            yield self._whole
+            return
+        assert self._items is not None
+        given: set[str] = set()
+        read = turns = 0
+        try:
+            for name, item in self._read_items():
+                read += 1
+                bound = self._items.max_items
+                if not isinstance(item, dict) or (bound is not None and read > bound):
+                    raise ValueError(f"{name}: item {read} is refused when parsed whole")
+                piece = self._items.parse([(name, item)], self.manifest)
+                piece = _as_the_manifest_says(piece, self.manifest)
+                ids = [conversation.conversation_id for conversation in piece.conversations]
+                turns += sum(conversation.turn_count for conversation in piece.conversations)
+                if len(set(ids)) != len(ids) or not given.isdisjoint(ids):
+                    raise ValueError(f"{name}: item {read} repeats a conversation id")
+                if self._items.max_turns is not None and turns > self._items.max_turns:
+                    raise ValueError(f"{name}: more than {self._items.max_turns} turns")
+                yield piece
+                given.update(ids)
+        except _ChangedWhileRead:
+            raise
+        except Exception as error:
+            # Parsed whole: the format's own error, or the rest of a file ijson refused.
+            self.parsed_whole = f"{type(error).__name__}: {error}"
+            whole = load_manifest_bundle(self.manifest, self._root)
+            rest = [c for c in whole.conversations if c.conversation_id not in given]
+            questions = [q for q in whole.questions if q.conversation_id not in given]
+            if rest or questions:
+                yield whole.model_copy(update={"conversations": rest, "questions": questions})
+
+    def _read_items(self) -> Iterator[tuple[str, Any]]:
+        """Each file's top-level items in order, as (its path, the item), the file hashed as it
+        is read."""
+        for entry in self.manifest.files:
+            path = self._root / entry.path
+            with path.open("rb") as handle:
+                reader = _HashingReader(handle)
+                for item in ijson.items(reader, "item", use_float=True, buf_size=_READ_BLOCK):
+                    yield entry.path, item
+                while reader.read(_READ_BLOCK):
+                    pass  # to the end, for the hash (ijson reads past the list already)
+            try:
+                _check_sha256(entry, path, reader.sha256.hexdigest())
+            except DatasetFileError as error:
+                raise _ChangedWhileRead(str(error)) from None
+
+
+def _item_format(format_name: str) -> ItemFormat | None:
+    """The format's item rules, when it is read an item at a time (None: parsed whole)."""
+    if format_name not in _ITEM_FORMATS:
+        return None
+    module_name, attribute = _ITEM_FORMATS[format_name]
+    try:
+        items = getattr(importlib.import_module(module_name), attribute, None)
+    except ModuleNotFoundError:
+        return None
+    return items if isinstance(items, ItemFormat) else None
+
+
+def _verify_in_blocks(root: Path, entry: ManifestFile) -> bool:
+    """Check a file's sha256 reading it in blocks (DatasetFileError as :func:`read_verified`);
+    True when ijson reads its items as ``json.loads`` would: it starts with a list (after JSON
+    whitespace; no byte-order mark) and holds no form feed or vertical tab (whitespace to yajl,
+    not to JSON) and no unpaired high-surrogate escape."""
+    path = root / entry.path
+    sha256 = hashlib.sha256()
+    first: bytes | None = None
+    plain = True
+    tail = b""
+    try:
+        with path.open("rb") as handle:
+            while block := handle.read(_READ_BLOCK):
+                sha256.update(block)
+                if first is None and (start := block.lstrip(b" \t\r\n")):
+                    first = start[:1]
+                if plain:
+                    scanned = tail + block
+                    last = len(scanned) - _SURROGATE_SPAN
+                    plain = (
+                        b"\x0b" not in block
+                        and b"\x0c" not in block
+                        and not any(
+                            match.start() < last
+                            for match in _UNPAIRED_HIGH_SURROGATE.finditer(scanned)
+                        )
+                    )
+                    tail = scanned[-_SURROGATE_SPAN:]
+    except OSError as error:
+        raise _unreadable(entry, path, error) from None
+    _check_sha256(entry, path, sha256.hexdigest())
+    return plain and first == b"[" and _UNPAIRED_HIGH_SURROGATE.search(tail) is None
+
+
+def stream_manifest_bundle(manifest: DatasetManifest, root: Path) -> DatasetStream:
+    """Verify every file the manifest lists under `root` (its sha256, read in blocks) and read
+    the dataset a piece at a time (:class:`DatasetStream`): the same dataset as
+    :func:`load_manifest_bundle`, without holding a large one whole where its format allows."""
+    items = _item_format(manifest.format)
+    if items is not None and all([_verify_in_blocks(root, entry) for entry in manifest.files]):
+        try:
+            dataset = _as_the_manifest_says(items.parse([], manifest), manifest)
+        except Exception:
+            pass  # parsed whole below: the format's own error
+        else:
+            return DatasetStream(manifest, root, dataset, items=items)
+    whole = load_manifest_bundle(manifest, root)
+    dataset = whole.model_copy(update={"conversations": [], "questions": []})
+    return DatasetStream(manifest, root, dataset, whole=whole)
 
 
 def load_bundle(manifest_path: Path, root: Path | None = None) -> Dataset:
@@ -409,6 +615,15 @@ def open_dataset(dataset_id: str, datasets_root: Path) -> tuple[DatasetManifest,
     is the manifest's that was loaded); package-located files ignore ``datasets_root``."""
     manifest = registered(dataset_id, datasets_root).manifest
     return manifest, load_manifest_bundle(manifest, bundle_root(manifest, datasets_root))
+
+
+def open_dataset_stream(
+    dataset_id: str, datasets_root: Path
+) -> tuple[DatasetManifest, DatasetStream]:
+    """:func:`open_dataset` a piece at a time (:func:`stream_manifest_bundle`): what the
+    scheduler plans a job from, so that a large dataset is never held whole."""
+    manifest = registered(dataset_id, datasets_root).manifest
+    return manifest, stream_manifest_bundle(manifest, bundle_root(manifest, datasets_root))
 
 
 def load_dataset(dataset_id: str, datasets_root: Path) -> Dataset:

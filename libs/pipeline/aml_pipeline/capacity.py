@@ -62,6 +62,10 @@ Notify = Callable[[str], Awaitable[None]]
 REQUEST_LEAVING: ContextVar[Callable[[], None] | None] = ContextVar("request_leaving", default=None)
 
 
+Pool = Literal["rate", "concurrency"]
+Share = Literal["all", "first", "rest"]
+
+
 class Capacity(BaseModel):
     """What one capacity key (a participant version, or the LLM) accepts."""
 
@@ -78,14 +82,29 @@ class Capacity(BaseModel):
         window ever holds more requests than declared (2.5/s allows 2 in any second)."""
         return max(1, math.floor(self.max_rps)) if self.max_rps else 0
 
+    # Which of the key's slots an admission may take: all of them, or, while two stages
+    # sharing the key both have work (`aml_pipeline.stage_worker.Lanes.shares_with`), the
+    # first eighth of each pool, at least one slot (`first`: the stage that gives way), or
+    # the rest (`rest`).
+    share: Share = "all"
+
+    def shared(self, share: Share) -> Capacity:
+        return self.model_copy(update={"share": share})
+
+    def slot_range(self, pool: Pool) -> tuple[int, int]:
+        """The indexes [low, high) of the pool's slots this capacity may take. A pool of one
+        slot is not split: both stages take it in turn."""
+        size = self.rate_slots if pool == "rate" else self.max_concurrency
+        if self.share == "all" or size < 2:
+            return 0, size
+        first = max(1, size // 8)
+        return (0, first) if self.share == "first" else (first, size)
+
     @property
     def rate_period(self) -> float:
         """How long one rate slot is used by one request (before the margin): a second, or
         longer for rates below one per second (0.001/s: 1,000 s)."""
         return max(1.0, self.rate_slots / self.max_rps) if self.max_rps else 0.0
-
-
-Pool = Literal["rate", "concurrency"]
 
 
 @dataclass(frozen=True)
@@ -302,7 +321,8 @@ class CapacityLimiter:
         holder = uuid.uuid4().hex
         rate: str | None = None
         rate_free_at = 0.0
-        if self._held.get(capacity.key, 0) >= capacity.max_concurrency:
+        low, high = capacity.slot_range("concurrency")
+        if self._held.get(capacity.key, 0) >= high - low:
             # Only a release here can free one, and it wakes the waiting lane
             # (`StageWorker._capacity_freed`): asking the database could only hear "no".
             return Refused("concurrency")
@@ -314,9 +334,7 @@ class CapacityLimiter:
             if reserved is None:
                 return Refused("rate")
             rate, rate_free_at = reserved
-        concurrency = await self._try_take(
-            f"{capacity.key}/c", capacity.max_concurrency, self._lease, holder
-        )
+        concurrency = await self._try_take(capacity, "concurrency", self._lease, holder)
         if concurrency is None:
             if rate is not None:
                 # Never used: free again when it was free before (its last departure's period).
@@ -365,13 +383,8 @@ class CapacityLimiter:
 
     async def _read_wait(self, capacity: Capacity, pool: Pool) -> float:
         now = time.time()
-        name, size = (
-            (f"{capacity.key}/r", capacity.rate_slots)
-            if pool == "rate"
-            else (f"{capacity.key}/c", capacity.max_concurrency)
-        )
         first = await self._db.capacity_slots.find_one(
-            {"pool": name, "index": {"$lt": size}},
+            _slots_of(capacity, pool),
             {"free_at": 1, "stamped": 1},
             sort=[("free_at", ASCENDING)],
         )
@@ -390,11 +403,10 @@ class CapacityLimiter:
         caller sends no earlier than that moment (`wait_until_free`), so a slot reserved ahead
         of its time never lets a request leave early; slots taken and not yet stamped are
         locked far ahead and never reserved."""
-        pool, size = f"{capacity.key}/r", capacity.rate_slots
-        await self._ensure(pool, size)
+        await self._ensure(capacity, "rate")
         now = time.time()
         before = await self._db.capacity_slots.find_one_and_update(
-            {"pool": pool, "index": {"$lt": size}, "free_at": {"$lte": now + patience}},
+            {**_slots_of(capacity, "rate"), "free_at": {"$lte": now + patience}},
             {"$set": {"free_at": now + RATE_LOCK_SECONDS, "holder": holder, "stamped": False}},
             sort=[("free_at", ASCENDING)],
             return_document=ReturnDocument.BEFORE,
@@ -419,9 +431,8 @@ class CapacityLimiter:
                 del self._rate_waiters[key]
 
     async def wait_rate_slot(self, capacity: Capacity, holder: str) -> str:
-        pool, size = f"{capacity.key}/r", capacity.rate_slots
         while True:
-            slot = await self._try_take(pool, size, RATE_LOCK_SECONDS, holder)
+            slot = await self._try_take(capacity, "rate", RATE_LOCK_SECONDS, holder)
             if slot is not None:
                 return slot
             await asyncio.sleep(await self.wait_hint(capacity, "rate"))
@@ -476,11 +487,13 @@ class CapacityLimiter:
 
     # -- slots -------------------------------------------------------------------------------
 
-    async def _try_take(self, pool: str, size: int, hold_for: float, holder: str) -> str | None:
-        await self._ensure(pool, size)
+    async def _try_take(
+        self, capacity: Capacity, pool: Pool, hold_for: float, holder: str
+    ) -> str | None:
+        await self._ensure(capacity, pool)
         now = time.time()
         taken = await self._db.capacity_slots.find_one_and_update(
-            {"pool": pool, "index": {"$lt": size}, "free_at": {"$lte": now}},
+            {**_slots_of(capacity, pool), "free_at": {"$lte": now}},
             # `stamped: False` until the holder stamps it (rate) or frees it: a waiter cannot
             # know when a locked slot frees, only that it will be soon.
             {"$set": {"free_at": now + hold_for, "holder": holder, "stamped": False}},
@@ -495,7 +508,9 @@ class CapacityLimiter:
             {"_id": slot, "holder": holder}, {"$set": {"free_at": free_at, "stamped": True}}
         )
 
-    async def _ensure(self, pool: str, size: int) -> None:
+    async def _ensure(self, capacity: Capacity, kind: Pool) -> None:
+        pool = _pool_name(capacity, kind)
+        size = capacity.rate_slots if kind == "rate" else capacity.max_concurrency
         if (pool, size) in self._ensured:
             return
         for index in range(size):
@@ -510,3 +525,13 @@ class CapacityLimiter:
         while True:
             await asyncio.sleep(self._lease / 3)
             await self._set_free(slot_id, holder, time.time() + self._lease)
+
+
+def _pool_name(capacity: Capacity, pool: Pool) -> str:
+    return f"{capacity.key}/{'r' if pool == 'rate' else 'c'}"
+
+
+def _slots_of(capacity: Capacity, pool: Pool) -> Document:
+    """The filter of the pool's slots `capacity` may take."""
+    low, high = capacity.slot_range(pool)
+    return {"pool": _pool_name(capacity, pool), "index": {"$gte": low, "$lt": high}}

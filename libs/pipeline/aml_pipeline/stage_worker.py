@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import contextvars
 import json
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -55,6 +56,7 @@ from aml_pipeline.capacity import (
     CapacityLimiter,
     Pool,
     Refused,
+    Share,
 )
 from aml_pipeline.jobs import version_capacity
 from aml_pipeline.llm import llm_capacity
@@ -89,6 +91,12 @@ LLM_REUSE_LIMIT = 32
 # back (`Admission.next_rate_slot`): a declared 10/s frees a slot every 0.1 s on average.
 RATE_PATIENCE_SECONDS = 0.25
 _YIELD_SECONDS = (0.01, 0.03)
+# A stage refused a key's slots says so at most this often (`Lanes.shares_with`); the other
+# stage keeps to its share until it has not heard it for `WANTED_SECONDS`.
+WANTED_SAY_SECONDS = 0.2
+WANTED_SECONDS = 0.6
+# Keys remembered at most, as wanted or as said to be wanted (one entry per version).
+_WANTED_KEPT = 10_000
 # Why a run of items under one admission ended.
 _Ended = Literal["idle", "rate", "served_in_full"]
 # Redelivered at once: the broker would otherwise hold it for ack_wait.
@@ -135,6 +143,14 @@ class Lanes:
     capacity_of: Callable[[str], Awaitable[Capacity]]
     # Items one admission serves in a row at most.
     reuse_limit: int = REUSE_LIMIT
+    # The other stage calling the same keys, and this stage's share of a key's slots while
+    # both wait for them (`Capacity.slot_range`): each stage refused a slot says so
+    # (`aml.capacity.wanted`), and the other keeps to its share for a moment. The adder takes
+    # the first eighth and the searcher the rest, so at a participant whose capacity is in
+    # demand a written conversation is searched, and its questions reach the LLM, while other
+    # conversations are still being written. A key that is not short of slots is not split.
+    shares_with: subjects.WorkStage | None = None
+    share: Share = "all"
 
     def lane_of(self, subject: str) -> str | None:
         parts = subject.split(".")
@@ -192,12 +208,18 @@ class StageWorker(Generic[Work]):
     _subs: list[Subscription] = field(default_factory=list)
     _loop: asyncio.Task[None] | None = None
     _stopping: bool = False
+    # Per key, until when the `shares_with` stage is known to want its slots (monotonic).
+    _wanted: dict[str, float] = field(default_factory=dict)
+    # Per key, when this stage last said it wanted its slots (monotonic).
+    _said_wanted: dict[str, float] = field(default_factory=dict)
 
     async def start(self, broker: NatsBroker) -> None:
         self._nc = broker.connection
         prefix = subjects.WORK_PREFIX[self.lanes.stage]
         self._subs.append(await self._nc.subscribe(f"{prefix}.>", cb=self._doorbell))
         self._subs.append(await self._nc.subscribe(subjects.CAPACITY_FREED, cb=self._freed))
+        if self.lanes.shares_with is not None:
+            self._subs.append(await self._nc.subscribe(subjects.CAPACITY_WANTED, cb=self._other))
         if self.outages is not None:
             self.outages.listeners.append(self._outage_changed)
             self._subs.append(await self._nc.subscribe(subjects.LANE_OUTAGE, cb=self._outage))
@@ -249,6 +271,39 @@ class StageWorker(Generic[Work]):
         if waiting:
             self._wake.set()
 
+    async def _other(self, msg: Msg) -> None:
+        stage, _, key = msg.data.decode().partition(" ")
+        if stage == self.lanes.shares_with:
+            self._wanted[key] = time.monotonic() + WANTED_SECONDS
+            if len(self._wanted) > _WANTED_KEPT:
+                now = time.monotonic()
+                self._wanted = {k: until for k, until in self._wanted.items() if until > now}
+
+    async def _say_still_wanted(self) -> bool:
+        """Say it again for the lanes with work that wait for their key's slots (a lane that
+        holds its share in full waits seconds before it asks again); True if there are any."""
+        if self.lanes.shares_with is None:
+            return False
+        waiting = {lane.capacity.key for lane in self._known.values()
+                   if lane.name in self._ready and lane.waits_for is not None}  # fmt: skip
+        for key in waiting:
+            await self._say_wanted(key)
+        return bool(waiting)
+
+    async def _say_wanted(self, key: str) -> None:
+        """Tell the stage sharing `key` that this one was refused its slots while it had work
+        (at most every `WANTED_SAY_SECONDS` per key)."""
+        if self.lanes.shares_with is None or self._nc is None:
+            return
+        now = time.monotonic()
+        if now - self._said_wanted.get(key, -math.inf) < WANTED_SAY_SECONDS:
+            return
+        self._said_wanted[key] = now
+        if len(self._said_wanted) > _WANTED_KEPT:
+            self._said_wanted = {key: now}
+        with contextlib.suppress(Exception):
+            await self._nc.publish(subjects.CAPACITY_WANTED, f"{self.lanes.stage} {key}".encode())
+
     async def _outage(self, msg: Msg) -> None:
         if self.outages is not None:
             with contextlib.suppress(Exception):
@@ -278,6 +333,8 @@ class StageWorker(Generic[Work]):
                     continue
                 waits = [lane.not_before for lane in self._known.values() if lane.name in
                          self._ready and lane.not_before > now]  # fmt: skip
+                if await self._say_still_wanted():
+                    waits.append(now + WANTED_SAY_SECONDS)
                 until = min([next_refresh, *waits]) - time.monotonic()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=max(until, 0.005))
@@ -311,9 +368,11 @@ class StageWorker(Generic[Work]):
             # No work is taken for a key that is down; its pause lifting wakes the lane.
             lane.not_before, lane.waits_for = time.monotonic() + REFRESH_SECONDS, None
             return False
-        admission = await self.limiter.try_admit(lane.capacity)
+        capacity = self._capacity_now(lane)
+        admission = await self.limiter.try_admit(capacity)
         if isinstance(admission, Refused):
-            wait = await self.limiter.wait_hint(lane.capacity, admission.pool)
+            await self._say_wanted(capacity.key)
+            wait = await self.limiter.wait_hint(capacity, admission.pool)
             lane.not_before = time.monotonic() + wait
             lane.waits_for = admission.pool
             return False
@@ -486,9 +545,11 @@ class StageWorker(Generic[Work]):
         lane = self._known.get(name)
         if lane is None or name not in self._ready or self._stopping:
             return "idle"
-        if lane.capacity != admission.capacity:
-            return "idle"  # admitted again under what is declared now
+        if self._capacity_now(lane) != admission.capacity:
+            # Admitted again under what is declared now, or under the share it may take now.
+            return "idle"
         if not await admission.next_rate_slot(RATE_PATIENCE_SECONDS):
+            await self._say_wanted(admission.capacity.key)
             return "rate"
         if self._stopping:
             return "idle"  # it stopped while the admission waited for the rate slot
@@ -498,6 +559,13 @@ class StageWorker(Generic[Work]):
             return "idle"
         lane.last_work = time.monotonic()
         return following
+
+    def _capacity_now(self, lane: _Lane) -> Capacity:
+        """What the lane may be admitted under now: its capacity, or its share of it while the
+        stage it shares the key with wants its slots too."""
+        if self._wanted.get(lane.capacity.key, 0.0) > time.monotonic():
+            return lane.capacity.shared(self.lanes.share)
+        return lane.capacity
 
     # -- lanes, consumers, fetches -----------------------------------------------------------
 
@@ -615,10 +683,20 @@ async def _first_of(
 # -- wiring shared by the four workers -------------------------------------------------------
 
 
+# A participant version's Adds and Searches share its declared capacity; while both wait for its
+# slots, Adds take an eighth of it (one slot at least) and Searches the rest
+# (`Lanes.shares_with`).
+_PARTICIPANT_SHARES: dict[subjects.WorkStage, tuple[subjects.WorkStage, Share]] = {
+    "add": ("search", "first"),
+    "search": ("add", "rest"),
+}
+
+
 def participant_lanes(
     stage: subjects.WorkStage, durable: str, db: AsyncDatabase[Document]
 ) -> Lanes:
-    """One lane per participant version, admitted under the version's declared capacity."""
+    """One lane per participant version, admitted under the version's declared capacity (its
+    share of it while the other participant stage has work for the version too)."""
 
     async def capacity_of(lane: str) -> Capacity:
         version = await db.versions.find_one({"_id": lane}, {"capacity": 1})
@@ -626,7 +704,18 @@ def participant_lanes(
         # (the endpoint cannot be loaded) and end their job.
         return version_capacity(version or {"_id": lane, "capacity": _UNKNOWN_VERSION})
 
-    return Lanes(stage, durable, per_version=True, capacity_of=capacity_of)
+    shares_with: subjects.WorkStage | None = None
+    share: Share = "all"
+    if stage in _PARTICIPANT_SHARES:
+        shares_with, share = _PARTICIPANT_SHARES[stage]
+    return Lanes(
+        stage,
+        durable,
+        per_version=True,
+        capacity_of=capacity_of,
+        shares_with=shares_with,
+        share=share,
+    )
 
 
 def llm_lanes(stage: subjects.WorkStage, durable: str, settings: LLMSettings) -> Lanes:

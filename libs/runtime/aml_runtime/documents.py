@@ -128,6 +128,8 @@ INDEXES: tuple[Index, ...] = (
     # The searcher reads a job's written texts at once (retention deletes them the same way).
     _index(WRITTEN_TEXTS, "job_id"),
     _index(TEAMS, "key_hash", unique=True),
+    # Every admission takes a slot of a key's pool: a scan of every key's slots otherwise.
+    _index(CAPACITY_SLOTS, "pool"),
     # The stall watchdog reads a key's latest outage.
     _index(OUTAGES, "key"),
 )

@@ -5,12 +5,14 @@ guarded updates, so a redelivered event or the periodic reconciliation changes n
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import structlog
 from faststream.nats import NatsBroker
+from pymongo import UpdateOne
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError
 
@@ -25,15 +27,16 @@ from aml_contract.messages import (
 from aml_contract.participant import user_chunk_id
 from aml_evaluation.aggregate import QuestionOutcome, aggregate
 from aml_evaluation.chunker import chunker_version
-from aml_evaluation.registry import DatasetFileError, bundle_hash, open_dataset
+from aml_evaluation.registry import DatasetFileError, bundle_hash, open_dataset_stream
 from aml_evaluation.spec import EvaluationSpec
+from aml_pipeline.capacity import Capacity
 from aml_pipeline.chains import (
     NEXT_CHUNK_FIELDS,
     active_window,
-    add_order,
     bounded_put,
     first_not_done,
     release_add,
+    users_by_adds,
 )
 from aml_pipeline.jobs import (
     fail_job,
@@ -66,9 +69,11 @@ from aml_runtime.documents import (
 from aml_runtime.secrets import SecretBox
 from aml_runtime.telemetry import item_trace
 from aml_scheduler.planning import (
+    PART_TURNS,
+    WRITTEN_PAIRS_HELD,
     WrittenOwners,
     bundle_fingerprint,
-    dataset_parts,
+    parts_of,
     plan_chunks,
     plan_questions,
 )
@@ -81,6 +86,8 @@ _DUPLICATE_KEY = 11000
 _RELEASED_KEPT = 100_000
 # How long a version's declared concurrency is used before it is read again.
 _CAPACITY_CACHE_SECONDS = 5.0
+# Written-text documents stored (and merged) per write.
+_WRITTEN_AT_ONCE = 5_000
 
 
 @dataclass
@@ -105,11 +112,14 @@ class ScheduleJobs:
     # confirmed): where its next Add is looked for, and what counts it as writing.
     _cursors: dict[tuple[str, str], int] = field(default_factory=dict, init=False)
     # Per version, its declared concurrency and when it was read.
-    _concurrency: dict[str, tuple[int, float]] = field(default_factory=dict, init=False)
+    _capacities: dict[str, tuple[Capacity, float]] = field(default_factory=dict, init=False)
     # Jobs this process is planning right now: the submission event and the reconciliation's
     # re-drive often meet on a new job, and the second must not plan it again meanwhile (the
     # plan is idempotent, but it costs a second or so of CPU on a LoCoMo-sized dataset).
     _planning: set[str] = field(default_factory=set, init=False)
+    # How much of a job a plan holds at once (`aml_scheduler.planning`; tests make them small).
+    part_turns: int = PART_TURNS
+    written_pairs_held: int = WRITTEN_PAIRS_HELD
 
     # -- events -----------------------------------------------------------------------------
 
@@ -280,7 +290,8 @@ class ScheduleJobs:
     async def _plan(self, job: Document) -> None:
         job_id = job["_id"]
         totals = {"add": 0, "questions": 0}
-        chunk_users: list[str] = []
+        # Adds per user: what orders the job's users (`aml_pipeline.chains`).
+        adds: Counter[str] = Counter()
         written = WrittenOwners()
         excluded: dict[str, list[str]] = {}
         bundles: dict[str, str] = {}
@@ -289,23 +300,29 @@ class ScheduleJobs:
         chunkers: dict[str, str] = {}
         top_k = self.evaluation_spec.top_k
         for dataset_id in job["datasets"]:
-            # Shipped or operator-registered (its manifest under the datasets root).
-            manifest, dataset = open_dataset(dataset_id, self.settings.datasets_root)
+            # Shipped or operator-registered (its manifest under the datasets root), its files
+            # verified, then read a piece at a time where the format allows.
+            manifest, stream = open_dataset_stream(dataset_id, self.settings.datasets_root)
             excluded[dataset_id] = [manifest.categories[c] for c in manifest.excluded_from_overall]
             bundles[dataset_id] = bundle_hash(manifest)
-            f1_variants[dataset_id] = dataset.f1_variant
-            chunkers[dataset_id] = chunker_version(dataset)
-            # Part by part: a large job's Add bodies are never all in memory at once.
-            for part in dataset_parts(dataset):
+            f1_variants[dataset_id] = stream.dataset.f1_variant
+            chunkers[dataset_id] = chunker_version(stream.dataset)
+            # Part by part: a large job's dataset and Add bodies are never all in memory at once.
+            for part in parts_of(stream.pieces(), self.part_turns):
                 chunks = plan_chunks(job_id, part)
                 questions = plan_questions(job_id, part, top_k)
                 await _insert_once(self.db, ADD_CHUNKS, [chunk.stored() for chunk in chunks])
                 await _insert_once(self.db, QUESTIONS, [q.stored() for q in questions])
                 written.add(chunk.body for chunk in chunks if chunk.body is not None)
-                chunk_users += [chunk.user_id for chunk in chunks]
+                if written.pairs >= self.written_pairs_held:
+                    await _store_written(self.db, written.take(job_id, _WRITTEN_AT_ONCE))
+                adds.update(chunk.user_id for chunk in chunks)
                 totals["add"] += len(chunks)
                 totals["questions"] += len(questions)
-        await _insert_once(self.db, WRITTEN_TEXTS, written.documents(job_id))
+            if stream.parsed_whole is not None:
+                log.warning("dataset.parsed_whole", job_id=job_id, dataset_id=dataset_id,
+                            reason=stream.parsed_whole)  # fmt: skip
+        await _store_written(self.db, written.take(job_id, _WRITTEN_AT_ONCE))
         # The whole evaluation spec is stored once per content hash (`specs`); the job records
         # its hash and summary (`spec_hash`, `spec`).
         spec_hash = self.evaluation_spec.content_hash
@@ -328,7 +345,7 @@ class ScheduleJobs:
                     "dataset_bundles": bundles,
                     "dataset_bundle_hash": bundle_fingerprint(bundles),
                     # In the order their Adds start (`aml_pipeline.chains`).
-                    "users": add_order(chunk_users),
+                    "users": users_by_adds(adds),
                     "excluded_categories": excluded,
                     "f1_variants": f1_variants,
                     "chunkers": chunkers,
@@ -369,7 +386,7 @@ class ScheduleJobs:
         # Read only here, as a user finishes: a job may have thousands of users.
         job = await self.db.jobs.find_one({"_id": job_id}, {"users": 1})
         users: list[str] = (job or {}).get("users", [])
-        window = active_window(await self._max_concurrency(version_id))
+        window = active_window(await self._capacity(version_id))
         writing = 0
         for user in users:
             if writing >= window:
@@ -415,15 +432,15 @@ class ScheduleJobs:
         await release_add(self.broker, job_id, version_id, user, str(pending["_id"]))
         return False
 
-    async def _max_concurrency(self, version_id: str) -> int:
-        """The version's declared concurrency, re-read at most every few seconds."""
-        cached = self._concurrency.get(version_id)
+    async def _capacity(self, version_id: str) -> Capacity:
+        """The version's declared capacity, re-read at most every few seconds."""
+        cached = self._capacities.get(version_id)
         moment = time.monotonic()
         if cached is not None and moment - cached[1] < _CAPACITY_CACHE_SECONDS:
             return cached[0]
         version = await self.db.versions.find_one({"_id": version_id}, {"capacity": 1})
-        declared = version_capacity(version or {"_id": version_id}).max_concurrency
-        bounded_put(self._concurrency, version_id, (declared, moment), _RELEASED_KEPT)
+        declared = version_capacity(version or {"_id": version_id})
+        bounded_put(self._capacities, version_id, (declared, moment), _RELEASED_KEPT)
         return declared
 
     async def _questions_released(self, job_id: str, user_id: str) -> bool:
@@ -603,12 +620,56 @@ def question_outcome(question: Document, record: StageRecord | None) -> Question
     )
 
 
-async def _insert_once(db: AsyncDatabase[Document], collection: str, docs: list[Document]) -> None:
-    """Insert plan documents; ones that already exist (an earlier, interrupted plan) are kept."""
+async def _store_written(db: AsyncDatabase[Document], batches: Iterable[list[Document]]) -> None:
+    """Store written-text documents (`WrittenOwners.take`): inserted, or, for a text stored
+    already (met earlier in the plan, or by an interrupted plan), its users merged into the
+    stored ones. `users` stays sorted, and a re-plan changes nothing."""
+    for docs in batches:
+        stored = await _insert_new(db, WRITTEN_TEXTS, docs)
+        if stored:
+            await _merge_written(db, stored)
+
+
+async def _merge_written(db: AsyncDatabase[Document], docs: list[Document]) -> None:
+    """Add each document's users to its stored one, sorted (by `_id`: one read, one write).
+    Users are only ever added, so a stored list that still has the length read has not changed
+    since: the write is guarded by it, and whatever another writer (a second planner, should
+    one run) changed in between is merged again from a new read."""
+    while True:
+        wanted = {doc["_id"]: doc["users"] for doc in docs}
+        merges: list[UpdateOne] = []
+        async for stored in db[WRITTEN_TEXTS].find({"_id": {"$in": list(wanted)}}, {"users": 1}):
+            users = list(stored["users"])
+            merged = sorted({*users, *wanted.pop(stored["_id"])})
+            if merged != users:
+                guard = {"_id": stored["_id"], "users": {"$size": len(users)}}
+                merges.append(UpdateOne(guard, {"$set": {"users": merged}}))
+        # Not found (none is removed while its job is planned): inserted, unless one is now.
+        missing = [doc for doc in docs if doc["_id"] in wanted]
+        changed = bool(await _insert_new(db, WRITTEN_TEXTS, missing))
+        if merges:
+            result = await db[WRITTEN_TEXTS].bulk_write(merges, ordered=False)
+            changed |= result.matched_count < len(merges)
+        if not changed:
+            return
+
+
+async def _insert_new(
+    db: AsyncDatabase[Document], collection: str, docs: list[Document]
+) -> list[Document]:
+    """Insert documents; those whose `_id` exists already are returned, not inserted."""
     if not docs:
-        return
+        return []
     try:
         await db[collection].insert_many(docs, ordered=False)
     except BulkWriteError as exc:
-        if any(e.get("code") != _DUPLICATE_KEY for e in exc.details.get("writeErrors", [])):
+        errors = exc.details.get("writeErrors", [])
+        if any(e.get("code") != _DUPLICATE_KEY for e in errors):
             raise
+        return [docs[e["index"]] for e in errors]
+    return []
+
+
+async def _insert_once(db: AsyncDatabase[Document], collection: str, docs: list[Document]) -> None:
+    """Insert plan documents; ones that already exist (an earlier, interrupted plan) are kept."""
+    await _insert_new(db, collection, docs)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any, NamedTuple
 
 from aml_contract.participant import (
@@ -27,9 +29,13 @@ from aml_runtime.documents import AddChunkDocument, QuestionDocument
 from aml_runtime.telemetry import item_trace_hex
 
 Document = dict[str, Any]
-# Turns of conversation planned and stored at a time (`dataset_parts`): a few thousand Add
-# bodies, a few megabytes.
+# Turns of conversation planned and stored at a time (`dataset_parts`, `parts_of`): a few
+# thousand Add bodies, a few megabytes.
 PART_TURNS = 5_000
+# (text, user) pairs of a plan's written texts (`WrittenOwners`) held before they are stored:
+# some 15 MB; a text met again after that is merged into its stored document
+# (`aml_scheduler.handlers`).
+WRITTEN_PAIRS_HELD = 100_000
 
 
 def question_item_id(job_id: str, dataset_id: str, question_id: str) -> str:
@@ -192,23 +198,59 @@ def plan_written_texts(job_id: str, bodies: list[bytes]) -> list[Document]:
 @dataclass
 class WrittenOwners:
     """`plan_written_texts` gathered part by part: per text digest, the users it was written
-    for (a text written in two conversations has both), without keeping the texts."""
+    for (a text written in two conversations has both), without keeping the texts. `pairs`
+    counts the (text, user) pairs held, so that a planner can store them (`take`) and go on
+    with an empty one once they are many: a text met again later is then stored again, and
+    the stored documents merged (`aml_scheduler.handlers`)."""
 
-    owners: dict[str, set[str]] = field(default_factory=dict)
+    # Digest -> its one user, or its users (most texts have one: no set for them).
+    owners: dict[str, str | set[str]] = field(default_factory=dict)
+    pairs: int = 0
 
     def add(self, bodies: Iterable[bytes]) -> None:
         for body in bodies:
             request = AddRequest.model_validate_json(body)
+            # One string per user, however many of its Adds name it.
+            user = sys.intern(request.user_id)
             for message in request.messages:
                 text = content_text(message.model_dump(mode="json")["content"])
                 if text:
-                    self.owners.setdefault(text_digest(text), set()).add(request.user_id)
+                    self._add(text_digest(text), user)
+
+    def _add(self, digest: str, user: str) -> None:
+        users = self.owners.get(digest)
+        if users is None:
+            self.owners[digest] = user
+        elif isinstance(users, str):
+            if users == user:
+                return
+            self.owners[digest] = {users, user}
+        elif user not in users:
+            users.add(user)
+        else:
+            return
+        self.pairs += 1
 
     def documents(self, job_id: str) -> list[Document]:
-        return [
-            {"_id": f"{job_id}/{digest}", "job_id": job_id, "users": sorted(users)}
-            for digest, users in self.owners.items()
-        ]
+        return [_written(job_id, digest, users) for digest, users in self.owners.items()]
+
+    def take(self, job_id: str, batch: int) -> Iterator[list[Document]]:
+        """The documents of what is held, `batch` at a time; nothing is held from now on (and
+        more may be added meanwhile)."""
+        owners, self.owners, self.pairs = self.owners, {}, 0
+        return _batches(job_id, iter(owners.items()), batch)
+
+
+def _batches(
+    job_id: str, owners: Iterator[tuple[str, str | set[str]]], batch: int
+) -> Iterator[list[Document]]:
+    while taken := list(islice(owners, batch)):
+        yield [_written(job_id, digest, users) for digest, users in taken]
+
+
+def _written(job_id: str, digest: str, users: str | set[str]) -> Document:
+    sorted_users = [users] if isinstance(users, str) else sorted(users)
+    return {"_id": f"{job_id}/{digest}", "job_id": job_id, "users": sorted_users}
 
 
 def dataset_parts(dataset: Dataset, turns_per_part: int = PART_TURNS) -> Iterator[Dataset]:
@@ -216,33 +258,38 @@ def dataset_parts(dataset: Dataset, turns_per_part: int = PART_TURNS) -> Iterato
     `turns_per_part` turns, but the last), so a job is planned and stored part by part and no
     process holds all of a large job's Add bodies at once. Planning a part gives the same
     documents as planning the whole (every rule is per conversation)."""
-    questions: dict[str, list[Question]] = {}
-    for question in dataset.questions:
-        questions.setdefault(question.conversation_id, []).append(question)
+    return parts_of([dataset], turns_per_part)
+
+
+def parts_of(pieces: Iterable[Dataset], turns_per_part: int = PART_TURNS) -> Iterator[Dataset]:
+    """`dataset_parts` of a dataset given a piece at a time (`DatasetStream.pieces`, pieces of
+    whole conversations, in order, each with its questions): the same parts as of the whole
+    dataset, holding no more of it than a part. A question whose conversation is not in its
+    piece goes with the last part, as one whose conversation the dataset lacks."""
     part: list[Conversation] = []
+    taken: list[Question] = []
+    # Questions of no conversation of their piece, by conversation (first seen first).
+    left: dict[str, list[Question]] = {}
     turns = 0
-    for conversation in dataset.conversations:
-        part.append(conversation)
-        turns += conversation.turn_count
-        if turns >= turns_per_part:
-            yield _part(dataset, part, questions)
-            part, turns = [], 0
-    if part or questions:
+    last: Dataset | None = None
+    for piece in pieces:
+        last = piece
+        questions: dict[str, list[Question]] = {}
+        for question in piece.questions:
+            questions.setdefault(question.conversation_id, []).append(question)
+        for conversation in piece.conversations:
+            part.append(conversation)
+            taken += questions.pop(conversation.conversation_id, [])
+            turns += conversation.turn_count
+            if turns >= turns_per_part:
+                yield piece.model_copy(update={"conversations": part, "questions": taken})
+                part, taken, turns = [], [], 0
+        for conversation_id, questions_left in questions.items():
+            left.setdefault(conversation_id, []).extend(questions_left)
+    if last is not None and (part or left):
         # The last conversations, and any question of a conversation the dataset lacks.
-        yield _part(dataset, part, questions, rest=True)
-
-
-def _part(
-    dataset: Dataset,
-    conversations: list[Conversation],
-    questions: dict[str, list[Question]],
-    rest: bool = False,
-) -> Dataset:
-    taken = [q for c in conversations for q in questions.pop(c.conversation_id, [])]
-    if rest:
-        taken += [q for left in questions.values() for q in left]
-        questions.clear()
-    return dataset.model_copy(update={"conversations": conversations, "questions": taken})
+        taken += [question for questions_left in left.values() for question in questions_left]
+        yield last.model_copy(update={"conversations": part, "questions": taken})
 
 
 def bundle_fingerprint(bundles: dict[str, str]) -> str:
