@@ -75,18 +75,17 @@ class Capacity(BaseModel):
     max_concurrency: int = Field(ge=1)
     # None: no rate limit (the LLM when its provider sets none).
     max_rps: float | None = Field(default=None, gt=0)
+    # Which of the key's slots an admission may take: all of them, or, while two stages
+    # sharing the key both want them (`aml_pipeline.stage_worker.Lanes.shares_with`), the
+    # first eighth of each pool, at least one slot (`first`: the stage that gives way), or
+    # the rest (`rest`).
+    share: Share = "all"
 
     @property
     def rate_slots(self) -> int:
         """Whole requests per window: a fractional rate is rounded down, so that no 1-second
         window ever holds more requests than declared (2.5/s allows 2 in any second)."""
         return max(1, math.floor(self.max_rps)) if self.max_rps else 0
-
-    # Which of the key's slots an admission may take: all of them, or, while two stages
-    # sharing the key both have work (`aml_pipeline.stage_worker.Lanes.shares_with`), the
-    # first eighth of each pool, at least one slot (`first`: the stage that gives way), or
-    # the rest (`rest`).
-    share: Share = "all"
 
     def shared(self, share: Share) -> Capacity:
         return self.model_copy(update={"share": share})

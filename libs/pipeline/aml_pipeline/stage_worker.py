@@ -280,12 +280,16 @@ class StageWorker(Generic[Work]):
                 self._wanted = {k: until for k, until in self._wanted.items() if until > now}
 
     async def _say_still_wanted(self) -> bool:
-        """Say it again for the lanes with work that wait for their key's slots (a lane that
-        holds its share in full waits seconds before it asks again); True if there are any."""
+        """Say it again for the lanes with work that wait for a concurrency slot (a lane whose
+        process holds its share in full asks again only seconds later) or for a rate slot free
+        soon; True if there are any. A lane waiting long for a rate slot (a hostile rate) says
+        so when it is refused again, and wakes nothing meanwhile."""
         if self.lanes.shares_with is None:
             return False
+        soon = time.monotonic() + WANTED_SECONDS
         waiting = {lane.capacity.key for lane in self._known.values()
-                   if lane.name in self._ready and lane.waits_for is not None}  # fmt: skip
+                   if lane.name in self._ready and (lane.waits_for == "concurrency" or
+                   (lane.waits_for == "rate" and lane.not_before < soon))}  # fmt: skip
         for key in waiting:
             await self._say_wanted(key)
         return bool(waiting)
@@ -696,7 +700,7 @@ def participant_lanes(
     stage: subjects.WorkStage, durable: str, db: AsyncDatabase[Document]
 ) -> Lanes:
     """One lane per participant version, admitted under the version's declared capacity (its
-    share of it while the other participant stage has work for the version too)."""
+    share of it while the other participant stage wants the version's slots too)."""
 
     async def capacity_of(lane: str) -> Capacity:
         version = await db.versions.find_one({"_id": lane}, {"capacity": 1})

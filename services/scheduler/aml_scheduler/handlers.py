@@ -111,7 +111,7 @@ class ScheduleJobs:
     # Per writing user, the seq of the Add this process last released (all before it are
     # confirmed): where its next Add is looked for, and what counts it as writing.
     _cursors: dict[tuple[str, str], int] = field(default_factory=dict, init=False)
-    # Per version, its declared concurrency and when it was read.
+    # Per version, its declared capacity and when it was read.
     _capacities: dict[str, tuple[Capacity, float]] = field(default_factory=dict, init=False)
     # Jobs this process is planning right now: the submission event and the reconciliation's
     # re-drive often meet on a new job, and the second must not plan it again meanwhile (the
