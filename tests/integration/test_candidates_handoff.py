@@ -99,8 +99,12 @@ async def searched(
 ) -> QuestionWork:
     """Run the search stage on one question and return the work it handed to the answer stage."""
     await search_once(db, broker, job_id, candidates)
-    [msg] = await (await answer_work(broker, job_id)).fetch(1, timeout=2.0)
+    sub = await answer_work(broker, job_id)
+    [msg] = await sub.fetch(1, timeout=2.0)
     await msg.ack()
+    # Unsubscribed now: a pull subscription left open holds the broker's drain at the
+    # module's end for its whole timeout (30 s).
+    await sub.unsubscribe()
     return QuestionWork.model_validate_json(msg.data)
 
 
@@ -166,5 +170,6 @@ async def test_a_redelivery_after_the_search_was_stored_sends_nothing_new(
     sub = await answer_work(broker, "job-h3")
     with pytest.raises(TimeoutError):
         await sub.fetch(1, timeout=1.0)
+    await sub.unsubscribe()
     stored = await db.searches.find_one({"_id": "job-h3/s1:q1"})
     assert stored is not None and stored["candidates"] == first
