@@ -294,6 +294,11 @@ class ManagedProcess:
         self._group_gone = True
         return self._popen.returncode
 
+    def terminate(self) -> None:
+        """SIGTERM the process group and return at once (`stop` waits for it)."""
+        if self._popen is not None and self._popen.poll() is None:
+            self._signal_group(signal.SIGTERM)
+
     def kill(self) -> int | None:
         """SIGKILL the whole process group at once (simulates a crash)."""
         if self._popen is None:

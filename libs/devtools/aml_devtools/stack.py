@@ -414,9 +414,16 @@ class EmbeddedStack:
         return seconds
 
     def stop(self) -> None:
-        """Stop every process, most recently started first."""
+        """Stop every process: the services and the servers they call all told at once (each
+        then waited for, within its grace), then the broker and the database, which they need
+        until they are down, most recently started first."""
         errors: list[str] = []
-        for name in reversed(list(self._procs)):
+        order = list(reversed(self._procs))
+        first = [name for name in order if name not in (NATS, MONGO)]
+        for name in first:
+            with contextlib.suppress(Exception):  # stop() below tries again and reports
+                self._procs[name].terminate()
+        for name in first + [name for name in order if name in (NATS, MONGO)]:
             try:
                 self._procs[name].stop()
             except Exception as exc:  # keep stopping the rest
