@@ -5,8 +5,6 @@ planning each dataset whole at once, also when the plan is run again over an int
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,6 +13,7 @@ from typing import Any, cast
 import pytest
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
+from scripts import load_benchmark
 
 from aml_evaluation.chunker import chunker_version
 from aml_evaluation.registry import bundle_hash, load_dataset, register_dataset, registered
@@ -35,14 +34,7 @@ STREAMING = ROOT / "tests" / "data" / "streaming" / "streaming_v1.json"
 
 def _generator() -> Any:
     """The load benchmark's LoCoMo-format generator (`--scenario scale`)."""
-    spec = importlib.util.spec_from_file_location(
-        "pipeline_load_planning", ROOT / "benchmarks" / "pipeline_load.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("pipeline_load_planning")
 
 
 @pytest.fixture(scope="module")

@@ -7,14 +7,13 @@ would is parsed whole, with the whole parse's result or error."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+from scripts import load_benchmark
 
 from aml_evaluation import longmemeval, registry
 from aml_evaluation.datasets import Dataset, ItemFormat
@@ -36,14 +35,7 @@ TURNS_PER_PART = (1, 20, 300, 5_000, 10**9)
 
 def _generator() -> ModuleType:
     """The load benchmark's LoCoMo-format generator (`--scenario scale`)."""
-    spec = importlib.util.spec_from_file_location(
-        "pipeline_load_stream", ROOT / "benchmarks" / "pipeline_load.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("pipeline_load_stream")
 
 
 def _register(root: Path, name: str, data: bytes, format_name: str = "locomo") -> str:

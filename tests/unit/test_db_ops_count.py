@@ -5,9 +5,7 @@ is in no scenario)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections import Counter
 from datetime import timedelta
 from pathlib import Path
@@ -16,28 +14,18 @@ from typing import Any
 
 import pytest
 from pymongo import monitoring
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def _load(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
+from scripts import BENCHMARKS, load_benchmark, load_script
 
 
 @pytest.fixture(scope="module")
 def listener_module() -> ModuleType:
     # Without AML_DB_OPS_DIR it registers nothing: only its listener class is used here.
-    return _load("db_ops_listener", BENCHMARKS / "db_ops" / "sitecustomize.py")
+    return load_script("db_ops_listener", BENCHMARKS / "db_ops" / "sitecustomize.py")
 
 
 @pytest.fixture(scope="module")
 def pipeline_load() -> ModuleType:
-    return _load("pipeline_load_bench", BENCHMARKS / "pipeline_load.py")
+    return load_benchmark("pipeline_load_bench")
 
 
 def _started(request_id: int, command: dict[str, Any]) -> monitoring.CommandStartedEvent:

@@ -7,34 +7,24 @@ what docs/performance.md says; and the embedded stack takes an external MongoDB'
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+from scripts import load_benchmark
 
 from aml_devtools.stack import EmbeddedStack, StackConfig
 from aml_evaluation.chunker import plan_adds
 from aml_evaluation.registry import load_dataset, register_dataset
 from aml_participant_simulator import RequestRecord
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "pipeline_load_scale", BENCHMARKS / "pipeline_load.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["pipeline_load_scale"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("pipeline_load_scale")
 
 
 def test_a_generated_dataset_has_the_adds_questions_and_users_asked_for(
