@@ -15,7 +15,6 @@ from aml_contract.participant import MAX_JSON_DEPTH, MAX_TASK_ID_LENGTH, AddAcce
 from aml_pipeline.participants import (
     BodyRejected,
     CallFailed,
-    _Decoder,
     bson_size,
     parse_json,
     short,
@@ -23,6 +22,7 @@ from aml_pipeline.participants import (
     storage_problem,
     validate_search_response,
 )
+from aml_pipeline.participants.reading import _Decoder
 
 
 def _nested(depth: int) -> bytes:
