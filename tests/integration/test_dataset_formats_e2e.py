@@ -1,7 +1,7 @@
 """Whole jobs on the operator dataset formats, through every service as separate processes on
 real components (nats-server with JetStream, nx-27017): a small LongMemEval file and a small
 PersonaMem bundle (its two files), written here under a fresh datasets root and registered as an
-operator does (`aml_evaluation.registry.register_dataset`, what `aml dataset add` runs), then
+operator does (`aml_evaluation.registration.register_dataset`, what `aml dataset add` runs), then
 run as smoke jobs against the participant simulator, which records every request it receives.
 The answer and judge model is the LLM stand-in (aml_llm_standin, deterministic replies), behind
 a recorder that keeps every prompt sent.
@@ -25,11 +25,11 @@ import pytest
 from job_support import submit_and_wait
 from pymongo import MongoClient
 
-from aml_devtools.cli import render_results
 from aml_devtools.platform import Platform, PlatformConfig, register_participant, start_platform
 from aml_devtools.processes import find_executable
 from aml_devtools.stack import EmbeddedStack, StackConfig
-from aml_evaluation.registry import register_dataset
+from aml_devtools.tables import render_results
+from aml_evaluation.registration import register_dataset
 from aml_llm_standin import create_app
 from aml_participant_simulator import Script, Simulator, running_simulator
 from aml_participant_simulator.recording import RequestRecord

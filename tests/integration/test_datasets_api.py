@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 from gateway_support import ADMIN, open_gateway, request_body
 
+from aml_evaluation.registration import register_dataset
 from aml_evaluation.registry import (
     MANIFESTS_DIR,
     DatasetFileError,
     load_dataset,
     manifest_path,
     read_manifest,
-    register_dataset,
 )
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,8 @@ from pymongo.asynchronous.database import AsyncDatabase
 from scripts import load_benchmark
 
 from aml_evaluation.chunker import chunker_version
-from aml_evaluation.registry import bundle_hash, load_dataset, register_dataset, registered
+from aml_evaluation.registration import register_dataset
+from aml_evaluation.registry import bundle_hash, load_dataset, registered
 from aml_pipeline.chains import add_order
 from aml_pipeline.evaluation_spec import build_evaluation_spec
 from aml_runtime.db import Document

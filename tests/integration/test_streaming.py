@@ -21,7 +21,7 @@ from pymongo import AsyncMongoClient
 from aml_devtools.platform import Platform, PlatformConfig, register_participant, start_platform
 from aml_devtools.processes import find_executable
 from aml_devtools.stack import EmbeddedStack, StackConfig
-from aml_evaluation.registry import register_dataset
+from aml_evaluation.registration import register_dataset
 from aml_participant_simulator import Script, Simulator, running_simulator
 from aml_participant_simulator.recording import RequestRecord
 

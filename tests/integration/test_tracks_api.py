@@ -14,7 +14,8 @@ from gateway_support import ADMIN, T0, Gateway, open_gateway
 from leaderboard_support import finished_job, version_body
 from pymongo import AsyncMongoClient
 
-from aml_evaluation.registry import MANIFESTS_DIR, register_dataset
+from aml_evaluation.registration import register_dataset
+from aml_evaluation.registry import MANIFESTS_DIR
 
 pytestmark = pytest.mark.integration
 

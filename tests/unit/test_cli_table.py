@@ -1,5 +1,5 @@
 from aml_contract.api.results import JobResults
-from aml_devtools.cli import render_results
+from aml_devtools.tables import render_results
 from aml_evaluation.aggregate import QuestionOutcome, aggregate
 
 

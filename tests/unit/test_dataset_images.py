@@ -18,12 +18,8 @@ from aml_devtools.cli import main
 from aml_evaluation import media
 from aml_evaluation.chunker import plan_adds, search_query
 from aml_evaluation.memgallery import parse_memgallery, referenced_images
-from aml_evaluation.registry import (
-    RegistrationError,
-    load_dataset,
-    read_manifest,
-    register_dataset,
-)
+from aml_evaluation.registration import RegistrationError, register_dataset
+from aml_evaluation.registry import load_dataset, read_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL = (

@@ -17,21 +17,23 @@ import pytest
 
 from aml_devtools.cli import main
 from aml_evaluation import registry
-from aml_evaluation.registry import (
+from aml_evaluation.registration import (
     DEFAULT_F1_VARIANT_OF_FORMAT,
+    RegistrationError,
+    register_dataset,
+)
+from aml_evaluation.registry import (
     MANIFESTS_DIR,
     DatasetFileError,
     DatasetManifest,
     FormatUnavailableError,
     ManifestFile,
-    RegistrationError,
     bundle_hash,
     list_manifests,
     load_dataset,
     manifest_path,
     parser_of,
     read_manifest,
-    register_dataset,
     registered,
     unreadable_manifests,
 )

@@ -17,13 +17,13 @@ from scripts import load_benchmark
 
 from aml_evaluation import longmemeval, registry
 from aml_evaluation.datasets import Dataset, ItemFormat
+from aml_evaluation.registration import register_dataset
 from aml_evaluation.registry import (
     MANIFESTS_DIR,
     DatasetFileError,
     DatasetStream,
     load_dataset,
     open_dataset_stream,
-    register_dataset,
 )
 from aml_scheduler.planning import dataset_parts, parts_of
 

@@ -26,7 +26,7 @@ from aml_evaluation.memgallery import (
     parse_memgallery,
     referenced_images,
 )
-from aml_evaluation.registry import DEFAULT_F1_VARIANT_OF_FORMAT
+from aml_evaluation.registration import DEFAULT_F1_VARIANT_OF_FORMAT
 from aml_evaluation.scoring import F1_MEMGALLERY_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,7 +18,8 @@ from scripts import load_benchmark
 
 from aml_devtools.stack import EmbeddedStack, StackConfig
 from aml_evaluation.chunker import plan_adds
-from aml_evaluation.registry import load_dataset, register_dataset
+from aml_evaluation.registration import register_dataset
+from aml_evaluation.registry import load_dataset
 from aml_participant_simulator import RequestRecord
 
 

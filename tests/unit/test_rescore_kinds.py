@@ -25,7 +25,8 @@ from aml_devtools.cli import main
 from aml_evaluation.aggregate import aggregate
 from aml_evaluation.datasets import Dataset
 from aml_evaluation.prompts import load_prompt
-from aml_evaluation.registry import DatasetManifest, open_dataset, register_dataset
+from aml_evaluation.registration import register_dataset
+from aml_evaluation.registry import DatasetManifest, open_dataset
 from aml_pipeline.stage_worker import StageCall
 from aml_runtime.documents import ScoreDocument
 from aml_scheduler.handlers import question_outcome

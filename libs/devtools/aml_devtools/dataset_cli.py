@@ -40,18 +40,18 @@ from pathlib import Path
 from typing import Any, TextIO, get_args
 
 from aml_contract.api.vocabulary import Track
+from aml_devtools.tables import render_table
 from aml_evaluation import media
+from aml_evaluation.registration import RegistrationError, register_dataset
 from aml_evaluation.registry import (
     FORMATS,
     DatasetFileError,
     RegisteredManifest,
-    RegistrationError,
     bundle_hash,
     bundle_root,
     count_questions,
     list_manifests,
     load_manifest_bundle,
-    register_dataset,
     unreadable_manifests,
 )
 from aml_evaluation.scoring import F1_VARIANTS
@@ -228,18 +228,9 @@ def _list(datasets_root: Path, as_json: bool, out: TextIO) -> int:
         for d in found
     ]
     header = ["dataset", "track", "format", "scorer", "questions", "categories", "source", "files"]
-    print(_table(header, rows), file=out)
+    print(render_table(header, rows), file=out)
     print(f"datasets root {datasets_root}; * reported apart, not counted in Overall", file=out)
     for d in found:
         if d["files"] != "verified":
             print(f"  {d['dataset_id']}: {d['files']}", file=out)
     return REFUSED if problems else OK
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    ruler = ["-" * width for width in widths]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in [header, ruler, *rows]
-    )

@@ -24,7 +24,7 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -33,6 +33,7 @@ import httpx
 
 from aml_contract.api.jobs import FullRunChecklist
 from aml_contract.api.vocabulary import STAGES
+from aml_devtools.tables import category_numbers, render_results, render_table
 
 DEFAULT_API_URL = "http://127.0.0.1:8000"
 API_URL_ENV = "AML_API_URL"
@@ -45,6 +46,8 @@ LOG_EVERY = 30.0
 FINAL_STATES = ("completed", "failed")
 # Exit codes.
 OK, JOB_FAILED, REFUSED = 0, 1, 2
+# An empty listing says so: a bare header would read as a failed request.
+NO_ROWS = "(none)"
 
 # `--smoke-passed` etc.: one flag per checklist item, named after the contract's fields.
 CHECKLIST_ITEMS = tuple(FullRunChecklist.model_fields)
@@ -332,7 +335,8 @@ def _versions(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         ]
         for v in versions
     ]
-    print(_table(["version", "system", "label", "tracks", "board", "auth"], rows), file=out)
+    header = ["version", "system", "label", "tracks", "board", "auth"]
+    print(render_table(header, rows, empty=NO_ROWS), file=out)
     return OK
 
 
@@ -352,7 +356,8 @@ def _datasets(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         )
         questions = "?" if d["questions"] is None else str(d["questions"])
         rows.append([d["dataset_id"], d["track"], questions, "; ".join(uses), categories])
-    print(_table(["dataset", "track", "questions", "runs", "categories"], rows), file=out)
+    header = ["dataset", "track", "questions", "runs", "categories"]
+    print(render_table(header, rows, empty=NO_ROWS), file=out)
     print("* reported apart, not counted in Overall; ? the gateway cannot count it", file=out)
     return OK
 
@@ -488,10 +493,6 @@ def print_results(api: Api, job_id: str, out: TextIO, status: dict[str, Any] | N
     """The results table, after a line saying why the run is not publishable when the
     platform failed items of it (the numbers are then incomplete, through no fault of the
     team's)."""
-    # The same table as `aml demo` and `aml rescore` (imported here: aml_devtools.cli imports
-    # this module).
-    from aml_devtools.cli import category_numbers, render_results
-
     status = status or api.call("GET", f"/v1/jobs/{job_id}")
     if state_words(status) != status["state"]:
         print(f"job {job_id} {state_words(status)}", file=out)
@@ -563,7 +564,7 @@ def _audit(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     ]
     header = ["started", "stage", "op", "item", "try", "http", "ms", "outcome", "detail"]
     print(f"job {args.job_id} audit, page {args.page} ({len(rows)} records)", file=out)
-    print(_table(header, rows), file=out)
+    print(render_table(header, rows, empty=NO_ROWS), file=out)
     if page["next_cursor"]:
         print(f"more: aml team audit {args.job_id} --page {args.page + 1}", file=out)
     return OK
@@ -583,18 +584,6 @@ COMMANDS: dict[str, Callable[[Api, argparse.Namespace, TextIO], int]] = {
 
 
 # --- helpers -----------------------------------------------------------------------------------
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    if not rows:
-        return "(none)"
-    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
-    lines = [
-        "  ".join(f"{cell!s:<{w}}" for cell, w in zip(line, widths, strict=True)).rstrip()
-        for line in [header, *rows]
-    ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def _write_private(path: Path, secret: str) -> None:

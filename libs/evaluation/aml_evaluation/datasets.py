@@ -36,14 +36,11 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import Any, Final, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from aml_evaluation.media import fit_image
-
-if TYPE_CHECKING:
-    from aml_evaluation.registry import DatasetManifest
 
 LOCOMO_CATEGORIES: Final[Mapping[int, str]] = {
     1: "multi-hop",
@@ -79,7 +76,10 @@ _MONTHS: Final[Mapping[str, int]] = {
 
 
 class BundleManifest(Protocol):
-    """What a format's parser reads of a bundle manifest (registry.DatasetManifest has it)."""
+    """What a format's parser reads of a bundle manifest (registry.DatasetManifest has it).
+
+    Declared here, below the registry, so that a parser never imports the registry that
+    calls it."""
 
     @property
     def dataset_id(self) -> str: ...
@@ -436,9 +436,7 @@ def parse_locomo(
     )
 
 
-def parse_locomo_bundle(
-    contents: Sequence[tuple[str, bytes]], manifest: DatasetManifest
-) -> Dataset:
+def parse_locomo_bundle(contents: Sequence[tuple[str, bytes]], manifest: BundleManifest) -> Dataset:
     """A LoCoMo bundle (the registry's parser of format "locomo"): every file is a JSON list of
     samples, concatenated in manifest order. A manifest without categories (a draft that
     `aml dataset add` is checking) gets LoCoMo's own."""

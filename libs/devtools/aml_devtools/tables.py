@@ -1,0 +1,151 @@
+"""The tables the `aml` commands print. `render_results` is the results table of `aml demo`,
+`aml rescore` and `aml team results`/`watch`, so every command shows a job's numbers alike;
+`render_table` lays out the plain column listings (`aml team versions|datasets|audit`,
+`aml dataset list`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from aml_evaluation.aggregate import JUDGE_FAILURE
+from aml_evaluation.registry import registered
+
+
+def category_numbers(
+    dataset_ids: Iterable[str], datasets_root: Path | None = None
+) -> dict[str, dict[str, int]]:
+    """dataset id -> {category name: number} from the registered manifests (shipped, and the
+    operator's under `datasets_root` when given; unknown ids left out), for render_results."""
+    numbers: dict[str, dict[str, int]] = {}
+    for dataset_id in dataset_ids:
+        try:
+            manifest = registered(dataset_id, datasets_root).manifest
+        except (KeyError, OSError, ValueError):
+            continue
+        numbers[dataset_id] = {name: number for number, name in manifest.categories.items()}
+    return numbers
+
+
+def _ordered_categories(
+    categories: dict[str, Any], numbers: dict[str, int]
+) -> list[tuple[str, str, Any]]:
+    """(name, label, metrics) in category-number order, labelled "<number> <name>"; names
+    without a number follow, as given."""
+    numbered = sorted((numbers[name], name) for name in categories if name in numbers)
+    ordered = [(name, f"{number} {name}", categories[name]) for number, name in numbered]
+    ordered += [(name, name, m) for name, m in categories.items() if name not in numbers]
+    return ordered
+
+
+def render_results(
+    results: dict[str, Any], numbers: dict[str, dict[str, int]] | None = None
+) -> str:
+    """The per-category / per-dataset / Overall table, with question counts. With `numbers`
+    (category_numbers), a dataset's categories are listed in their numeric order as
+    "<number> <name>". A column MC (option accuracy) is added when a dataset has multiple-choice
+    questions; the results' track, when named, heads the table (R-2.1). A streaming dataset's
+    overall is also split by the point where its questions were asked ("(point 1)", ...)."""
+    choices = any(
+        cell.get("option_questions", 0)
+        for data in results["datasets"].values()
+        for cell in [data["overall"], *data["categories"].values()]
+    )
+    ordered = {
+        dataset_id: _ordered_categories(data["categories"], (numbers or {}).get(dataset_id, {}))
+        for dataset_id, data in results["datasets"].items()
+    }
+    # 16 characters, or wider when a name needs it (a column never runs into the next).
+    wide = max((len(d) + 1 for d in results["datasets"]), default=0)
+    dw = max(16, wide)
+    cw = max([16, *(len(label) + 3 for cells in ordered.values() for _, label, _ in cells)])
+    header = (
+        f"{'dataset':<{dw}}{'category':<{cw}}{'questions':>10}{'scored':>8}{'failed':>8}"
+        f"{'J':>8}{'F1':>8}{'BLEU-1':>8}" + (f"{'MC':>8}" if choices else "")
+    )
+    rows = [header, "-" * len(header)]
+    if results.get("track"):
+        rows.insert(0, f"track {results['track']}: compare only with results of the same track")
+
+    def percent(value: float | None) -> str:
+        return "-" if value is None else f"{100 * value:.1f}"
+
+    def row(dataset: str, category: str, m: dict[str, Any]) -> str:
+        figures = [m["judge_accuracy"], m["f1_mean"], m.get("bleu1_mean")]
+        if choices:
+            figures.append(m.get("option_accuracy"))
+        return (
+            f"{dataset:<{dw}}{category:<{cw}}{m['questions']:>10}{m['scored']:>8}"
+            f"{m['failed']:>8}" + ("".join(f"{percent(value):>8}" for value in figures))
+        )
+
+    unjudged = 0
+    for dataset_id, data in results["datasets"].items():
+        for name, label, metrics in ordered[dataset_id]:
+            note = " *" if name in data["excluded_from_overall"] else ""
+            rows.append(row(dataset_id, label + note, metrics))
+            unjudged += metrics.get("unjudged", 0)
+        rows.append(row(dataset_id, "(dataset)", data["overall"]))
+        points = (data.get("points") or {}).items()
+        for ordinal, metrics in sorted(points, key=lambda cell: int(cell[0])):
+            rows.append(row(dataset_id, f"(point {ordinal})", metrics))
+    rows.append("-" * len(header))
+    rows.append(row("Overall", "", results["overall"]))
+    if unjudged:
+        rows.append(
+            f"J is over judged questions only: not computed for {unjudged} scored "
+            "question(s) without a judge verdict (not failures)"
+        )
+    if choices:
+        rows.append(
+            "MC is option accuracy, over the multiple-choice questions alone (J over the judged "
+            "open ones)"
+        )
+    f1_datasets = [
+        dataset_id
+        for dataset_id, data in results["datasets"].items()
+        # Scored by token F1 alone (the `token_f1` scorer, Mem-Gallery).
+        if data["overall"].get("headline") == "f1_mean"
+    ]
+    if f1_datasets:
+        rows.append(f"scored by token F1 alone (F1 is the headline): {', '.join(f1_datasets)}")
+    if any(d["excluded_from_overall"] for d in results["datasets"].values()):
+        rows.append("* reported apart, not counted in the dataset or Overall figures")
+    rows.extend(_failure_lines(results))
+    return "\n".join(rows)
+
+
+def _failure_lines(results: dict[str, Any]) -> list[str]:
+    """The failed questions by kind, over every category (those reported apart included)."""
+    failures: Counter[str] = Counter()
+    for data in results["datasets"].values():
+        for cell in data["categories"].values():
+            failures.update(cell.get("failures") or {})
+    if not failures:
+        return []
+    lines = ["failed, by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(failures.items()))]
+    if JUDGE_FAILURE in failures:
+        lines.append(
+            f"{JUDGE_FAILURE}: the judge model's reply held no readable CORRECT/WRONG verdict "
+            "(counted apart, never as WRONG)"
+        )
+    return lines
+
+
+def render_table(
+    header: Sequence[str], rows: Sequence[Sequence[str]], empty: str | None = None
+) -> str:
+    """Left-aligned columns two spaces apart under a dashed ruler; `empty`, when given, stands
+    for a table without rows."""
+    if not rows and empty is not None:
+        return empty
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(f"{cell!s:<{w}}" for cell, w in zip(line, widths, strict=True)).rstrip()
+        for line in [header, *rows]
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

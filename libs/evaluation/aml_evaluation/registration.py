@@ -1,0 +1,363 @@
+"""Registering an operator dataset (`aml dataset add`): the write side of the dataset registry.
+
+:func:`register_dataset` takes data files an operator placed under the datasets root, checks them
+the way every read will (each file's sha256 pinned, the files parsed together by the format's
+parser, see :mod:`aml_evaluation.registry`), and writes the operator manifest,
+``<datasets root>/manifests/<id>.json``, atomically. The parser first gets a draft manifest
+(:func:`draft_manifest`) whose ``categories`` is empty: the categories the parse returns, and the
+questions counted per category, become the manifest's. A format with images
+(:data:`IMAGE_FORMATS`) has every image its files reference pinned too. A shipped id is refused;
+the same manifest again is a no-op; different content under a registered id needs ``replace``.
+
+Only the dataset CLI (:mod:`aml_devtools.dataset_cli`) and tests write manifests; services only
+read them, through :mod:`aml_evaluation.registry`, which never imports this module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Final, Literal
+
+from pydantic import ValidationError
+
+from aml_evaluation.chunker import fitted_images
+from aml_evaluation.datasets import DEFAULT_F1_VARIANT, DEFAULT_SCORER, LOCOMO_ADVERSARIAL_CATEGORY
+from aml_evaluation.media import MAX_SOURCE_IMAGE_BYTES, ImageError, read_image, resolve_image
+from aml_evaluation.registry import (
+    FORMATS,
+    MANIFESTS_DIR,
+    OPERATOR_MANIFESTS,
+    DatasetFileError,
+    DatasetManifest,
+    ManifestFile,
+    MissingImagesFileError,
+    bundle_hash,
+    check_dataset_id,
+    count_questions,
+    operator_manifests_dir,
+    parse_contents,
+    read_manifest,
+)
+
+# The scorer a dataset of the format declares unless the operator names another.
+DEFAULT_SCORER_OF_FORMAT: Final[dict[str, str]] = {
+    "locomo": DEFAULT_SCORER,
+    "longmemeval": DEFAULT_SCORER,
+    "personamem": "multiple_choice",
+    # Mem-Gallery scores with token F1 alone (the scorer does not yet tell it apart: see
+    # docs/architecture.md "Not yet").
+    "mem-gallery": "token_f1",
+}
+# The token F1 a dataset of the format reports unless the operator names another: Mem-Gallery's
+# own (aml_evaluation.scoring.token_f1_memgallery).
+DEFAULT_F1_VARIANT_OF_FORMAT: Final[dict[str, str]] = {"mem-gallery": "f1-memgallery-v1"}
+# The track a dataset of the format is registered on unless the operator names another.
+DEFAULT_TRACK_OF_FORMAT: Final[dict[str, str]] = {"mem-gallery": "multimodal"}
+# Formats whose datasets reference image files (`aml dataset add --images DIR` pins them).
+IMAGE_FORMATS: Final = frozenset({"mem-gallery"})
+# Categories reported apart, not counted in Overall, unless the operator names others.
+DEFAULT_EXCLUDED_OF_FORMAT: Final[dict[str, list[int]]] = {
+    "locomo": [LOCOMO_ADVERSARIAL_CATEGORY],
+    "longmemeval": [],
+    "personamem": [],
+    "mem-gallery": [],
+}
+
+
+class RegistrationError(ValueError):
+    """`aml dataset add` refused a dataset; nothing was written."""
+
+
+@dataclass(frozen=True)
+class Registration:
+    manifest: DatasetManifest
+    path: Path
+    # "added", "replaced", or "unchanged" (the same manifest was already registered).
+    outcome: Literal["added", "replaced", "unchanged"]
+    # The manifest's data files, the ones given to `add`; the rest of `manifest.files` are the
+    # images pinned for them.
+    data_files: tuple[ManifestFile, ...]
+    # Images sent fitted (fit-v1) because their source is over an Add's or a Search's limit.
+    fitted: tuple[str, ...] = ()
+
+    @property
+    def images(self) -> tuple[ManifestFile, ...]:
+        return tuple(self.manifest.files[len(self.data_files) :])
+
+
+def _inside(path: Path, datasets_root: Path, *, directory: bool = False) -> str:
+    """`path` relative to the datasets root (POSIX), after resolving symlinks and '..'; a
+    regular file, or with `directory` a directory."""
+    root = datasets_root.resolve()
+    if not root.is_dir():
+        raise RegistrationError(f"the datasets root {datasets_root} is not a directory")
+    target = path.resolve()
+    if not target.is_relative_to(root) or target == root:
+        raise RegistrationError(
+            f"{path} is not inside the datasets root {root} (resolved: {target}); place the "
+            "file under the datasets root first"
+        )
+    relative = target.relative_to(root)
+    if relative.parts[0] == OPERATOR_MANIFESTS:
+        raise RegistrationError(f"{path} is in the manifests directory, not a data file")
+    if directory and not target.is_dir():
+        raise RegistrationError(f"{path} is not a directory")
+    if not directory and not target.is_file():
+        raise RegistrationError(f"{path} is not a regular file")
+    return relative.as_posix()
+
+
+def default_version(files: Sequence[ManifestFile]) -> str:
+    """A dataset's version when the operator names none: the file's name and the start of its
+    sha256; for several files, their names and the start of the sha256 of their hashes."""
+    names = "+".join(PurePosixPath(entry.path).name for entry in files)
+    if len(files) == 1:
+        return f"{names}@sha256:{files[0].sha256[:12]}"
+    combined = hashlib.sha256("".join(entry.sha256 for entry in files).encode("ascii"))
+    return f"{names}@sha256:{combined.hexdigest()[:12]}"
+
+
+def draft_manifest(
+    dataset_id: str,
+    files: Sequence[ManifestFile],
+    format_name: str,
+    *,
+    track: str | None = None,
+    scorer: str | None = None,
+    version: str | None = None,
+    f1_variant: str | None = None,
+    excluded_from_overall: Sequence[int] | None = None,
+    image_dir: str | None = None,
+) -> DatasetManifest:
+    """The manifest `add` checks the data files against: categories and counts still empty."""
+    if format_name not in FORMATS:
+        raise RegistrationError(f"unknown format {format_name!r}; known: {', '.join(FORMATS)}")
+    payload: dict[str, Any] = {
+        "dataset_id": dataset_id,
+        "version": version or default_version(files),
+        "format": format_name,
+        "track": track or DEFAULT_TRACK_OF_FORMAT.get(format_name, "textual"),
+        "scorer": scorer or DEFAULT_SCORER_OF_FORMAT[format_name],
+        "f1_variant": (
+            f1_variant or DEFAULT_F1_VARIANT_OF_FORMAT.get(format_name, DEFAULT_F1_VARIANT)
+        ),
+        "categories": {},
+        "excluded_from_overall": list(
+            DEFAULT_EXCLUDED_OF_FORMAT[format_name]
+            if excluded_from_overall is None
+            else excluded_from_overall
+        ),
+        "location": "datasets_root",
+        "files": [entry.model_dump() for entry in files],
+        "image_dir": image_dir,
+    }
+    try:
+        return DatasetManifest.model_validate(payload)
+    except ValidationError as error:
+        raise RegistrationError(f"invalid manifest: {error}") from None
+
+
+def manifest_json(manifest: DatasetManifest) -> str:
+    """A manifest file's text, as the shipped ones are written (absent defaults left out)."""
+    payload = manifest.model_dump(mode="json")
+    for name in ("question_counts", "image_dir"):
+        if payload[name] is None:
+            del payload[name]
+    return json.dumps(payload, indent=2, ensure_ascii=False) + "\n"
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _pin_images(
+    refused: str, references: Sequence[str], datasets_root: Path, image_dir: str | None
+) -> list[tuple[ManifestFile, bytes]]:
+    """The manifest entries (and bytes) of the images a dataset file references, read from the
+    image directory under the datasets root; RegistrationError naming the missing ones."""
+    if image_dir is None:
+        raise RegistrationError(
+            f"{refused} refused: it references {len(references)} images and no image directory "
+            f"was given ({_first(references)}); pass --images DIR, the directory under the "
+            "datasets root that holds them (Mem-Gallery: the source's benchmark/data/image)"
+        )
+    directory = datasets_root / image_dir
+    missing: list[str] = []
+    for reference in references:
+        try:
+            resolve_image(directory, reference)
+        except ImageError:
+            missing.append(reference)
+    if missing:
+        raise RegistrationError(
+            f"{refused} refused: {len(missing)} of {len(references)} referenced images are "
+            f"missing under {directory} ({_first(missing)}); pass --images DIR naming the "
+            "directory that holds them"
+        )
+    pinned: list[tuple[ManifestFile, bytes]] = []
+    for reference in references:
+        try:
+            data = read_image(directory, reference, MAX_SOURCE_IMAGE_BYTES)
+        except ImageError as error:
+            raise RegistrationError(f"{refused} refused: {error}") from None
+        entry = ManifestFile(
+            path=f"{image_dir}/{reference}", sha256=hashlib.sha256(data).hexdigest()
+        )
+        pinned.append((entry, data))
+    return pinned
+
+
+def _first(references: Sequence[str], shown: int = 5) -> str:
+    more = len(references) - shown
+    return ", ".join(references[:shown]) + (f" and {more} more" if more > 0 else "")
+
+
+def _read_data_files(
+    paths: Sequence[Path], datasets_root: Path
+) -> list[tuple[ManifestFile, bytes]]:
+    """The manifest entries (and bytes) of the data files given to `add`, in path order, so
+    the manifest does not depend on the order they were named in."""
+    read: dict[str, tuple[ManifestFile, bytes]] = {}
+    for path in paths:
+        relative = _inside(path, datasets_root)
+        if relative in read:
+            raise RegistrationError(f"{path} is given twice (as {relative!r} in the root)")
+        try:
+            content = (datasets_root / relative).read_bytes()
+        except OSError as error:
+            raise RegistrationError(f"{path} cannot be read: {error.strerror}") from None
+        entry = ManifestFile(path=relative, sha256=hashlib.sha256(content).hexdigest())
+        read[relative] = (entry, content)
+    return [read[relative] for relative in sorted(read)]
+
+
+def register_dataset(
+    paths: Path | Sequence[Path],
+    format_name: str,
+    dataset_id: str,
+    datasets_root: Path,
+    *,
+    track: str | None = None,
+    scorer: str | None = None,
+    version: str | None = None,
+    f1_variant: str | None = None,
+    excluded_from_overall: Sequence[int] | None = None,
+    replace: bool = False,
+    images: Path | None = None,
+) -> Registration:
+    """Verify the data files of a dataset under the datasets root and write its operator
+    manifest (`<datasets root>/manifests/<id>.json`, atomically). `paths` is one file or every
+    file of a bundle that spans several (PersonaMem: its questions .csv and shared contexts
+    .jsonl; Mem-Gallery: one dialog file per conversation); the manifest lists each with its
+    sha256, in path order. The files are parsed together by the format's parser first, so
+    files that do not parse are refused with the parser's error and nothing is written.
+    Re-registering the same manifest is a no-op; a different one needs `replace`.
+
+    A format with images (:data:`IMAGE_FORMATS`) takes the directory holding them, `images`
+    (under the datasets root): every image the files reference is pinned in the manifest
+    (path and sha256) after its type and size are checked; a reference that is not there
+    refuses the dataset, naming how many are missing and the first of them."""
+    try:
+        check_dataset_id(dataset_id)
+    except KeyError as error:
+        raise RegistrationError(
+            f"{error.args[0]}: lower-case letters, digits, '_', '.', '-', starting with a "
+            "letter or digit"
+        ) from None
+    if (MANIFESTS_DIR / f"{dataset_id}.json").is_file():
+        raise RegistrationError(f"{dataset_id!r} is a shipped dataset; choose another id")
+    if format_name not in FORMATS:
+        raise RegistrationError(f"unknown format {format_name!r}; known: {', '.join(FORMATS)}")
+    if images is not None and format_name not in IMAGE_FORMATS:
+        raise RegistrationError(
+            f"--images applies to formats with images ({', '.join(sorted(IMAGE_FORMATS))}), "
+            f"not {format_name!r}"
+        )
+    given = [paths] if isinstance(paths, Path) else list(paths)
+    if not given:
+        raise RegistrationError("no data file given")
+    refused = f"{given[0]} is" if len(given) == 1 else f"{', '.join(map(str, given))} are"
+    data_files = _read_data_files(given, datasets_root)
+    image_dir = None if images is None else _inside(images, datasets_root, directory=True)
+    draft = draft_manifest(
+        dataset_id,
+        [entry for entry, _ in data_files],
+        format_name,
+        track=track,
+        scorer=scorer,
+        version=version,
+        f1_variant=f1_variant,
+        excluded_from_overall=excluded_from_overall,
+        image_dir=image_dir,
+    )
+    contents = [(entry.path, content) for entry, content in data_files]
+    try:
+        try:
+            dataset = parse_contents(contents, draft)
+        except MissingImagesFileError as error:
+            pinned = _pin_images(refused, error.missing, datasets_root, image_dir)
+            draft = draft.model_copy(
+                update={"files": [*draft.files, *(entry for entry, _ in pinned)]}
+            )
+            contents += [(entry.path, data) for entry, data in pinned]
+            dataset = parse_contents(contents, DatasetManifest.model_validate(draft.model_dump()))
+    except DatasetFileError as error:
+        raise RegistrationError(f"{refused} refused: {error}") from None
+    if not dataset.questions:
+        raise RegistrationError(f"{refused} refused: the dataset holds no questions")
+    categories = dict(sorted(dataset.categories.items()))
+    unknown = sorted(set(draft.excluded_from_overall) - set(categories))
+    if unknown:
+        raise RegistrationError(
+            f"excluded categories {unknown} are not categories of the dataset "
+            f"({', '.join(str(number) for number in categories)})"
+        )
+    manifest = draft.model_copy(
+        update={"categories": categories, "question_counts": count_questions(dataset)}
+    )
+    draft_files = tuple(entry for entry, _ in data_files)
+    fitted = tuple(fitted_images(dataset))
+    # Validated whole once more, so what is written reads back as the same manifest.
+    manifest = DatasetManifest.model_validate(manifest.model_dump())
+    target = operator_manifests_dir(datasets_root) / f"{dataset_id}.json"
+    outcome: Literal["added", "replaced", "unchanged"] = "added"
+    if target.exists():
+        try:
+            existing: DatasetManifest | None = read_manifest(target)
+        except (OSError, ValueError):
+            existing = None
+        if existing == manifest:
+            return Registration(
+                manifest=manifest,
+                path=target,
+                outcome="unchanged",
+                data_files=draft_files,
+                fitted=fitted,
+            )
+        if not replace:
+            was = "unreadable" if existing is None else f"bundle {bundle_hash(existing)}"
+            raise RegistrationError(
+                f"dataset {dataset_id!r} is already registered ({target}, {was}) with other "
+                f"content; --replace overwrites it (bundle {bundle_hash(manifest)})"
+            )
+        outcome = "replaced"
+    _write_atomically(target, manifest_json(manifest))
+    return Registration(
+        manifest=manifest, path=target, outcome=outcome, data_files=draft_files, fitted=fitted
+    )
