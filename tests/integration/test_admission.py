@@ -32,7 +32,7 @@ from aml_pipeline.stage_worker import (
     llm_lanes,
     participant_lanes,
 )
-from aml_runtime.broker import declare_streams, make_broker, publish_work
+from aml_runtime.broker import JetStreamBus, declare_streams, make_broker, publish_work
 from aml_runtime.settings import CommonSettings, LLMSettings
 
 pytestmark = pytest.mark.integration
@@ -97,7 +97,7 @@ async def _versions(db: Any, **capacities: tuple[int, float]) -> None:
 async def _publish(broker: NatsBroker, version: str, job: str, count: int) -> None:
     for index in range(count):
         work = QuestionWork(job_id=job, version_id=version, item_id=f"{job}/{index}")
-        await publish_work(broker, "search", work, work.item_id)
+        await publish_work(JetStreamBus(broker), "search", work, work.item_id)
 
 
 def _worker(settings: CommonSettings, db: Any, durable: str, seen: Seen, hold: float) -> Any:
@@ -228,7 +228,7 @@ async def test_a_failed_jobs_queued_work_never_reaches_a_handler(env: Any) -> No
     await db.jobs.insert_one({"_id": "jfailing", "state": "running", "version_id": "ver-failing"})
     await _publish(broker, "ver-failing", "jfailing", 10)
     await _publish(broker, "ver-failing", "jother", 3)
-    await fail_job(db, broker, "jfailing", "search", "contract_error", "test")
+    await fail_job(db, JetStreamBus(broker), "jfailing", "search", "contract_error", "test")
     job = await db.jobs.find_one({"_id": "jfailing"})
     assert job is not None and job["state"] == "failed"
     js = broker.connection.jetstream()
@@ -276,7 +276,7 @@ async def test_answerer_and_scorer_share_one_llm_budget(env: Any) -> None:
     for stage in ("answer", "score"):
         for index in range(12):
             work = QuestionWork(job_id="jllm", version_id="ver-llm", item_id=f"{stage}-{index}")
-            await publish_work(broker, stage, work, work.item_id)
+            await publish_work(JetStreamBus(broker), stage, work, work.item_id)
     for worker in workers:
         await worker.start(broker)
     try:
@@ -359,7 +359,7 @@ async def test_stages_sharing_the_llm_budget_take_turns(env: Any) -> None:
         for index in range(items):
             # Ids of their own: the broker drops a message id it saw within two minutes.
             work = QuestionWork(job_id="jturns", version_id="ver-t", item_id=f"{stage}-t{index}")
-            await publish_work(broker, stage, work, work.item_id)
+            await publish_work(JetStreamBus(broker), stage, work, work.item_id)
     limiters = {stage: _CountingLimiter(db, notify=freed) for stage in ("answer", "score")}
     answer, score = (
         StageWorker(
@@ -479,7 +479,7 @@ async def test_adds_and_searches_short_of_one_versions_slots_share_them(env: Any
     async def publish(stage: subjects.WorkStage, prefix: str, count: int) -> None:
         for index in range(count):
             work = QuestionWork(job_id="jshare", version_id="ver-share", item_id=f"{prefix}{index}")
-            await publish_work(broker, stage, work, work.item_id)
+            await publish_work(JetStreamBus(broker), stage, work, work.item_id)
 
     await publish("add", "a", 300)
     await publish("search", "s", 160)

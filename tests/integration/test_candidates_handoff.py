@@ -26,6 +26,7 @@ from aml_evaluation.context import estimated
 from aml_evaluation.prompts import load_prompt
 from aml_pipeline.question_stage import CARRIED_CANDIDATES_BYTES, QuestionStageWorker
 from aml_pipeline.stage_worker import StageCall
+from aml_runtime.broker import JetStreamBus
 from aml_runtime.db import Document
 from aml_runtime.documents import ensure_indexes
 from aml_runtime.settings import CommonSettings
@@ -59,7 +60,7 @@ def searcher(
     async def search(*_: Any) -> Document:
         return {"candidates": candidates, "n_candidates": len(candidates), "leaks": 0}
 
-    return QuestionStageWorker("search", CommonSettings(), db, broker, search)
+    return QuestionStageWorker("search", CommonSettings(), db, broker, JetStreamBus(broker), search)
 
 
 async def search_once(

@@ -15,7 +15,13 @@ from aml_contract import subjects
 from aml_contract.messages import QuestionWork
 from aml_pipeline.capacity import CapacityLimiter
 from aml_pipeline.stage_worker import StageWorker, WorkItem, participant_lanes
-from aml_runtime.broker import FinalFailure, declare_streams, publish_work, run_delivery
+from aml_runtime.broker import (
+    FinalFailure,
+    JetStreamBus,
+    declare_streams,
+    publish_work,
+    run_delivery,
+)
 from aml_runtime.settings import CommonSettings
 
 pytestmark = pytest.mark.integration
@@ -67,9 +73,9 @@ async def _run(
         await worker.start(broker)
         for item in behaviour:
             work = QuestionWork(job_id="job", version_id=version, item_id=item)
-            await publish_work(broker, "search", work, f"{version}/{item}")
+            await publish_work(JetStreamBus(broker), "search", work, f"{version}/{item}")
             # The same message id again is dropped by the broker.
-            await publish_work(broker, "search", work, f"{version}/{item}")
+            await publish_work(JetStreamBus(broker), "search", work, f"{version}/{item}")
         # Until every item is settled (or the bound passes): a loaded machine may be slow.
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait

@@ -17,6 +17,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_pipeline.jobs import fail_job
 from aml_pipeline.question_stage import QuestionStageWorker
+from aml_runtime.broker import JetStreamBus
 from aml_runtime.db import Document
 from aml_runtime.documents import FailureKind
 from aml_runtime.settings import CommonSettings
@@ -60,7 +61,9 @@ async def test_a_failure_is_heard_at_once_and_a_read_is_reused_for_a_second(
             {"_id": job_id, "version_id": "ver-1", "state": "running", "top_k": 10}
         )
     # A question stage's view (the adder keeps the same one).
-    jobs = QuestionStageWorker("search", CommonSettings(), db, broker, _unused).jobs
+    jobs = QuestionStageWorker(
+        "search", CommonSettings(), db, broker, JetStreamBus(broker), _unused
+    ).jobs
     job = await jobs.get("j-announced")
     assert job is not None and job["state"] == "running" and job["top_k"] == 10
     assert reads.reads == 1
@@ -69,7 +72,9 @@ async def test_a_failure_is_heard_at_once_and_a_read_is_reused_for_a_second(
 
     # Failed by another process: the announcement reaches this stage well within the second.
     failed_at = time.monotonic()
-    await fail_job(db, broker, "j-announced", "search", FailureKind.CONTRACT_ERROR, "test")
+    await fail_job(
+        db, JetStreamBus(broker), "j-announced", "search", FailureKind.CONTRACT_ERROR, "test"
+    )
     while (await jobs.get("j-announced") or {}).get("state") == "running":
         assert time.monotonic() - failed_at < 0.5, "the failure was not heard"
         await asyncio.sleep(0.01)

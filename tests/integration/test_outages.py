@@ -39,7 +39,7 @@ from aml_pipeline.participants import (
 )
 from aml_pipeline.stage_worker import REFRESH_SECONDS, StageWorker, WorkItem, participant_lanes
 from aml_pipeline.urlsafety import SafeTransport
-from aml_runtime.broker import FinalFailure, declare_streams, publish_work
+from aml_runtime.broker import FinalFailure, JetStreamBus, declare_streams, publish_work
 from aml_runtime.db import Document
 from aml_runtime.documents import FailureKind
 from aml_runtime.settings import CommonSettings
@@ -418,7 +418,7 @@ async def test_a_paused_lane_takes_no_work_and_resumes_when_another_replica_says
         await worker.start(broker)
         for version in (paused, other):
             work = QuestionWork(job_id="job-o", version_id=version, item_id=f"{version}/q1")
-            await publish_work(broker, "search", work, work.item_id)
+            await publish_work(JetStreamBus(broker), "search", work, work.item_id)
 
         async def other_served() -> bool:
             return f"{other}/q1" in served

@@ -36,6 +36,7 @@ from aml_pipeline.progress import (
     repair_counters,
 )
 from aml_pipeline.question_stage import QuestionStageWorker
+from aml_runtime.broker import JetStreamBus
 from aml_runtime.clock import micros, now_us
 from aml_runtime.db import Document
 from aml_runtime.documents import ensure_indexes
@@ -92,7 +93,7 @@ def stage_worker(
     async def unused(*_: Any) -> Document:
         raise AssertionError("store only")
 
-    return QuestionStageWorker(stage, CommonSettings(), db, broker, unused)
+    return QuestionStageWorker(stage, CommonSettings(), db, broker, JetStreamBus(broker), unused)
 
 
 def announcer(announced: list[Counted]) -> Callable[[Counted], Awaitable[None]]:
@@ -150,7 +151,12 @@ async def test_an_outcome_counts_once_however_often_it_is_stored(
     # The adder's guarded update: ten concurrent finishes of one chunk count one.
     await db.add_chunks.insert_one({"_id": "jonce/u/0", "job_id": "jonce", "state": "pending"})
     adder = SendChunk(
-        CommonSettings(), db, broker, cast(Any, None), cast(Any, None), JobStates(db, broker)
+        CommonSettings(),
+        db,
+        JetStreamBus(broker),
+        cast(Any, None),
+        cast(Any, None),
+        JobStates(db, broker),
     )
     add = AddWork(job_id="jonce", version_id="ver-1", request_id="jonce/u/0")
     await asyncio.gather(*[adder.finish(add, "done", {}) for _ in range(10)])
@@ -367,7 +373,7 @@ def scheduler(db: AsyncDatabase[Document], broker: NatsBroker) -> ScheduleJobs:
     # The participant client and the secrets are used only to plan and release, not here.
     unused = cast(Any, None)
     return ScheduleJobs(
-        settings, db, broker, unused, unused, build_evaluation_spec(settings), "code"
+        settings, db, JetStreamBus(broker), unused, unused, build_evaluation_spec(settings), "code"
     )
 
 

@@ -26,7 +26,7 @@ from aml_pipeline.progress import ItemStage, count_final
 from aml_publisher.handlers import GateFinishedJobs
 from aml_publisher.main import DURABLE
 from aml_publisher.settings import PublisherSettings
-from aml_runtime.broker import publish
+from aml_runtime.broker import JetStreamBus, publish
 from aml_runtime.clock import now_us
 from aml_runtime.db import Document
 
@@ -231,8 +231,8 @@ async def test_finished_jobs_are_gated_once(
     await insert_job(db, "jcopy", version_id="ver-2", f1=0.9)
     await insert_job(db, "jfailed", version_id="ver-3", failed=True)
     for job_id in ("jfull", "jsmoke", "jcopy"):
-        await publish_finished(broker, job_id, "completed")
-    await publish_finished(broker, "jfailed", "failed")
+        await publish_finished(JetStreamBus(broker), job_id, "completed")
+    await publish_finished(JetStreamBus(broker), "jfailed", "failed")
 
     full = await gate_of(db, "jfull")
     assert full["review_state"] == "pending_review"
@@ -276,7 +276,9 @@ async def test_finished_jobs_are_gated_once(
     stored = {job_id: (await gate_of(db, job_id))["gate"] for job_id in ("jfull", "jsmoke")}
     for job_id in ("jfull", "jsmoke"):
         event = JobFinished(job_id=job_id, state="completed")
-        await publish(broker, subjects.JOB_FINISHED, event, f"finished:{job_id}:again")
+        await publish(
+            JetStreamBus(broker), subjects.JOB_FINISHED, event, f"finished:{job_id}:again"
+        )
     await caught_up(broker)
 
     # Replay: a new durable consumer reads the limits stream from its first message.

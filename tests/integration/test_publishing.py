@@ -1,7 +1,8 @@
-"""Publishes on a real nats-server with JetStream: `publish` and `publish_work` go to the broker's
-JetStream producer (not through FastStream's broker.publish and its middlewares), so what the
-consumers rely on is checked here: the message id the broker de-duplicates by, the trace
-context, the stream guard and a body that FastStream subscribers decode into their model."""
+"""Publishes on a real nats-server with JetStream: `publish` and `publish_work` go through
+`JetStreamBus` on nats-py's public JetStream API (not through FastStream's broker.publish and its
+middlewares), so what the consumers rely on is checked here: the message id the broker
+de-duplicates by, the trace context, the stream guard and a body that FastStream subscribers
+decode into their model."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from aml_contract.messages import JobFinished, JobSubmitted, QuestionFacts, Ques
 from aml_runtime.broker import (
     EVENT_PULL_SECONDS,
     FastStreamDelivery,
+    JetStreamBus,
     _publish,
     consume,
     declare_streams,
@@ -66,9 +68,9 @@ async def test_work_is_deduplicated_by_its_id_and_carries_the_trace(
     )
     work = QuestionWork(job_id="job-p1", version_id="ver-p1", item_id="q-7", facts=facts)
     with provider.get_tracer("test").start_as_current_span("release") as span:
-        await publish_work(broker, "search", work, "ver-p1/q-7")
+        await publish_work(JetStreamBus(broker), "search", work, "ver-p1/q-7")
         # The same message id again (a re-publish after a crash) is dropped by the broker.
-        await publish_work(broker, "search", work, "ver-p1/q-7")
+        await publish_work(JetStreamBus(broker), "search", work, "ver-p1/q-7")
     publisher_trace = format(span.get_span_context().trace_id, "032x")
 
     js = broker.connection.jetstream()
@@ -90,7 +92,7 @@ async def test_work_is_deduplicated_by_its_id_and_carries_the_trace(
 
 async def test_a_publish_outside_any_span_carries_no_trace(broker: NatsBroker) -> None:
     work = QuestionWork(job_id="job-p2", version_id="ver-p2", item_id="q-1")
-    await publish_work(broker, "answer", work, "ver-p2/q-1")
+    await publish_work(JetStreamBus(broker), "answer", work, "ver-p2/q-1")
 
     js = broker.connection.jetstream()
     subject = subjects.work_subject("answer", "ver-p2", "job-p2")
@@ -104,7 +106,7 @@ async def test_a_publish_to_the_wrong_stream_fails(broker: NatsBroker) -> None:
     work = QuestionWork(job_id="job-p3", version_id="ver-p3", item_id="q-1")
     subject = subjects.work_subject("score", "ver-p3", "job-p3")
     with pytest.raises(APIError):
-        await _publish(broker, subject, subjects.EVENTS_STREAM, work, "wrong-stream")
+        await _publish(JetStreamBus(broker), subject, subjects.EVENTS_STREAM, work, "wrong-stream")
 
 
 @pytest.fixture
@@ -153,8 +155,8 @@ async def test_events_are_decoded_by_faststream_subscribers_in_the_publishers_tr
     submitted = JobSubmitted(job_id="job-p4")
     finished = JobFinished(job_id="job-p4", state="completed")
     with provider.get_tracer("test").start_as_current_span("gateway") as span:
-        await publish(broker, subjects.JOB_SUBMITTED, submitted, "submitted:job-p4")
-        await publish(broker, subjects.JOB_FINISHED, finished, "finished:job-p4")
+        await publish(JetStreamBus(broker), subjects.JOB_SUBMITTED, submitted, "submitted:job-p4")
+        await publish(JetStreamBus(broker), subjects.JOB_FINISHED, finished, "finished:job-p4")
     publisher_trace = format(span.get_span_context().trace_id, "032x")
 
     loop = asyncio.get_running_loop()
@@ -190,7 +192,9 @@ async def test_an_idle_event_subscriber_asks_rarely_and_a_message_is_handled_at_
         assert len(pulls) <= 1, pulls
         loop = asyncio.get_running_loop()
         sent = loop.time()
-        await publish(broker, subjects.JOB_SUBMITTED, JobSubmitted(job_id="job-p5"), "idle:p5")
+        await publish(
+            JetStreamBus(broker), subjects.JOB_SUBMITTED, JobSubmitted(job_id="job-p5"), "idle:p5"
+        )
         while not received:
             assert loop.time() - sent < EVENT_PULL_SECONDS / 2, "the held pull did not answer"
             await asyncio.sleep(0.01)

@@ -26,6 +26,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from aml_contract.messages import JobSubmitted
 from aml_pipeline.evaluation_spec import build_evaluation_spec
 from aml_pipeline.outages import ABANDONED_GRACE_SECONDS, LanePause, Outages, record_outage
+from aml_runtime.broker import JetStreamBus
 from aml_runtime.clock import micros
 from aml_runtime.db import Document
 from aml_runtime.documents import STAGE_COLLECTIONS, FailureKind, ensure_indexes
@@ -71,7 +72,14 @@ def scheduler(
     )
     unused = cast(Any, None)
     run = ScheduleJobs(
-        settings, db, broker, unused, unused, build_evaluation_spec(settings), "code", clock
+        settings,
+        db,
+        JetStreamBus(broker),
+        unused,
+        unused,
+        build_evaluation_spec(settings),
+        "code",
+        clock,
     )
 
     async def healthy(job: Document) -> bool:

@@ -1,7 +1,8 @@
 """In-memory stand-ins for the few MongoDB operations the service handlers use, for fast handler
-tests. Only the query and update operators the handlers actually send are implemented; anything
-else raises NotImplementedError, so a handler that starts relying on more of MongoDB fails its
-fast test loudly instead of passing against a fake that quietly misreads the query.
+tests (and, at the end, a `Bus` over FastStream's in-memory test broker). Only the query and
+update operators the handlers actually send are implemented; anything else raises
+NotImplementedError, so a handler that starts relying on more of MongoDB fails its fast test
+loudly instead of passing against a fake that quietly misreads the query.
 
 Every operation yields to the event loop once, as a real round trip does: concurrent handler
 calls interleave between database operations, which is what the guarded updates exist for."""
@@ -11,8 +12,11 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any, cast
 
+from faststream.nats import NatsBroker
 from pymongo import ReturnDocument
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, DuplicateKeyError
@@ -228,3 +232,21 @@ class FakeChatModel:
         self.prompts.append(prompt)
         text = self.reply(prompt) if callable(self.reply) else self.reply
         return {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]}
+
+
+@dataclass
+class TestBrokerBus:
+    """`aml_runtime.broker.Bus` over FastStream's public `publish` of a broker under
+    `TestNatsBroker`, so the handlers' publishes reach the test's in-memory subscribers with
+    the headers and body the services send; purges are only recorded (nothing is queued)."""
+
+    __test__ = False  # not a pytest class
+
+    broker: NatsBroker
+    purged: list[tuple[str, str]] = dataclass_field(default_factory=list)
+
+    async def send(self, subject: str, stream: str, body: bytes, headers: dict[str, str]) -> None:
+        await self.broker.publish(body, subject, headers=headers, stream=stream)
+
+    async def purge(self, stream: str, subject: str) -> None:
+        self.purged.append((stream, subject))

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import pytest
-from fakes import Document, FakeDatabase
+from fakes import Document, FakeDatabase, TestBrokerBus
 from faststream.nats import JStream, NatsBroker, NatsMessage, TestNatsBroker
 from faststream.nats.testing import PatchedMessage
 
@@ -123,7 +123,12 @@ async def rig() -> AsyncIterator[Rig]:
     client = cast(ParticipantClient, participant)
     endpoints = cast(Endpoints, FixedEndpoints())
     handler = SendChunk(
-        AdderSettings(), db.typed(), broker, client, endpoints, cast(JobStates, ActiveJobs(db))
+        AdderSettings(),
+        db.typed(),
+        TestBrokerBus(broker),
+        client,
+        endpoints,
+        cast(JobStates, ActiveJobs(db)),
     )
     announced: list[tuple[str, Document]] = []
 

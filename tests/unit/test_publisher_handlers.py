@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 import pytest
-from fakes import Document, FakeDatabase
+from fakes import Document, FakeDatabase, TestBrokerBus
 from faststream.nats import JStream, NatsBroker, TestNatsBroker
 
 from aml_contract import subjects
@@ -145,7 +145,7 @@ async def test_a_job_the_scheduler_completes_is_gated_once(rig: Rig) -> None:
     unused = cast(Any, None)
     evaluation_spec = build_evaluation_spec(settings)
     scheduler = ScheduleJobs(
-        settings, rig.db.typed(), rig.broker, unused, unused, evaluation_spec, "c"
+        settings, rig.db.typed(), TestBrokerBus(rig.broker), unused, unused, evaluation_spec, "c"
     )
 
     await scheduler.complete_if_done("j1")
@@ -159,13 +159,13 @@ async def test_a_job_the_scheduler_completes_is_gated_once(rig: Rig) -> None:
     # Redelivered, or replayed by a new consumer: the stored outcome stands.
     gate = stored["gate"]
     again = JobFinished(job_id="j1", state="completed")
-    await publish(rig.broker, subjects.JOB_FINISHED, again, "finished:j1:again")
+    await publish(TestBrokerBus(rig.broker), subjects.JOB_FINISHED, again, "finished:j1:again")
     assert rig.db.jobs.documents["j1"]["gate"] == gate
 
 
 async def test_a_review_state_set_before_the_gate_stands(rig: Rig) -> None:
     rig.db.jobs.documents["j1"] = job("j1", mode="smoke", review_state="disqualified")
-    await publish_finished(rig.broker, "j1", "completed")
+    await publish_finished(TestBrokerBus(rig.broker), "j1", "completed")
     stored = rig.db.jobs.documents["j1"]
     assert list(failing(stored)) == ["mode_full"]
     assert stored["review_state"] == "disqualified"
@@ -178,14 +178,14 @@ async def test_an_approved_job_counts_as_published_before_its_entry_exists(rig: 
     )
     rig.db.leaderboard.documents["lb-1"] = {"_id": "lb-1", "job_id": "jlisted"}
     rig.db.jobs.documents["j1"] = job("j1", f1=0.5)
-    await publish_finished(rig.broker, "j1", "completed")
+    await publish_finished(TestBrokerBus(rig.broker), "j1", "completed")
     assert failing(rig.db.jobs.documents["j1"]) == {
         "not_duplicate": "version ver-1 on track textual is already published (entry job:jpub)"
     }
 
     # Same results as the listed job: named once, by its entry.
     rig.db.jobs.documents["j2"] = job("j2", f1=0.8, version_id="ver-2")
-    await publish_finished(rig.broker, "j2", "completed")
+    await publish_finished(TestBrokerBus(rig.broker), "j2", "completed")
     reason = failing(rig.db.jobs.documents["j2"])["not_duplicate"]
     assert "published entry lb-1" in reason and "job:jlisted" not in reason
 
@@ -195,7 +195,7 @@ async def test_an_entry_takes_what_it_does_not_record_from_its_job(rig: Rig) -> 
     rig.db.jobs.documents["jold"] = job("jold", f1=0.5, disqualified=True)
     rig.db.leaderboard.documents["lb-old"] = {"_id": "lb-old", "job_id": "jold"}
     rig.db.jobs.documents["j1"] = job("j1", f1=0.5)
-    await publish_finished(rig.broker, "j1", "completed")
+    await publish_finished(TestBrokerBus(rig.broker), "j1", "completed")
     reason = failing(rig.db.jobs.documents["j1"])["not_duplicate"]
     # A disqualified entry frees its version and track, but copied results stay copies.
     assert "already published" not in reason
@@ -206,7 +206,7 @@ async def test_an_entry_takes_what_it_does_not_record_from_its_job(rig: Rig) -> 
 async def test_only_a_finished_job_is_gated(rig: Rig, stored: str | None) -> None:
     if stored is not None:
         rig.db.jobs.documents["j1"] = job("j1", state=stored)
-    await publish_finished(rig.broker, "j1", "completed")
+    await publish_finished(TestBrokerBus(rig.broker), "j1", "completed")
     assert await rig.publisher.gate_job("j1") is False
     assert "gate" not in rig.db.jobs.documents.get("j1", {})
     assert "review_state" not in rig.db.jobs.documents.get("j1", {})

@@ -45,7 +45,7 @@ async def _nothing(*args: Any) -> dict[str, Any]:
 
 def _stage(name: Any) -> QuestionStageWorker:
     return QuestionStageWorker(
-        name, CommonSettings(), cast(Any, _NoDatabase()), cast(Any, None), _nothing
+        name, CommonSettings(), cast(Any, _NoDatabase()), cast(Any, None), cast(Any, None), _nothing
     )
 
 

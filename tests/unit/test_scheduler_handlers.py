@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from fakes import Document, FakeDatabase
+from fakes import Document, FakeDatabase, TestBrokerBus
 from faststream.nats import JStream, NatsBroker, NatsMessage, TestNatsBroker
 
 from aml_contract import subjects
@@ -75,7 +75,13 @@ async def rig() -> AsyncIterator[Rig]:
     # The participant client and the secrets serve planning only, which these tests skip.
     unused = cast(Any, None)
     scheduler = ScheduleJobs(
-        settings, db.typed(), broker, unused, unused, build_evaluation_spec(settings), "c"
+        settings,
+        db.typed(),
+        TestBrokerBus(broker),
+        unused,
+        unused,
+        build_evaluation_spec(settings),
+        "c",
     )
     sent: list[Sent] = []
 
@@ -166,7 +172,9 @@ async def test_adds_go_out_one_per_user_in_seq_order_then_that_users_questions(
         rig.db.add_chunks.documents[request_id]["state"] = "done"
         confirmed.append(request_id)
         event = AddDone(job_id=JOB, request_id=request_id, outcome="done")
-        await publish(rig.broker, subjects.ADD_DONE, event, message_id("add-done", request_id))
+        await publish(
+            TestBrokerBus(rig.broker), subjects.ADD_DONE, event, message_id("add-done", request_id)
+        )
 
     adds = rig.on(subjects.WORK_ADD)
     assert sorted(s.body["request_id"] for s in adds) == sorted(c["_id"] for c in chunks)
@@ -192,7 +200,7 @@ async def test_adds_go_out_one_per_user_in_seq_order_then_that_users_questions(
     # A redelivered AddDone and the reconciliation's release send nothing again.
     before = len(rig.sent)
     last = AddDone(job_id=JOB, request_id=confirmed[-1], outcome="done")
-    await publish(rig.broker, subjects.ADD_DONE, last, "add-done:again")
+    await publish(TestBrokerBus(rig.broker), subjects.ADD_DONE, last, "add-done:again")
     await rig.scheduler.release(JOB)
     assert len(rig.sent) == before
 
@@ -343,7 +351,9 @@ def score(db: FakeDatabase, item: str) -> None:
 async def question_done(rig: Rig, item: str) -> None:
     """The announcement of the stage worker that made `item` final."""
     event = QuestionDone(job_id=JOB, item_id=item, stage="score", outcome="done")
-    await publish(rig.broker, subjects.QUESTION_DONE, event, message_id("question-done", item))
+    await publish(
+        TestBrokerBus(rig.broker), subjects.QUESTION_DONE, event, message_id("question-done", item)
+    )
 
 
 async def test_a_job_completes_only_when_every_question_is_final(rig: Rig) -> None:
@@ -459,7 +469,9 @@ async def _drive(rig: Rig, events: list[tuple[str, str]], fail: set[str]) -> Non
             events.append(("add", request_id))
             rig.db.add_chunks.documents[request_id]["state"] = "done"
             event = AddDone(job_id=JOB, request_id=request_id, outcome="done")
-            await publish(rig.broker, subjects.ADD_DONE, event, f"add-done:{request_id}")
+            await publish(
+                TestBrokerBus(rig.broker), subjects.ADD_DONE, event, f"add-done:{request_id}"
+            )
             continue
         item_id = sent.body["item_id"]
         events.append(("search", item_id))
@@ -468,7 +480,9 @@ async def _drive(rig: Rig, events: list[tuple[str, str]], fail: set[str]) -> Non
         if sent.body["holds_add"]:
             user = rig.db.questions.documents[item_id]["user_id"]
             done = SearchDone(job_id=JOB, item_id=item_id, user_id=user)
-            await publish(rig.broker, subjects.SEARCH_DONE, done, f"search-done:{item_id}")
+            await publish(
+                TestBrokerBus(rig.broker), subjects.SEARCH_DONE, done, f"search-done:{item_id}"
+            )
 
 
 def _position(events: list[tuple[str, str]], kind: str, suffix: str) -> int:
@@ -524,7 +538,7 @@ async def test_a_question_is_searched_at_each_point_before_any_later_add(
         done = SearchDone(
             job_id=JOB, item_id=item_id, user_id=rig.db.questions.documents[item_id]["user_id"]
         )
-        await publish(rig.broker, subjects.SEARCH_DONE, done, f"again:{item_id}")
+        await publish(TestBrokerBus(rig.broker), subjects.SEARCH_DONE, done, f"again:{item_id}")
     await rig.scheduler.release(JOB)
     assert len(rig.sent) == before
 

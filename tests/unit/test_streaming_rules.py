@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from fakes import FakeDatabase
+from fakes import FakeDatabase, TestBrokerBus
 from faststream.nats import JStream, NatsBroker, NatsMessage, TestNatsBroker
 
 from aml_contract import subjects
@@ -257,7 +257,9 @@ async def test_the_search_stage_announces_a_held_search_final(holds_add: bool, s
         job_id=JOB, version_id="ver-1", item_id=item_id, facts=facts, holds_add=holds_add
     )
     unused = cast(Any, None)
-    stage = QuestionStageWorker("search", CommonSettings(), unused, broker, unused)
+    stage = QuestionStageWorker(
+        "search", CommonSettings(), unused, broker, TestBrokerBus(broker), unused
+    )
     async with TestNatsBroker(broker):
         await stage._hand_on(work, state, announce=False)
     expected = [(f"search-done:{item_id}", {"job_id": JOB, "item_id": item_id, "user_id": "u-1"})]

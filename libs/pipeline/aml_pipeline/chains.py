@@ -25,11 +25,9 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from faststream.nats import NatsBroker
-
 from aml_contract.messages import AddWork
 from aml_pipeline.capacity import Capacity
-from aml_runtime.broker import publish_work
+from aml_runtime.broker import Bus, publish_work
 from aml_runtime.telemetry import item_trace
 
 Chunk = TypeVar("Chunk", bound=Mapping[str, Any])
@@ -112,13 +110,11 @@ def goes_on_by_itself(successor: Mapping[str, Any] | None) -> bool:
     )
 
 
-async def release_add(
-    broker: NatsBroker, job_id: str, version_id: str, user_id: str, chunk_id: str
-) -> None:
+async def release_add(bus: Bus, job_id: str, version_id: str, user_id: str, chunk_id: str) -> None:
     """Publish an Add chunk's work, de-duplicated by its id (the broker keeps one copy whoever
     publishes it, within its duplicate window), in the trace of its item."""
     work = AddWork(job_id=job_id, version_id=version_id, request_id=chunk_id)
     # An Add chunk's item id is its request_id: the span carries both names.
     ids = {"job_id": job_id, "item_id": chunk_id, "request_id": chunk_id}
     with item_trace("aml.release", chunk_id, stage="add", user_id=user_id, **ids):
-        await publish_work(broker, "add", work, chunk_id)
+        await publish_work(bus, "add", work, chunk_id)

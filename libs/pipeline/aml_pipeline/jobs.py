@@ -22,7 +22,7 @@ from aml_contract.messages import JobFinished, message_id
 from aml_pipeline.capacity import Capacity
 from aml_pipeline.participants import Endpoint
 from aml_pipeline.progress import count_error
-from aml_runtime.broker import publish
+from aml_runtime.broker import Bus, publish
 from aml_runtime.clock import micros, now
 from aml_runtime.db import Document
 from aml_runtime.documents import ACTIVE_JOB_STATES, FailureKind
@@ -63,7 +63,7 @@ async def record_error(
 
 async def fail_job(
     db: AsyncDatabase[Document],
-    broker: NatsBroker,
+    bus: Bus,
     job_id: str,
     stage: Stage,
     kind: FailureKind,
@@ -88,19 +88,17 @@ async def fail_job(
         {"version_id": 1},
     )
     if failed is not None:
-        await purge_job_work(broker, str(failed["version_id"]), job_id)
-        await publish_finished(broker, job_id, "failed")
+        await purge_job_work(bus, str(failed["version_id"]), job_id)
+        await publish_finished(bus, job_id, "failed")
 
 
-async def purge_job_work(broker: NatsBroker, version_id: str, job_id: str) -> None:
-    js = broker.connection.jetstream()
-    remaining = subjects.job_work_filter(version_id, job_id)
-    await js.purge_stream(subjects.WORK_STREAM, subject=remaining)
+async def purge_job_work(bus: Bus, version_id: str, job_id: str) -> None:
+    await bus.purge(subjects.WORK_STREAM, subjects.job_work_filter(version_id, job_id))
 
 
-async def publish_finished(broker: NatsBroker, job_id: str, state: str) -> None:
+async def publish_finished(bus: Bus, job_id: str, state: str) -> None:
     message = JobFinished(job_id=job_id, state="completed" if state == "completed" else "failed")
-    await publish(broker, subjects.JOB_FINISHED, message, message_id("finished", job_id))
+    await publish(bus, subjects.JOB_FINISHED, message, message_id("finished", job_id))
 
 
 async def job_is_active(db: AsyncDatabase[Document], job_id: str) -> bool:

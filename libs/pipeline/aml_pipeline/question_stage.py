@@ -39,7 +39,7 @@ from aml_pipeline.capacity import turn
 from aml_pipeline.jobs import JobStates, fail_job, record_error
 from aml_pipeline.progress import Counted, OutcomeCounter, outcome_of
 from aml_pipeline.stage_worker import StageCall, WorkItem
-from aml_runtime.broker import FinalFailure, publish, publish_work, run_delivery
+from aml_runtime.broker import Bus, FinalFailure, publish, publish_work, run_delivery
 from aml_runtime.clock import now, now_us
 from aml_runtime.db import Document
 from aml_runtime.documents import ACTIVE_JOB_STATES, STAGE_COLLECTIONS, FailureKind
@@ -91,7 +91,9 @@ class QuestionStageWorker:
     stage: QuestionStage
     settings: CommonSettings
     db: AsyncDatabase[Document]
+    # Subscriptions (`JobStates`) on the broker's connection; work and events handed on by `bus`.
     broker: NatsBroker
+    bus: Bus
     compute: Compute
     counter: OutcomeCounter = field(init=False)
     jobs: JobStates = field(init=False)
@@ -117,7 +119,7 @@ class QuestionStageWorker:
             stored = await self.store(work, failure)
             await record_error(self.db, work.job_id, self.stage, kind, work.item_id, reason)
             if kind in _FATAL_KINDS:
-                await fail_job(self.db, self.broker, work.job_id, self.stage, kind, reason)
+                await fail_job(self.db, self.bus, work.job_id, self.stage, kind, reason)
             await self._hand_on(work, stored.state, announce=False)
 
         ids = {"job_id": work.job_id, "item_id": work.item_id, "stage": self.stage}
@@ -153,9 +155,7 @@ class QuestionStageWorker:
                 if exc.ends_job or exc.kind in _FATAL_KINDS:
                     # The question's own failure is recorded by the delivery's give-up; the
                     # job stops now, its queued work purged.
-                    await fail_job(
-                        self.db, self.broker, work.job_id, self.stage, exc.kind, exc.reason
-                    )
+                    await fail_job(self.db, self.bus, work.job_id, self.stage, exc.kind, exc.reason)
                     self.jobs.ended(work.job_id, "failed")
                 raise
         stored = await self.store(work, {"state": "done", **fields})
@@ -212,7 +212,7 @@ class QuestionStageWorker:
             await self._announce_search_final(work)
         following = _NEXT[self.stage]
         if state == "done" and following is not None:
-            await publish_work(self.broker, following, work, work.item_id)
+            await publish_work(self.bus, following, work, work.item_id)
             return
         if not announce:
             return
@@ -221,7 +221,7 @@ class QuestionStageWorker:
             job_id=work.job_id, item_id=work.item_id, stage=self.stage, outcome=outcome
         )
         await publish(
-            self.broker, subjects.QUESTION_DONE, done, message_id("question-done", work.item_id)
+            self.bus, subjects.QUESTION_DONE, done, message_id("question-done", work.item_id)
         )
 
     async def _all_final(self, counted: Counted) -> None:
@@ -229,7 +229,7 @@ class QuestionStageWorker:
         done = QuestionDone(job_id=counted.job_id, item_id=counted.item_id,
                             stage=self.stage, outcome=counted.outcome)  # fmt: skip
         await publish(
-            self.broker, subjects.QUESTION_DONE, done, message_id("question-done", counted.item_id)
+            self.bus, subjects.QUESTION_DONE, done, message_id("question-done", counted.item_id)
         )
 
     async def _announce_search_final(self, work: QuestionWork) -> None:
@@ -238,6 +238,4 @@ class QuestionStageWorker:
             question = await self.db.questions.find_one({"_id": work.item_id}, {"user_id": 1})
             user_id = str((question or {}).get("user_id", ""))
         done = SearchDone(job_id=work.job_id, item_id=work.item_id, user_id=user_id)
-        await publish(
-            self.broker, subjects.SEARCH_DONE, done, message_id("search-done", work.item_id)
-        )
+        await publish(self.bus, subjects.SEARCH_DONE, done, message_id("search-done", work.item_id))

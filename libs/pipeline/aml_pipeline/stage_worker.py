@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import json
 import math
 import random
 import time
@@ -41,9 +40,6 @@ from faststream.nats import NatsBroker
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.errors import TimeoutError as NatsTimeout
-from nats.js.api import AckPolicy, ConsumerConfig
-from nats.js.errors import BadRequestError, NotFoundError
 from pydantic import BaseModel, ValidationError
 from pymongo.asynchronous.database import AsyncDatabase
 
@@ -61,7 +57,7 @@ from aml_pipeline.capacity import (
 from aml_pipeline.jobs import version_capacity
 from aml_pipeline.llm import llm_capacity
 from aml_pipeline.outages import Outages
-from aml_runtime.broker import FetchedDelivery
+from aml_runtime.broker import FetchedDelivery, WorkPull
 from aml_runtime.db import Document
 from aml_runtime.service import Hook, Runtime, serve
 from aml_runtime.settings import CommonSettings, LLMSettings
@@ -74,7 +70,6 @@ log = structlog.get_logger()
 # died), work queued while this worker was down. Each re-read wakes an otherwise idle process,
 # and a wake-up costs 0.1 ms of CPU on a small virtual machine.
 REFRESH_SECONDS = 5.0
-_FETCH_TIMEOUT_SECONDS = 2.0
 _CAPACITY_CACHE_SECONDS = 5.0
 _IDLE_LANE_SECONDS = 600.0
 # Items one admission serves in a row at most (`StageWorker._process`): enough to save most
@@ -99,8 +94,6 @@ WANTED_SECONDS = 0.6
 _WANTED_KEPT = 10_000
 # Why a run of items under one admission ended.
 _Ended = Literal["idle", "rate", "served_in_full"]
-# Redelivered at once: the broker would otherwise hold it for ack_wait.
-_HAND_BACK = 0.0
 _UNKNOWN_VERSION = {"max_concurrency": 1, "max_rps": 1.0}
 
 Work = TypeVar("Work", bound=BaseModel)
@@ -169,8 +162,7 @@ class Lanes:
 @dataclass
 class _Lane:
     name: str
-    consumer: str
-    inbox: Subscription
+    pull: WorkPull
     capacity: Capacity
     capacity_read_at: float
     # Monotonic time before which it is not tried again (no capacity until then).
@@ -178,9 +170,6 @@ class _Lane:
     # The pool that refused the last admission.
     waits_for: Pool | None = None
     last_work: float = 0.0
-    # One pull at a time on the lane's inbox: the loop and items served in a row both fetch,
-    # and a pull's answer must not be taken (or handed back as stale) by another.
-    fetching: asyncio.Lock = field(default_factory=asyncio.Lock)
     # Rung by the doorbell: an admission standing by for the lane's next item (its current
     # item's request is out or done, `StageWorker._process`) fetches then.
     rang: asyncio.Event = field(default_factory=asyncio.Event)
@@ -591,80 +580,29 @@ class StageWorker(Generic[Work]):
         for name, idle in list(self._known.items()):
             if name not in self._ready and now - idle.last_work > _IDLE_LANE_SECONDS:
                 del self._known[name]
-                with contextlib.suppress(Exception):
-                    await idle.inbox.unsubscribe()
+                await idle.pull.close()
 
     async def _lane(self, name: str) -> _Lane:
         lane = self._known.get(name)
         now = time.monotonic()
         if lane is None:
-            consumer = await self._ensure_consumer(name)
             assert self._nc is not None
-            inbox = await self._nc.subscribe(self._nc.new_inbox())
+            pull = await WorkPull.open(
+                self._nc,
+                subjects.WORK_STREAM,
+                self.lanes.consumer(name),
+                self.lanes.filter_subject(name),
+                self.settings.ack_wait_seconds,
+            )
             capacity = await self.lanes.capacity_of(name)
-            lane = self._known[name] = _Lane(name, consumer, inbox, capacity, now, last_work=now)
+            lane = self._known[name] = _Lane(name, pull, capacity, now, last_work=now)
         elif now - lane.capacity_read_at > _CAPACITY_CACHE_SECONDS:
             lane.capacity, lane.capacity_read_at = await self.lanes.capacity_of(name), now
         return lane
 
-    async def _ensure_consumer(self, lane: str) -> str:
-        assert self._nc is not None
-        js = self._nc.jetstream()
-        name = self.lanes.consumer(lane)
-        wanted = self.lanes.filter_subject(lane)
-        with contextlib.suppress(NotFoundError):
-            info = await js.consumer_info(subjects.WORK_STREAM, name)
-            if info.config.filter_subject == wanted:
-                return name
-            # An earlier release's consumer of the same name reads other subjects: replace it
-            # (a work-queue stream keeps the messages; only the reading position is new).
-            await js.delete_consumer(subjects.WORK_STREAM, name)
-        config = ConsumerConfig(
-            durable_name=name,
-            filter_subject=wanted,
-            ack_policy=AckPolicy.EXPLICIT,
-            ack_wait=self.settings.ack_wait_seconds,
-            # `run_delivery` enforces the delivery budget itself (see aml_runtime.broker).
-            max_deliver=-1,
-            # Admission bounds what is fetched; the broker's own bound only has to be larger, or
-            # a `no_wait` pull at the bound would linger instead of answering at once.
-            max_ack_pending=10_000,
-        )
-        with contextlib.suppress(BadRequestError):
-            await js.add_consumer(subjects.WORK_STREAM, config)
-        # Another replica may have created it at the same moment: it must exist now.
-        await js.consumer_info(subjects.WORK_STREAM, name)
-        return name
-
     async def _fetch(self, lane: _Lane) -> Msg | None:
         """The lane's next message, or None at once when it has none."""
-        assert self._nc is not None
-        async with lane.fetching:
-            await self._hand_back_stale(lane.inbox)
-            request = json.dumps({"batch": 1, "no_wait": True}).encode()
-            api = f"$JS.API.CONSUMER.MSG.NEXT.{subjects.WORK_STREAM}.{lane.consumer}"
-            await self._nc.publish(api, request, reply=lane.inbox.subject)
-            try:
-                msg = await lane.inbox.next_msg(timeout=_FETCH_TIMEOUT_SECONDS)
-            except NatsTimeout:
-                return None
-        if msg.headers and msg.headers.get("Status"):
-            return None  # 404 no messages, 408 expired, 409 limits: nothing fetched
-        msg._client = self._nc
-        return msg
-
-    async def _hand_back_stale(self, inbox: Subscription) -> None:
-        """A message that answered a pull after its fetch gave up was never admitted: it goes
-        back to the broker at once instead of waiting out ack_wait."""
-        while inbox.pending_msgs:
-            try:
-                stale = await inbox.next_msg(timeout=0.01)
-            except NatsTimeout:
-                return
-            if not (stale.headers and stale.headers.get("Status")):
-                assert self._nc is not None
-                stale._client = self._nc
-                await stale.nak(delay=_HAND_BACK)
+        return await lane.pull.next()
 
 
 async def _first_of(

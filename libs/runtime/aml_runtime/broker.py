@@ -4,20 +4,25 @@ manual acknowledgement, de-duplicated publishes, and the delivery policy for one
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import math
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Protocol, TypeVar
 
 import structlog
 from faststream import AckPolicy
-from faststream.nats import JStream, NatsBroker, NatsMessage, NatsPublishCommand, PullSub
+from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
 from faststream.nats.opentelemetry import NatsTelemetryMiddleware
-from faststream.response import PublishType
+from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.api import AckPolicy as JsAckPolicy
 from nats.js.api import ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, NotFoundError
 from opentelemetry import propagate
 from opentelemetry.sdk.trace import TracerProvider
 from pydantic import BaseModel
@@ -79,7 +84,7 @@ def make_broker(
 ) -> NatsBroker:
     """With a tracer provider, every message a FastStream subscriber consumes continues the trace
     its headers carry, in a process span (FastStream's NATS telemetry middleware). Publishes do
-    not go through the broker (`publish`, `publish_work`): they carry the current trace
+    not go through the broker (`JetStreamBus`, `publish`): they carry the current trace
     themselves."""
     options = reconnect_options(settings)
     if tracer_provider is None:
@@ -147,51 +152,165 @@ def consume(
     return register
 
 
-# How long a publish waits for the stream's acknowledgement: `broker.publish`'s default, which
-# every publish had before they bypassed it, so a publish still fails (and is retried) as soon.
+# How long a publish waits for the stream's acknowledgement (FastStream's and nats-py's usual
+# default), so that a publish fails (and is retried) as soon as it always did.
 PUBLISH_TIMEOUT_SECONDS = 0.5
-
-
-async def publish(broker: NatsBroker, subject: str, message: BaseModel, msg_id: str) -> None:
-    """Publish `message` on `subject` to its stream, de-duplicated by `msg_id`, with the current
-    trace context."""
-    await _publish(broker, subject, _STREAM_OF[subject], message, msg_id)
-
-
-async def publish_work(
-    broker: NatsBroker, stage: subjects.WorkStage, work: AddWork | QuestionWork, item_id: str
-) -> None:
-    """Hand an item to a stage, on its version's and job's work subject."""
-    subject = subjects.work_subject(stage, work.version_id, work.job_id)
-    msg_id = message_id(subjects.WORK_PREFIX[stage], item_id)
-    await _publish(broker, subject, subjects.WORK_STREAM, work, msg_id)
-
 
 # What FastStream's subscribers decode as JSON (`faststream`'s ContentTypes.JSON).
 JSON_CONTENT_TYPE = "application/json"
 
 
-async def _publish(
-    broker: NatsBroker, subject: str, stream: str, message: BaseModel, msg_id: str
+class Bus(Protocol):
+    """Where handlers hand work and events on, the platform's one seam to JetStream's writes:
+    a publish to a stream, awaited until the stream stored it (or found it a duplicate of one
+    with the same `Nats-Msg-Id` within its duplicate window), and the purge of a job's queued
+    work. `JetStreamBus` in the services; a recording fake in the handlers' unit tests."""
+
+    async def send(
+        self, subject: str, stream: str, body: bytes, headers: dict[str, str]
+    ) -> None: ...
+
+    async def purge(self, stream: str, subject: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class JetStreamBus:
+    """`Bus` on nats-py's public JetStream API, over the connection of the service's FastStream
+    broker (read at each call: the broker connects when the service starts, after its handlers
+    are built). Not through `broker.publish`: FastStream's publish middleware stack, and the two
+    spans its telemetry middleware made per publish, were a large share of the services' CPU per
+    message; the body is pydantic's JSON, with the content type by which FastStream's
+    subscribers decode it (`publish`). The library behaviours relied on are named by
+    tests/integration/test_jetstream_seam.py."""
+
+    broker: NatsBroker
+
+    async def send(self, subject: str, stream: str, body: bytes, headers: dict[str, str]) -> None:
+        js = self.broker.connection.jetstream()
+        await js.publish(
+            subject, body, timeout=PUBLISH_TIMEOUT_SECONDS, stream=stream, headers=headers
+        )
+
+    async def purge(self, stream: str, subject: str) -> None:
+        await self.broker.connection.jetstream().purge_stream(stream, subject=subject)
+
+
+async def publish(bus: Bus, subject: str, message: BaseModel, msg_id: str) -> None:
+    """Publish `message` on `subject` to its stream, de-duplicated by `msg_id`, with the current
+    trace context."""
+    await _publish(bus, subject, _STREAM_OF[subject], message, msg_id)
+
+
+async def publish_work(
+    bus: Bus, stage: subjects.WorkStage, work: AddWork | QuestionWork, item_id: str
 ) -> None:
-    # To the broker's JetStream producer, not through `broker.publish`: FastStream's publish
-    # middleware stack, and the two spans its telemetry middleware made per publish, were a large
-    # share of the services' CPU per message. The producer is what `broker.publish` ends in, and
-    # FastStream's in-memory test broker still receives it (it swaps the producer). The body is
-    # pydantic's JSON (several times faster than FastStream encoding the same fields as a dict)
-    # with the content type FastStream gives JSON, by which its subscribers decode (a header of
-    # ours wins over its own). The trace context is the publisher's current span's.
+    """Hand an item to a stage, on its version's and job's work subject."""
+    subject = subjects.work_subject(stage, work.version_id, work.job_id)
+    msg_id = message_id(subjects.WORK_PREFIX[stage], item_id)
+    await _publish(bus, subject, subjects.WORK_STREAM, work, msg_id)
+
+
+async def _publish(bus: Bus, subject: str, stream: str, message: BaseModel, msg_id: str) -> None:
+    # A header of ours wins over FastStream's own content type; the trace context is the
+    # publisher's current span's.
     headers = {"Nats-Msg-Id": msg_id, "content-type": JSON_CONTENT_TYPE}
     propagate.inject(headers)
-    command = NatsPublishCommand(
-        message.model_dump_json().encode(),
-        subject=subject,
-        headers=headers,
-        stream=stream,
-        timeout=PUBLISH_TIMEOUT_SECONDS,
-        _publish_type=PublishType.PUBLISH,
-    )
-    await broker.config.broker_config.js_producer.publish(command)
+    await bus.send(subject, stream, message.model_dump_json().encode(), headers)
+
+
+# How long a pull waits for the broker's answer (it answers a `no_wait` pull at once; this
+# only bounds a lost answer).
+_PULL_ANSWER_SECONDS = 2.0
+# A message handed back is redelivered at once (the broker would otherwise hold it for
+# ack_wait).
+_HAND_BACK_SECONDS = 0.0
+# Admission bounds what is fetched; the broker's own bound only has to be larger, or a
+# `no_wait` pull at the bound would linger instead of answering at once.
+_MAX_ACK_PENDING = 10_000
+
+
+@dataclass
+class WorkPull:
+    """One durable pull consumer of the work stream, fetched one message at a time and only when
+    asked: a stage worker takes an item only once it holds the capacity to call for it
+    (`aml_pipeline.stage_worker`), so a pull must answer at once when there is nothing. nats-py's
+    `PullSubscription.fetch(1)` always lingers at the broker until its timeout, so the pull here
+    is JetStream's own pull request, `$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>` with
+    `no_wait` (the server's documented API), published on the public client with this pull's
+    inbox as the reply subject; the message arrives as a plain nats-py `Msg`, acknowledged with
+    its public methods. tests/integration/test_jetstream_seam.py names every behaviour of the
+    server and of nats-py this relies on."""
+
+    nc: Client
+    stream: str
+    consumer: str
+    inbox: Subscription
+    # One pull at a time on the inbox: an answer must not be taken (or handed back as stale)
+    # by another pull.
+    _pulling: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @classmethod
+    async def open(
+        cls, nc: Client, stream: str, consumer: str, filter_subject: str, ack_wait: float
+    ) -> WorkPull:
+        """The consumer made if absent (or replaced, when an earlier release's consumer of the
+        same name reads other subjects: a work-queue stream keeps the messages, only the
+        reading position is new), with explicit acks and no delivery limit at the broker
+        (`run_delivery` enforces the budget itself)."""
+        js = nc.jetstream()
+        with contextlib.suppress(NotFoundError):
+            info = await js.consumer_info(stream, consumer)
+            if info.config.filter_subject == filter_subject:
+                return cls(nc, stream, consumer, await nc.subscribe(nc.new_inbox()))
+            await js.delete_consumer(stream, consumer)
+        config = ConsumerConfig(
+            durable_name=consumer,
+            filter_subject=filter_subject,
+            ack_policy=JsAckPolicy.EXPLICIT,
+            ack_wait=ack_wait,
+            max_deliver=-1,
+            max_ack_pending=_MAX_ACK_PENDING,
+        )
+        with contextlib.suppress(BadRequestError):
+            await js.add_consumer(stream, config)
+        # Another replica may have created it at the same moment: it must exist now.
+        await js.consumer_info(stream, consumer)
+        return cls(nc, stream, consumer, await nc.subscribe(nc.new_inbox()))
+
+    async def next(self) -> Msg | None:
+        """The consumer's next message, or None at once when it has none."""
+        async with self._pulling:
+            await self._hand_back_stale()
+            request = json.dumps({"batch": 1, "no_wait": True}).encode()
+            api = f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.consumer}"
+            await self.nc.publish(api, request, reply=self.inbox.subject)
+            try:
+                msg = await self.inbox.next_msg(timeout=_PULL_ANSWER_SECONDS)
+            except NatsTimeout:
+                return None
+        if _is_status(msg):
+            return None  # 404 no messages, 408 expired, 409 limits: nothing fetched
+        return msg
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.inbox.unsubscribe()
+
+    async def _hand_back_stale(self) -> None:
+        """A message that answered a pull after the pull gave up was never taken: it goes back
+        to the broker at once instead of waiting out ack_wait."""
+        while self.inbox.pending_msgs:
+            try:
+                stale = await self.inbox.next_msg(timeout=0.01)
+            except NatsTimeout:
+                return
+            if not _is_status(stale):
+                await stale.nak(delay=_HAND_BACK_SECONDS)
+
+
+def _is_status(msg: Msg) -> bool:
+    """A status answer of the broker to a pull (no message in it)."""
+    return bool(msg.headers and msg.headers.get("Status"))
 
 
 class FinalFailure(Exception):

@@ -37,7 +37,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
-from aml_runtime.broker import declare_streams, make_broker
+from aml_runtime.broker import Bus, JetStreamBus, declare_streams, make_broker
 from aml_runtime.db import Document, connect
 from aml_runtime.documents import ensure_indexes
 from aml_runtime.logging import configure_logging
@@ -61,6 +61,8 @@ _EXIT_POLL_SECONDS = 0.5
 @dataclass
 class Runtime:
     broker: NatsBroker
+    # The handlers' JetStream writes (`aml_runtime.broker.Bus`), over the broker's connection.
+    bus: Bus
     client: AsyncMongoClient[Document]
     db: AsyncDatabase[Document]
     tracing: TracerProvider
@@ -72,7 +74,14 @@ def open_runtime(name: str, settings: CommonSettings) -> Runtime:
     tracing = configure_tracing(name, settings.trace_dir)
     client, db = connect(settings)
     broker = make_broker(settings, tracing)
-    return Runtime(broker=broker, client=client, db=db, tracing=tracing, settings=settings)
+    return Runtime(
+        broker=broker,
+        bus=JetStreamBus(broker),
+        client=client,
+        db=db,
+        tracing=tracing,
+        settings=settings,
+    )
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from faststream.nats import NatsBroker
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract import subjects
@@ -23,7 +22,7 @@ from aml_pipeline.jobs import Endpoints, JobStates, record_error
 from aml_pipeline.participants import CallFailed, ParticipantClient
 from aml_pipeline.progress import count_final
 from aml_pipeline.stage_worker import WorkItem
-from aml_runtime.broker import FinalFailure, publish, run_delivery
+from aml_runtime.broker import Bus, FinalFailure, publish, run_delivery
 from aml_runtime.clock import now, now_us
 from aml_runtime.db import Document
 from aml_runtime.documents import FailureKind
@@ -35,7 +34,7 @@ from aml_runtime.telemetry import stage_span
 class SendChunk:
     settings: CommonSettings
     db: AsyncDatabase[Document]
-    broker: NatsBroker
+    bus: Bus
     client: ParticipantClient
     endpoints: Endpoints
     # Whether an Add's job is still active, known without a read per Add (`JobStates`).
@@ -137,7 +136,7 @@ class SendChunk:
         if goes_on:
             assert chain is not None and successor is not None
             await release_add(
-                self.broker, work.job_id, work.version_id, chain.user_id, str(successor["_id"])
+                self.bus, work.job_id, work.version_id, chain.user_id, str(successor["_id"])
             )
         # Announced before it is counted: the scheduler waits for the announcement, the
         # job's progress counter for nobody (a crash in between is the repair's to count, as
@@ -163,7 +162,7 @@ class SendChunk:
             next_released=next_released,
             **where,
         )
-        await publish(self.broker, subjects.ADD_DONE, done, message_id("add-done", work.request_id))
+        await publish(self.bus, subjects.ADD_DONE, done, message_id("add-done", work.request_id))
 
 
 class Chain(NamedTuple):

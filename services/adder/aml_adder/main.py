@@ -27,7 +27,7 @@ def create_app(settings: AdderSettings | None = None) -> FastStream:
     outages = lane_outages(rt)
     client = ParticipantClient.from_settings(settings, limiter, outages)
     endpoints = Endpoints(rt.db, SecretBox(settings.secret_keys))
-    handler = SendChunk(settings, rt.db, rt.broker, client, endpoints, JobStates(rt.db, rt.broker))
+    handler = SendChunk(settings, rt.db, rt.bus, client, endpoints, JobStates(rt.db, rt.broker))
     worker = StageWorker(
         participant_lanes("add", "adder", rt.db),
         AddWork,

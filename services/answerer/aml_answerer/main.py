@@ -24,7 +24,7 @@ def create_app(settings: AnswererSettings | None = None) -> FastStream:
     outages = lane_outages(rt)
     prompt = load_prompt(settings.answer_prompt)
     compute = AnswerQuestion(settings, rt.db, llm, prompt, count, outages)
-    stage = QuestionStageWorker("answer", settings, rt.db, rt.broker, compute)
+    stage = QuestionStageWorker("answer", settings, rt.db, rt.broker, rt.bus, compute)
     worker = llm_stage_worker(rt, settings, "answer", "answerer", stage.handle, outages)
 
     return serve_stage(rt, worker, stage.close, llm.close, http.aclose)

@@ -14,6 +14,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_gateway.limits import Limits
 from aml_gateway.settings import GatewaySettings
+from aml_runtime.broker import Bus, JetStreamBus
 from aml_runtime.clock import now
 from aml_runtime.db import Document
 from aml_runtime.secrets import SecretBox
@@ -32,9 +33,12 @@ class Services:
     dataset_counts: dict[tuple[str, Path, str], dict[int, int]] = field(default_factory=dict)
     # Per-address brakes on access requests and failed authentications (`aml_gateway.limits`).
     limits: Limits = field(init=False)
+    # Submissions announced over the broker's connection (`aml_runtime.broker.Bus`).
+    bus: Bus = field(init=False)
 
     def __post_init__(self) -> None:
         self.limits = Limits.from_settings(self.settings)
+        self.bus = JetStreamBus(self.broker)
 
 
 def key_hash(key: str) -> str:

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import structlog
-from faststream.nats import NatsBroker
 from pymongo import UpdateOne
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError
@@ -50,7 +49,7 @@ from aml_pipeline.outages import OutageExpired, Outages, close_abandoned
 from aml_pipeline.participants import ParticipantClient
 from aml_pipeline.progress import questions_final, repair_counters, repair_due, stage_counts
 from aml_pipeline.retention import purge_expired
-from aml_runtime.broker import publish_work
+from aml_runtime.broker import Bus, publish_work
 from aml_runtime.clock import now
 from aml_runtime.db import Document, read_time
 from aml_runtime.documents import (
@@ -94,7 +93,7 @@ _WRITTEN_AT_ONCE = 5_000
 class ScheduleJobs:
     settings: SchedulerSettings
     db: AsyncDatabase[Document]
-    broker: NatsBroker
+    bus: Bus
     client: ParticipantClient
     box: SecretBox
     # What this deployment evaluates with, recorded on every job it plans (R-6.4).
@@ -156,9 +155,7 @@ class ScheduleJobs:
             await record_error(
                 self.db, job["_id"], "add", FailureKind.DATASET_MISSING, None, reason
             )
-            await fail_job(
-                self.db, self.broker, job["_id"], "add", FailureKind.PLATFORM_ERROR, reason
-            )
+            await fail_job(self.db, self.bus, job["_id"], "add", FailureKind.PLATFORM_ERROR, reason)
             log.error("job.dataset_missing", job_id=job["_id"], reason=str(exc))
             return False
         return True
@@ -185,7 +182,7 @@ class ScheduleJobs:
                     return
                 reason = f"{failure}: {await self.outages.expire(pause, moment)}"
         await record_error(self.db, job_id, "add", kind, None, reason)
-        await fail_job(self.db, self.broker, job_id, "add", kind, reason)
+        await fail_job(self.db, self.bus, job_id, "add", kind, reason)
 
     async def on_add_done(self, event: AddDone) -> None:
         if event.outcome == "done" and event.user_id is not None and event.seq is not None:
@@ -206,7 +203,7 @@ class ScheduleJobs:
             reason = chunk.get("failure") or "an Add request failed"
             kind = FailureKind(chunk.get("failure_kind") or FailureKind.PLATFORM_ERROR)
             await fail_job(
-                self.db, self.broker, event.job_id, "add", kind, f"{event.request_id}: {reason}"
+                self.db, self.bus, event.job_id, "add", kind, f"{event.request_id}: {reason}"
             )
             return
         await self.release(event.job_id, str(chunk["user_id"]), int(chunk["seq"]))
@@ -262,7 +259,7 @@ class ScheduleJobs:
             return False
         kind = FailureKind.RUN_LIMIT_REACHED
         await record_error(self.db, job["_id"], "add", kind, None, reason)
-        await fail_job(self.db, self.broker, job["_id"], "add", kind, reason)
+        await fail_job(self.db, self.bus, job["_id"], "add", kind, reason)
         return True
 
     async def _fail_if_stalled(self, job: Document, version: Document) -> bool:
@@ -280,7 +277,7 @@ class ScheduleJobs:
                     reason=stall.reason)  # fmt: skip
         stalled = FailureKind.JOB_STALLED
         await record_error(self.db, job["_id"], stall.stage, stalled, None, stall.reason)
-        await fail_job(self.db, self.broker, job["_id"], stall.stage, stall.kind, stall.reason)
+        await fail_job(self.db, self.bus, job["_id"], stall.stage, stall.kind, stall.reason)
         return True
 
     async def _participant_healthy(self, job: Document) -> bool:
@@ -429,7 +426,7 @@ class ScheduleJobs:
             # The Add goes out when the last of those searches is announced final
             # (on_search_done) or, should that be lost, at the reconciliation's re-drive.
             return False
-        await release_add(self.broker, job_id, version_id, user, str(pending["_id"]))
+        await release_add(self.bus, job_id, version_id, user, str(pending["_id"]))
         return False
 
     async def _capacity(self, version_id: str) -> Capacity:
@@ -494,7 +491,7 @@ class ScheduleJobs:
             )
             ids = {"job_id": job_id, "item_id": question["_id"], "user_id": user_id}
             with item_trace("aml.release", question["_id"], stage="search", **ids):
-                await publish_work(self.broker, "search", work, question["_id"])
+                await publish_work(self.bus, "search", work, question["_id"])
 
     def _remember_released(self, job_id: str, user_id: str) -> None:
         if len(self._released) >= _RELEASED_KEPT:
@@ -551,7 +548,7 @@ class ScheduleJobs:
                 # The platform's own fault (typically the answer or judge model down): the run
                 # is void for the team, and the operator should know.
                 log.warning("job.completed_with_platform_failures", job_id=job_id, reason=reason)
-            await publish_finished(self.broker, job_id, "completed")
+            await publish_finished(self.bus, job_id, "completed")
 
     async def outcomes(self, job_id: str) -> list[QuestionOutcome]:
         """Each question's final record: its score, or the stage where it failed and why."""

@@ -36,7 +36,7 @@ def create_app(settings: SchedulerSettings | None = None) -> FastStream:
     box = SecretBox(settings.secret_keys)
     evaluation_spec = build_evaluation_spec(settings)
     scheduler = ScheduleJobs(
-        settings, rt.db, rt.broker, client, box, evaluation_spec, code_hash(),
+        settings, rt.db, rt.bus, client, box, evaluation_spec, code_hash(),
         outages=lane_outages(rt),
     )  # fmt: skip
 

@@ -30,6 +30,6 @@ def create_app(settings: ScorerSettings | None = None) -> FastStream:
         load_prompt(settings.judge_abstention_prompt),
         outages=outages,
     )
-    stage = QuestionStageWorker("score", settings, rt.db, rt.broker, compute)
+    stage = QuestionStageWorker("score", settings, rt.db, rt.broker, rt.bus, compute)
     worker = llm_stage_worker(rt, settings, "score", "scorer", stage.handle, outages)
     return serve_stage(rt, worker, stage.close, llm.close)

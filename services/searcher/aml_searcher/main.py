@@ -29,7 +29,7 @@ def create_app(settings: SearcherSettings | None = None) -> FastStream:
     client = ParticipantClient.from_settings(settings, limiter, outages)
     endpoints = Endpoints(rt.db, SecretBox(settings.secret_keys))
     search = SearchQuestion(rt.db, client, endpoints, WrittenTexts(rt.db))
-    stage = QuestionStageWorker("search", settings, rt.db, rt.broker, search)
+    stage = QuestionStageWorker("search", settings, rt.db, rt.broker, rt.bus, search)
     worker = StageWorker(
         participant_lanes("search", "searcher", rt.db),
         QuestionWork,

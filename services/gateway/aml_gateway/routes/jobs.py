@@ -187,7 +187,7 @@ async def submit_job(body: JobSubmission, svc: ServicesDep, team: TeamDep) -> Jo
         except DuplicateKeyError:
             continue
         await publish(
-            svc.broker,
+            svc.bus,
             subjects.JOB_SUBMITTED,
             JobSubmitted(job_id=job.id),
             message_id("submitted", job.id),
