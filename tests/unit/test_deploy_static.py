@@ -455,11 +455,21 @@ def test_dockerfile_installs_the_project_and_runs_a_service_as_non_root() -> Non
             destinations[source.rstrip("/")] = destination
     project = destinations.get("pyproject.toml", "")
     project_dir = project.rsplit("/", 1)[0] if project.endswith("pyproject.toml") else project
+    project_dir = project_dir.rstrip("/") or "/"
     installs = [args for op, args in instructions if op == "RUN" and "pip install" in args]
     if not any(
-        re.search(rf"pip install\s+({re.escape(project_dir)}|\.)(\s|$)", run) for run in installs
+        re.search(rf"pip install(\s+--[\w-]+)*\s+({re.escape(project_dir)}|\.)(\s|$)", run)
+        for run in installs
     ):
         found.append(f"Dockerfile: no `pip install` of the copied project ({project_dir})")
+    # Exactly the locked dependencies, checked by their hashes, and the project without any
+    # resolution of its own.
+    if not any(
+        "--require-hashes" in run and "requirements-service.lock" in run for run in installs
+    ):
+        found.append("Dockerfile: dependencies not installed from requirements-service.lock")
+    if not any(re.search(r"pip install --no-deps\s", run) for run in installs):
+        found.append("Dockerfile: the project is installed with its own dependency resolution")
     users = [args for op, args in instructions if op == "USER"]
     if not users or users[-1].split(":")[0] in ("root", "0"):
         found.append(f"Dockerfile: must end as a non-root USER, has {users}")
@@ -483,9 +493,12 @@ def test_image_leaves_the_developer_tooling_out() -> None:
     module of the copied packages imports aml_devtools, no healthcheck runs it, and the `aml`
     script pip writes for it is removed."""
     assert "libs/devtools" in _ignored(), ".dockerignore must exclude libs/devtools"
+    # Nor the tools a team or a benchmark runs, nor the test tiers and benchmarks.
+    for folder in ("tools", "tests", "benchmarks"):
+        assert folder in _ignored(), f".dockerignore must exclude {folder}"
     shipped = [
         path
-        for folder in ("libs", "services", "tools")
+        for folder in ("libs", "services")
         for path in sorted((ROOT / folder).rglob("*.py"))
         if not path.is_relative_to(ROOT / "libs" / "devtools")
     ]
@@ -495,6 +508,14 @@ def test_image_leaves_the_developer_tooling_out() -> None:
         if re.search(r"^\s*(from|import)\s+aml_devtools\b", path.read_text("utf-8"), re.M)
     ]
     assert not importing, f"the image lacks aml_devtools, yet these import it: {importing}"
+    tool_modules = {found.name for found in (ROOT / "tools").glob("*/aml_*") if found.is_dir()}
+    needing_tools = [
+        f"{path.relative_to(ROOT)}: {module}"
+        for path in shipped
+        for module in re.findall(r"^\s*(?:from|import)\s+(aml_\w+)", path.read_text("utf-8"), re.M)
+        if module in tool_modules
+    ]
+    assert not needing_tools, f"the image lacks tools/, yet these import from it: {needing_tools}"
     found = []
     for name, service in _services().items():
         test = _healthcheck_test(service)
