@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
-from faststream.nats import NatsBroker, NatsMessage
+from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
 from nats.js.errors import APIError
 from opentelemetry import trace
@@ -23,15 +23,13 @@ from aml_contract import subjects
 from aml_contract.messages import JobFinished, JobSubmitted, QuestionFacts, QuestionWork
 from aml_runtime.broker import (
     EVENT_PULL_SECONDS,
-    FastStreamDelivery,
     JetStreamBus,
     _publish,
-    consume,
     declare_streams,
+    handle_events,
     make_broker,
     publish,
     publish_work,
-    run_delivery,
 )
 from aml_runtime.settings import CommonSettings
 
@@ -120,26 +118,21 @@ async def event_broker(
     broker = make_broker(settings, provider)
     received: list[tuple[object, str]] = []
 
-    async def dropped(kind: str, reason: str) -> None:
+    async def dropped(event: object, kind: str, reason: str) -> None:
         raise AssertionError(f"gave up: {kind} {reason}")
 
-    def record(event: object) -> None:
+    async def record(event: object) -> None:
         trace_id = trace.get_current_span().get_span_context().trace_id
         received.append((event, format(trace_id, "032x")))
 
-    @consume(broker, settings, subjects.JOB_SUBMITTED, "t-publishing-submitted", 1)
-    async def on_submitted(event: JobSubmitted, msg: NatsMessage) -> None:
-        async def work() -> None:
-            record(event)
-
-        await run_delivery(FastStreamDelivery(msg), settings, work, dropped)
-
-    @consume(broker, settings, subjects.JOB_FINISHED, "t-publishing-finished", 1)
-    async def on_finished(event: JobFinished, msg: NatsMessage) -> None:
-        async def work() -> None:
-            record(event)
-
-        await run_delivery(FastStreamDelivery(msg), settings, work, dropped)
+    # As the scheduler and the publisher consume them (`handle_events`).
+    submitted, finished = subjects.JOB_SUBMITTED, subjects.JOB_FINISHED
+    handle_events(
+        broker, settings, submitted, "t-publishing-submitted", 1, JobSubmitted, record, dropped
+    )
+    handle_events(
+        broker, settings, finished, "t-publishing-finished", 1, JobFinished, record, dropped
+    )
 
     async with broker:
         await broker.connect()
@@ -201,3 +194,24 @@ async def test_an_idle_event_subscriber_asks_rarely_and_a_message_is_handled_at_
     finally:
         await watch.unsubscribe()
     assert received[0][0] == JobSubmitted(job_id="job-p5")
+
+
+async def test_an_event_that_is_not_its_model_is_acknowledged_not_redelivered(
+    event_broker: tuple[NatsBroker, list[tuple[object, str]]],
+) -> None:
+    broker, received = event_broker
+    headers = {"Nats-Msg-Id": "malformed:p6", "content-type": "application/json"}
+    bus = JetStreamBus(broker)
+    await bus.send(subjects.JOB_SUBMITTED, subjects.EVENTS_STREAM, b'{"job": 1}', headers)
+    await publish(bus, subjects.JOB_SUBMITTED, JobSubmitted(job_id="job-p6"), "after:p6")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10.0
+    while not received:
+        assert loop.time() < deadline
+        await asyncio.sleep(0.05)
+    # Only the well-formed one reached the handler; the other is gone from the consumer (a
+    # delivery cannot make it an event), not waiting to be redelivered after ack_wait.
+    assert [event for event, _ in received] == [JobSubmitted(job_id="job-p6")]
+    js = broker.connection.jetstream()
+    info = await js.consumer_info(subjects.EVENTS_STREAM, "t-publishing-submitted")
+    assert info.num_ack_pending == 0 and info.num_pending == 0

@@ -99,3 +99,36 @@ def test_candidates_travel_with_the_work_up_to_the_bound() -> None:
     over = [{"id": "m", "content": "x" * (CARRIED_CANDIDATES_BYTES - 24)}]
     assert carried_candidates(over) is None
     assert carried_candidates([]) == []
+
+
+def test_the_stage_skeleton_never_tests_which_stage_it_runs() -> None:
+    """What differs between the stages is their `StageShape` (and their `Compute`): neither the
+    per-question skeleton nor the stage worker compares a stage's name with a literal."""
+    import ast
+    from pathlib import Path
+
+    import aml_pipeline.question_stage as question_stage
+    import aml_pipeline.stage_worker as stage_worker
+
+    found = []
+    for module in (question_stage, stage_worker):
+        tree = ast.parse(Path(str(module.__file__)).read_text("utf-8"))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            names = [ast.unparse(side) for side in sides]
+            literal = any(
+                isinstance(side, ast.Constant) and side.value in STAGE_NAMES for side in sides
+            )
+            if literal and any("stage" in name for name in names):
+                found.append(f"{module.__name__}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, found
+    # Every question stage has its shape, and the chain of hand-ons ends at the score.
+    assert set(question_stage.STAGES) == {"search", "answer", "score"}
+    assert [question_stage.STAGES[s].following for s in ("search", "answer", "score")] == [
+        "answer", "score", None,
+    ]  # fmt: skip
+
+
+STAGE_NAMES = {"add", "search", "answer", "score"}

@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from aml_contract.questions import PlannedQuestion
+
 Outcome = Literal["done", "failed"]
 QuestionStage = Literal["search", "answer", "score"]
 
@@ -44,31 +46,9 @@ class AddDone(_Message):
     next_released: bool = False
 
 
-class QuestionFacts(_Message):
-    """What the stages need of a planned question (immutable once planned). The scheduler
-    sends them with the work, so no stage reads the question document."""
-
-    dataset_id: str
-    question_id: str
-    user_id: str
-    question: str
-    category: int
-    category_name: str
-    gold_answer: str | None
-    options: list[str] | None = None
-    f1_variant: str
-    # Added for LongMemEval; None (and absent in older messages) keeps the earlier behaviour.
-    # The judge prompt of the question (aml_evaluation.judging.JUDGE_RULE_PROMPTS).
-    judge_rule: str | None = None
-    # Why the conversation does not contain the answer, for the judge of an abstention.
-    gold_explanation: str | None = None
-    # When the question is asked: the answer model is told "Current date: ...".
-    question_date: str | None = None
-    # The dataset's scorer when not the default judge + F1: `token_f1` scores by F1 alone.
-    scorer: str | None = None
-    # How many images the question shows (multimodal): the answer stage gives them to the
-    # answer model, read from the question's planned Search body.
-    question_images: int | None = None
+class QuestionFacts(_Message, PlannedQuestion):
+    """What the stages need of a planned question (`PlannedQuestion`). The scheduler sends them
+    with the work, so no stage reads the question document."""
 
     @classmethod
     def of(cls, question: Mapping[str, Any]) -> QuestionFacts:

@@ -39,18 +39,12 @@ from aml_pipeline.capacity import turn
 from aml_pipeline.jobs import JobStates, fail_job, record_error
 from aml_pipeline.progress import Counted, OutcomeCounter, outcome_of
 from aml_pipeline.stage_worker import StageCall, WorkItem
-from aml_runtime.broker import Bus, FinalFailure, publish, publish_work, run_delivery
+from aml_runtime.broker import Bus, FinalFailure, publish, publish_work
 from aml_runtime.clock import now, now_us
 from aml_runtime.db import Document
 from aml_runtime.documents import ACTIVE_JOB_STATES, STAGE_COLLECTIONS, FailureKind
 from aml_runtime.settings import CommonSettings
-from aml_runtime.telemetry import stage_span
 
-_NEXT: dict[QuestionStage, WorkStage | None] = {
-    "search": "answer",
-    "answer": "score",
-    "score": None,
-}
 # A contract violation stops the whole job (R-4.9); other failures stay with their question.
 _FATAL_KINDS = frozenset(
     {
@@ -86,6 +80,30 @@ class Stored(NamedTuple):
     written: bool
 
 
+@dataclass(frozen=True)
+class StageShape:
+    """What tells one per-question stage from another; the stage's work itself is its
+    `Compute`. Nothing else in this module depends on which stage it runs."""
+
+    # The stage the question goes to next when done here (None: it is final).
+    following: WorkStage | None
+    # It calls the participant: even a first delivery looks for its stored outcome (a second
+    # call would reach the participant), it needs the question's planned Search body, and an
+    # Add held back for it (`holds_add`) waits for its announcement on `aml.done.search`.
+    calls_participant: bool
+    # What it hands on to the next stage of what it stored (so that stage reads no document).
+    carry: Callable[[Document], Document]
+
+
+STAGES: dict[QuestionStage, StageShape] = {
+    "search": StageShape(
+        "answer", True, lambda fields: {"candidates": carried_candidates(fields["candidates"])}
+    ),
+    "answer": StageShape("score", False, lambda fields: {"answer": fields.get("answer")}),
+    "score": StageShape(None, False, lambda fields: {}),
+}
+
+
 @dataclass
 class QuestionStageWorker:
     stage: QuestionStage
@@ -95,10 +113,12 @@ class QuestionStageWorker:
     broker: NatsBroker
     bus: Bus
     compute: Compute
+    shape: StageShape = field(init=False)
     counter: OutcomeCounter = field(init=False)
     jobs: JobStates = field(init=False)
 
     def __post_init__(self) -> None:
+        self.shape = STAGES[self.stage]
         self.counter = OutcomeCounter(self.db, self._all_final)
         self.jobs = JobStates(self.db, self.broker)
 
@@ -123,14 +143,13 @@ class QuestionStageWorker:
             await self._hand_on(work, stored.state, announce=False)
 
         ids = {"job_id": work.job_id, "item_id": work.item_id, "stage": self.stage}
-        with stage_span(f"aml.{self.stage}", delivery=item.delivered, **ids):
-            await run_delivery(item.delivery, self.settings, attempt, give_up)
+        await item.run(self.settings, f"aml.{self.stage}", ids, attempt, give_up)
 
     async def _process(self, work: QuestionWork, item: WorkItem) -> None:
         # A first delivery cannot find its document: the broker drops a re-published hand-off
-        # (same message id) within its duplicate window. An LLM stage skips that read then; the
-        # search keeps it, since a second Search would reach the participant.
-        looked_up = self.stage == "search" or item.delivered > 1
+        # (same message id) within its duplicate window. An LLM stage skips that read then; a
+        # stage calling the participant keeps it, since a second call would reach it.
+        looked_up = self.shape.calls_participant or item.delivered > 1
         existing = (
             await self.db[self.collection].find_one({"_id": work.item_id}, {"state": 1})
             if looked_up
@@ -165,16 +184,14 @@ class QuestionStageWorker:
             "candidates": None,
         }
         # Only what this delivery stored: the next stage works on what the audit shows.
-        if self.stage == "search" and stored.written:
-            carried["candidates"] = carried_candidates(fields["candidates"])
-        if self.stage == "answer" and stored.written:
-            carried["answer"] = fields.get("answer")
+        if stored.written:
+            carried.update(self.shape.carry(fields))
         await self._hand_on(work.model_copy(update=carried), stored.state, announce=False)
 
     async def _question(self, work: QuestionWork) -> Document:
         if work.facts is not None and work.search_body is not None:
             return {**work.facts.model_dump(), "search_body": work.search_body.encode()}
-        if work.facts is not None and self.stage != "search":
+        if work.facts is not None and not self.shape.calls_participant:
             return work.facts.model_dump()
         question = await self.db.questions.find_one({"_id": work.item_id})
         if question is None:
@@ -207,10 +224,10 @@ class QuestionStageWorker:
         return Stored(state, written=True)
 
     async def _hand_on(self, work: QuestionWork, state: str, announce: bool) -> None:
-        if self.stage == "search" and work.holds_add:
+        if self.shape.calls_participant and work.holds_add:
             # Every time, like the hand-on (de-duplicated): the scheduler may not have heard it.
             await self._announce_search_final(work)
-        following = _NEXT[self.stage]
+        following = self.shape.following
         if state == "done" and following is not None:
             await publish_work(self.bus, following, work, work.item_id)
             return

@@ -30,7 +30,7 @@ import contextvars
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
@@ -57,11 +57,11 @@ from aml_pipeline.capacity import (
 from aml_pipeline.jobs import version_capacity
 from aml_pipeline.llm import llm_capacity
 from aml_pipeline.outages import Outages
-from aml_runtime.broker import FetchedDelivery, WorkPull
+from aml_runtime.broker import FetchedDelivery, GiveUp, WorkPull, run_delivery
 from aml_runtime.db import Document
 from aml_runtime.service import Hook, Runtime, serve
 from aml_runtime.settings import CommonSettings, LLMSettings
-from aml_runtime.telemetry import continue_trace
+from aml_runtime.telemetry import continue_trace, stage_span
 
 log = structlog.get_logger()
 
@@ -123,6 +123,20 @@ class WorkItem:
 
     def call(self, job: Document | None = None) -> StageCall:
         return StageCall(self.delivered, self.admission, job)
+
+    async def run(
+        self,
+        settings: CommonSettings,
+        span: str,
+        ids: Mapping[str, str],
+        attempt: Callable[[], Awaitable[None]],
+        give_up: GiveUp,
+    ) -> None:
+        """Work on the item under the delivery policy (`run_delivery`: `attempt` retried with
+        growing delays, `give_up` on the last delivery or a final failure), in the stage's span
+        inside the trace the message carried: the one wrapper every stage's handler uses."""
+        with stage_span(span, delivery=self.delivered, **ids):
+            await run_delivery(self.delivery, settings, attempt, give_up)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from nats.js.api import ConsumerConfig, RetentionPolicy, StorageType, StreamConf
 from nats.js.errors import BadRequestError, NotFoundError
 from opentelemetry import propagate
 from opentelemetry.sdk.trace import TracerProvider
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from aml_contract import subjects
 from aml_contract.messages import AddWork, QuestionWork, message_id
@@ -150,6 +150,40 @@ def consume(
         return handler
 
     return register
+
+
+Event = TypeVar("Event", bound=BaseModel)
+
+
+def handle_events(
+    broker: NatsBroker,
+    settings: CommonSettings,
+    subject: str,
+    durable: str,
+    concurrency: int,
+    event_type: type[Event],
+    handle: Callable[[Event], Awaitable[None]],
+    give_up: Callable[[Event, FailureKind, str], Awaitable[None]],
+) -> None:
+    """Run `handle` on every event of `subject` (a durable consumer, `consume`) under the
+    delivery policy (`run_delivery`), `give_up` told of an event that ran out of deliveries: the
+    one wrapper every event consumer uses. An event that is not an `event_type` is logged and
+    acknowledged (no delivery could make it one)."""
+
+    @consume(broker, settings, subject, durable, concurrency)
+    async def deliver(msg: NatsMessage) -> None:
+        delivery = FastStreamDelivery(msg)
+        try:
+            event = event_type.model_validate_json(msg.body)
+        except ValidationError as exc:
+            log.warning("event.malformed", subject=subject, error=str(exc)[:300])
+            await delivery.ack()
+            return
+
+        async def gave_up(kind: FailureKind, reason: str) -> None:
+            await give_up(event, kind, reason)
+
+        await run_delivery(delivery, settings, lambda: handle(event), gave_up)
 
 
 # How long a publish waits for the stream's acknowledgement (FastStream's and nats-py's usual

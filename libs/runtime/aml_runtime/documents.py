@@ -22,6 +22,7 @@ from aml_contract.api.publication import ReviewState
 from aml_contract.api.versions import Capacity as DeclaredCapacity
 from aml_contract.api.versions import RunLimits, VersionProfile
 from aml_contract.api.vocabulary import JobState, Mode, Stage, Track
+from aml_contract.questions import PlannedQuestion
 from aml_runtime.db import Document, read_time
 
 # -- collections --------------------------------------------------------------------------------
@@ -256,31 +257,13 @@ class AddChunkDocument(Stored):
     failure: str | None = None
 
 
-class QuestionDocument(Stored):
-    """A planned question (`questions`, written by the scheduler's plan). `search_body` is
-    emptied by retention."""
+class QuestionDocument(PlannedQuestion, Stored):
+    """A planned question (`questions`, written by the scheduler's plan): its facts
+    (`PlannedQuestion`; the optional ones written only when set, so other questions' documents
+    are unchanged) and what planning adds. `search_body` is emptied by retention."""
 
     job_id: str
-    dataset_id: str
-    question_id: str
     conversation_id: str
-    user_id: str
-    question: str
-    category: int
-    category_name: str
-    # None: the conversation does not contain the answer (the scorer judges an abstention).
-    gold_answer: str | None
-    options: list[str] | None = None
-    f1_variant: str
-    # Written only when set (LongMemEval), so other questions' documents are unchanged: the
-    # judge rule, the abstention's explanation and the question's date (see QuestionFacts).
-    judge_rule: str | None = None
-    gold_explanation: str | None = None
-    question_date: str | None = None
-    # Written only when set (see QuestionFacts): a scorer other than the default, and how many
-    # images the question shows.
-    scorer: str | None = None
-    question_images: int | None = None
     search_body: bytes | None = None
     trace_id: str | None = None
     # Streaming datasets only (absent otherwise): the question is asked after `point` turns,

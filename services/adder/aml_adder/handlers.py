@@ -22,12 +22,11 @@ from aml_pipeline.jobs import Endpoints, JobStates, record_error
 from aml_pipeline.participants import CallFailed, ParticipantClient
 from aml_pipeline.progress import count_final
 from aml_pipeline.stage_worker import WorkItem
-from aml_runtime.broker import Bus, FinalFailure, publish, run_delivery
+from aml_runtime.broker import Bus, FinalFailure, publish
 from aml_runtime.clock import now, now_us
 from aml_runtime.db import Document
 from aml_runtime.documents import FailureKind
 from aml_runtime.settings import CommonSettings
-from aml_runtime.telemetry import stage_span
 
 
 @dataclass
@@ -56,8 +55,7 @@ class SendChunk:
             "request_id": work.request_id,
             "stage": "add",
         }
-        with stage_span("aml.add", delivery=item.delivered, **ids):
-            await run_delivery(item.delivery, self.settings, attempt, give_up)
+        await item.run(self.settings, "aml.add", ids, attempt, give_up)
 
     async def add(self, work: AddWork, item: WorkItem) -> None:
         # Both reads at once: the chunk, and whether its job is still active (checked after

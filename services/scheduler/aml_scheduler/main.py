@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from faststream import FastStream
-from faststream.nats import NatsMessage
+from pydantic import BaseModel
 
 from aml_contract import subjects
 from aml_contract.messages import AddDone, JobSubmitted, QuestionDone, SearchDone
 from aml_pipeline.evaluation_spec import build_evaluation_spec
 from aml_pipeline.outages import lane_outages
 from aml_pipeline.participants import ParticipantClient
-from aml_runtime.broker import FastStreamDelivery, Handler, consume, run_delivery
+from aml_runtime.broker import Event, handle_events
 from aml_runtime.codehash import code_hash
+from aml_runtime.documents import FailureKind
 from aml_runtime.metrics import observe_backlog
 from aml_runtime.secrets import SecretBox
 from aml_runtime.service import Periodic, open_runtime, serve
@@ -24,7 +25,7 @@ from aml_scheduler.settings import SchedulerSettings
 BACKLOG_INTERVAL = 10.0
 
 
-async def _dropped(kind: str, reason: str) -> None:
+async def _dropped(event: BaseModel, kind: FailureKind, reason: str) -> None:
     """Scheduler events only re-drive stored state; the periodic reconciliation covers an event
     that ran out of deliveries, so nothing is lost by dropping it."""
 
@@ -40,28 +41,16 @@ def create_app(settings: SchedulerSettings | None = None) -> FastStream:
         outages=lane_outages(rt),
     )  # fmt: skip
 
-    def events(subject: str) -> Callable[[Handler], Handler]:
-        return consume(rt.broker, settings, subject, f"scheduler-{subject.split('.')[-1]}", 4)
+    def events(
+        subject: str, event: type[Event], handle: Callable[[Event], Awaitable[None]]
+    ) -> None:
+        durable = f"scheduler-{subject.split('.')[-1]}"
+        handle_events(rt.broker, settings, subject, durable, 4, event, handle, _dropped)
 
-    @events(subjects.JOB_SUBMITTED)
-    async def on_job_submitted(event: JobSubmitted, msg: NatsMessage) -> None:
-        delivery = FastStreamDelivery(msg)
-        await run_delivery(delivery, settings, lambda: scheduler.on_job_submitted(event), _dropped)
-
-    @events(subjects.ADD_DONE)
-    async def on_add_done(event: AddDone, msg: NatsMessage) -> None:
-        delivery = FastStreamDelivery(msg)
-        await run_delivery(delivery, settings, lambda: scheduler.on_add_done(event), _dropped)
-
-    @events(subjects.QUESTION_DONE)
-    async def on_question_done(event: QuestionDone, msg: NatsMessage) -> None:
-        delivery = FastStreamDelivery(msg)
-        await run_delivery(delivery, settings, lambda: scheduler.on_question_done(event), _dropped)
-
-    @events(subjects.SEARCH_DONE)
-    async def on_search_done(event: SearchDone, msg: NatsMessage) -> None:
-        delivery = FastStreamDelivery(msg)
-        await run_delivery(delivery, settings, lambda: scheduler.on_search_done(event), _dropped)
+    events(subjects.JOB_SUBMITTED, JobSubmitted, scheduler.on_job_submitted)
+    events(subjects.ADD_DONE, AddDone, scheduler.on_add_done)
+    events(subjects.QUESTION_DONE, QuestionDone, scheduler.on_question_done)
+    events(subjects.SEARCH_DONE, SearchDone, scheduler.on_search_done)
 
     async def stop() -> None:
         await client.aclose()

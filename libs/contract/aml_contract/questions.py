@@ -1,0 +1,34 @@
+"""A planned question's facts, defined once: what the stages need of a question and never change
+once it is planned. The work message carries them (`aml_contract.messages.QuestionFacts`) and
+the stored question document holds them (`aml_runtime.documents.QuestionDocument`), both built
+from this model, so a new fact is one field here."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+
+class PlannedQuestion(BaseModel):
+    dataset_id: str
+    question_id: str
+    user_id: str
+    question: str
+    category: int
+    category_name: str
+    # None: the conversation does not contain the answer (the scorer judges an abstention).
+    gold_answer: str | None
+    options: list[str] | None = None
+    f1_variant: str
+    # Set only for LongMemEval (absent in other questions' documents and in older messages,
+    # which keeps the earlier behaviour): the judge prompt of the question
+    # (aml_evaluation.judging.JUDGE_RULE_PROMPTS), why the conversation does not contain the
+    # answer (for the judge of an abstention), and when the question is asked (the answer
+    # model is told "Current date: ...").
+    judge_rule: str | None = None
+    gold_explanation: str | None = None
+    question_date: str | None = None
+    # Set only when not the default: the dataset's scorer (`token_f1` scores by F1 alone), and
+    # how many images the question shows (multimodal: the answer stage gives them to the answer
+    # model, read from the question's planned Search body).
+    scorer: str | None = None
+    question_images: int | None = None
