@@ -16,6 +16,7 @@ from test_gateway_jobs import CHECKLIST, end_job, new_team, refusal, started, su
 
 from aml_pipeline.evaluation_spec import build_evaluation_spec
 from aml_pipeline.jobs import record_error
+from aml_runtime.broker import JetStreamBus
 from aml_runtime.clock import now_us
 from aml_runtime.documents import FailureKind
 from aml_scheduler.handlers import ScheduleJobs
@@ -31,7 +32,7 @@ def scheduler(db: Any, broker: NatsBroker) -> ScheduleJobs:
     # The participant client and the secrets serve planning and release only, not completion.
     unused = cast(Any, None)
     return ScheduleJobs(
-        settings, db, broker, unused, unused, build_evaluation_spec(settings), "code"
+        settings, db, JetStreamBus(broker), unused, unused, build_evaluation_spec(settings), "code"
     )
 
 

@@ -43,6 +43,7 @@ from pymongo.errors import DuplicateKeyError
 
 from aml_runtime.db import Document
 from aml_runtime.settings import RATE_MARGIN_SECONDS
+from aml_runtime.stores.accounts import AccountStore
 
 LEASE_SECONDS = 30.0
 # A rate slot taken but not yet stamped stays locked this long at most (a holder that crashed
@@ -295,6 +296,7 @@ class CapacityLimiter:
         rate_patience_seconds: float = 0.0,
     ) -> None:
         self._db = db
+        self._accounts = AccountStore(db)
         self._lease = lease_seconds
         self._margin = rate_margin_seconds
         self._notify = notify
@@ -475,14 +477,7 @@ class CapacityLimiter:
 
     async def spend(self, run_key: str) -> int:
         """Count one request of a run; returns how many the run has made, this one included."""
-        usage = await self._db.run_usage.find_one_and_update(
-            {"_id": run_key},
-            {"$inc": {"requests": 1}},
-            upsert=True,
-            return_document=ReturnDocument.AFTER,
-        )
-        assert usage is not None  # upserted
-        return int(usage["requests"])
+        return await self._accounts.count_run_request(run_key)
 
     # -- slots -------------------------------------------------------------------------------
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import cached_property
 
 from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from pydantic import ValidationError
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import DuplicateKeyError
 
 from aml_contract import subjects
 from aml_contract.api.versions import Capacity as DeclaredCapacity
@@ -27,6 +27,8 @@ from aml_runtime.clock import micros, now
 from aml_runtime.db import Document
 from aml_runtime.documents import ACTIVE_JOB_STATES, FailureKind
 from aml_runtime.secrets import SecretBox
+from aml_runtime.stores.accounts import AccountStore
+from aml_runtime.stores.jobs import JobStore
 
 
 async def record_error(
@@ -40,23 +42,8 @@ async def record_error(
     """One error-summary entry per failed item (keyed, so a redelivery records it once), counted
     on the job by the insert that created it (`aml_pipeline.progress`: insert first, then count;
     the scheduler's repair recounts one whose writer died in between)."""
-    key = f"{job_id}/{stage}/{item or '-'}"
     moment = now()
-    try:
-        await db.job_errors.insert_one(
-            {
-                "_id": key,
-                "job_id": job_id,
-                "stage": stage,
-                "kind": kind,
-                "item": item,
-                "reason": reason,
-                "at": moment,
-                # The repair's watermark compares record times as integers (see progress).
-                "at_us": micros(moment),
-            }
-        )
-    except DuplicateKeyError:
+    if not await JobStore(db).record_error(job_id, stage, kind, item, reason, moment):
         return
     await count_error(db, job_id, micros(moment))
 
@@ -74,21 +61,9 @@ async def fail_job(
 
     `kind` says whose failure it was; a job failed by the platform itself (`platform_error`)
     does not consume the team's quota."""
-    failed = await db.jobs.find_one_and_update(
-        {"_id": job_id, "state": {"$in": list(ACTIVE_JOB_STATES)}},
-        {
-            "$set": {
-                "state": "failed",
-                "failed_stage": stage,
-                "failure_kind": kind,
-                "failure": reason,
-                "finished_at": now(),
-            }
-        },
-        {"version_id": 1},
-    )
-    if failed is not None:
-        await purge_job_work(bus, str(failed["version_id"]), job_id)
+    version_id = await JobStore(db).fail(job_id, stage, kind, reason, now())
+    if version_id is not None:
+        await purge_job_work(bus, version_id, job_id)
         await publish_finished(bus, job_id, "failed")
 
 
@@ -102,8 +77,8 @@ async def publish_finished(bus: Bus, job_id: str, state: str) -> None:
 
 
 async def job_is_active(db: AsyncDatabase[Document], job_id: str) -> bool:
-    job = await db.jobs.find_one({"_id": job_id}, {"state": 1})
-    return job is not None and job["state"] in ACTIVE_JOB_STATES
+    state = await JobStore(db).state_of(job_id)
+    return state is not None and state in ACTIVE_JOB_STATES
 
 
 def run_overdue(version: Document, started_at: datetime | None, moment: datetime) -> str | None:
@@ -120,15 +95,16 @@ async def load_endpoint(
     db: AsyncDatabase[Document], box: SecretBox, version_id: str, job_id: str | None = None
 ) -> Endpoint:
     """How to call a version; with `job_id`, its requests count against the run's limit."""
-    version = await db.versions.find_one({"_id": version_id})
+    accounts = AccountStore(db)
+    version = await accounts.version(version_id)
     if version is None:
         raise LookupError(f"version {version_id} is not registered")
     secret = None
     if version.get("secret_ref"):
-        stored = await db.secrets.find_one({"_id": version["secret_ref"]})
-        if stored is None:
+        sealed = await accounts.sealed_key(version["secret_ref"])
+        if sealed is None:
             raise LookupError(f"secret of version {version_id} is missing")
-        secret = box.open(stored["sealed"])
+        secret = box.open(sealed)
     return Endpoint(
         add_url=version["add_url"],
         search_url=version["search_url"],
@@ -195,6 +171,10 @@ class JobStates:
     _jobs: dict[str, tuple[float, Document | None]] = field(default_factory=dict, init=False)
     _finished_watch: Subscription | None = field(default=None, init=False)
 
+    @cached_property
+    def store(self) -> JobStore:
+        return JobStore(self.db)
+
     async def get(self, job_id: str) -> Document | None:
         """The job's state (and `top_k`), read at most once per `_JOB_READ_SECONDS`. A failed
         job's work is purged from the broker and the failure is announced on
@@ -211,7 +191,7 @@ class JobStates:
         cached = self._jobs.get(job_id)
         if cached is not None and cached[0] > moment:
             return cached[1]
-        job = await self.db.jobs.find_one({"_id": job_id}, {"state": 1, "top_k": 1})
+        job = await self.store.stage_view(job_id)
         self._keep(job_id, moment + _JOB_READ_SECONDS, job)
         return job
 

@@ -62,7 +62,6 @@ from datetime import datetime, timedelta
 from typing import Literal, NamedTuple
 
 import structlog
-from pymongo import ReturnDocument
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract.messages import Outcome
@@ -73,6 +72,12 @@ from aml_runtime.documents import ITEM_STAGES as ITEM_STAGES  # re-exported: cou
 from aml_runtime.documents import STAGE_COLLECTIONS
 from aml_runtime.documents import ItemStage as ItemStage
 from aml_runtime.metrics import ITEMS
+from aml_runtime.stores.jobs import COUNTED_TO as COUNTED_TO  # re-exported: the counters' rule
+from aml_runtime.stores.jobs import EVENTS as EVENTS
+from aml_runtime.stores.jobs import LAST_US as LAST_US
+from aml_runtime.stores.jobs import REPAIRED_US as REPAIRED_US
+from aml_runtime.stores.jobs import JobStore
+from aml_runtime.stores.jobs import counting_filters as counting_filters
 
 log = structlog.get_logger()
 
@@ -80,13 +85,8 @@ OUTCOMES: tuple[Outcome, ...] = ("done", "failed")
 
 QUESTIONS_FINAL = "progress.questions_final"
 ERRORS = "progress.errors"
-# Bumped by every increment: the repair's guard against a concurrent increment.
-EVENTS = "progress.events"
-# Time (µs) of the latest counted outcome, and of the latest repair: when counters last moved.
-LAST_US = "progress.last_us"
-REPAIRED_US = "progress.repaired_us"
-# Every document with `at_us` at or under this is in the counters through a repair's recount.
-COUNTED_TO = "progress.counted_to"
+# The bookkeeping beside the counters (`EVENTS`, `LAST_US`, `REPAIRED_US`, `COUNTED_TO`) and the
+# guard of every increment (`counting_filters`) are the job store's (aml_runtime.stores.jobs).
 
 
 def counter_field(stage: ItemStage, outcome: Outcome) -> str:
@@ -209,18 +209,6 @@ def repair_due(job: Document, moment: datetime, stale_after: timedelta) -> bool:
     started = read_time(job.get("started_at"))
     marks = [_read(job, LAST_US), _read(job, REPAIRED_US), micros(started) if started else 0]
     return micros(moment) - max(marks) >= stale_after // _MICROSECOND
-
-
-def counting_filters(job_id: str, at_us: int) -> tuple[Document, Document]:
-    """The job while no repair has counted records as recent as `at_us`: no watermark yet, or
-    one below it. Two plain filters tried in turn, not one `$or`: nx-27017 applies a top-level
-    `$or` of a *write* filter without the filter's other conditions (it would update another
-    job). The watermark is never removed once written, so when the first filter does not match
-    the second alone decides, atomically."""
-    return (
-        {"_id": job_id, COUNTED_TO: {"$exists": False}},
-        {"_id": job_id, COUNTED_TO: {"$lt": at_us}},
-    )
 
 
 # -- I/O ----------------------------------------------------------------------------------------
@@ -367,15 +355,7 @@ async def _count(
     """Apply the increment; the job's totals and counters as they were just before it (the
     pre-image of the same atomic update: adding the increment gives the state after it, without
     a second read), or None when the repair had already counted it (or the job is gone)."""
-    update = {"$inc": {**inc, EVENTS: 1}, "$set": {LAST_US: at_us}}
-    fields = {"totals": 1, "progress": 1}
-    for only_if in counting_filters(job_id, at_us):
-        job = await db.jobs.find_one_and_update(
-            only_if, update, fields, return_document=ReturnDocument.BEFORE
-        )
-        if job is not None:
-            return job
-    return None
+    return await JobStore(db).count(job_id, inc, at_us)
 
 
 async def repair_counters(
@@ -400,7 +380,8 @@ async def repair_counters(
 
 async def _recount(db: AsyncDatabase[Document], job_id: str, at_completion: bool) -> bool | None:
     """One guarded recount: True/False (changed or not), None when an increment interfered."""
-    job = await db.jobs.find_one({"_id": job_id}, {"progress": 1})
+    jobs = JobStore(db)
+    job = await jobs.progress_of(job_id)
     if job is None:
         return False
     events = _read(job, EVENTS)
@@ -408,21 +389,16 @@ async def _recount(db: AsyncDatabase[Document], job_id: str, at_completion: bool
     for stage, collection in STAGE_COLLECTIONS.items():
         found = db[collection].find({"job_id": job_id}, {"state": 1, "at_us": 1})
         documents += [(stage, doc) async for doc in found]
-    errors = await db.job_errors.find({"job_id": job_id}, {"at_us": 1}).to_list()
+    errors = await jobs.error_stamps(job_id)
     counted = tally(documents, len(errors))
-    stamp = {REPAIRED_US: now_us()}
+    repaired_us = now_us()
     before = counters_of(job)
     if counted == before:
-        await db.jobs.update_one({"_id": job_id}, {"$set": stamp})
+        await jobs.stamp_repaired(job_id, repaired_us)
         return False
     stamps = [_read(doc, "at_us") for doc in (*(doc for _, doc in documents), *errors)]
     watermark = max([_read(job, COUNTED_TO), *stamps])
-    unchanged: Document = {EVENTS: events} if events else {EVENTS: {"$exists": False}}
-    updated = await db.jobs.update_one(
-        {"_id": job_id, **unchanged},
-        {"$set": {**counted, COUNTED_TO: watermark, **stamp}, "$inc": {EVENTS: 1}},
-    )
-    if not updated.matched_count:
+    if not await jobs.store_recount(job_id, events, counted, watermark, repaired_us):
         return None
     changes = {field: (before[field], counted[field]) for field in COUNTERS}
     changed = {field: change for field, change in changes.items() if change[0] != change[1]}

@@ -10,8 +10,8 @@ from datetime import datetime, timedelta
 
 from pymongo.asynchronous.database import AsyncDatabase
 
-from aml_runtime.db import Document, read_time
-from aml_runtime.documents import FINISHED_JOB_STATES
+from aml_runtime.db import Document
+from aml_runtime.stores.jobs import JobStore
 
 RETENTION = timedelta(days=30)
 
@@ -43,7 +43,7 @@ async def purge_job(db: AsyncDatabase[Document], job_id: str, now: datetime) -> 
         await db[collection].update_many({"job_id": job_id}, {"$set": emptied})
     # Texts written to the participant, kept per job only to detect leaks while it ran.
     await db.written_texts.delete_many({"job_id": job_id})
-    await db.jobs.update_one({"_id": job_id}, {"$set": {"retention_purged_at": now}})
+    await JobStore(db).mark_purged(job_id, now)
 
 
 async def purge_expired(
@@ -51,13 +51,8 @@ async def purge_expired(
 ) -> list[str]:
     """Purge every ended job whose retention is over; returns their ids."""
     purged = []
-    projection = {"finished_at": 1, "retention_keep_until": 1, "retention_purged_at": 1}
-    async for job in db.jobs.find({"state": {"$in": list(FINISHED_JOB_STATES)}}, projection):
-        if job.get("retention_purged_at") is not None:
-            continue
-        finished = read_time(job.get("finished_at"))
-        keep_until = read_time(job.get("retention_keep_until"))
-        if purge_due(finished, keep_until, now, retention):
-            await purge_job(db, job["_id"], now)
-            purged.append(job["_id"])
+    async for job in JobStore(db).unpurged_ended():
+        if purge_due(job.finished_at, job.keep_until, now, retention):
+            await purge_job(db, job.job_id, now)
+            purged.append(job.job_id)
     return purged

@@ -61,6 +61,7 @@ from aml_runtime.broker import FetchedDelivery, GiveUp, WorkPull, run_delivery
 from aml_runtime.db import Document
 from aml_runtime.service import Hook, Runtime, serve
 from aml_runtime.settings import CommonSettings, LLMSettings
+from aml_runtime.stores.accounts import AccountStore
 from aml_runtime.telemetry import continue_trace, stage_span
 
 log = structlog.get_logger()
@@ -653,9 +654,10 @@ def participant_lanes(
 ) -> Lanes:
     """One lane per participant version, admitted under the version's declared capacity (its
     share of it while the other participant stage wants the version's slots too)."""
+    accounts = AccountStore(db)
 
     async def capacity_of(lane: str) -> Capacity:
-        version = await db.versions.find_one({"_id": lane}, {"capacity": 1})
+        version = await accounts.capacity_of(lane)
         # A lane whose version is gone still drains, one at a time: its items fail at once
         # (the endpoint cannot be loaded) and end their job.
         return version_capacity(version or {"_id": lane, "capacity": _UNKNOWN_VERSION})

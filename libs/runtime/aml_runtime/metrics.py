@@ -31,6 +31,7 @@ from aml_contract import subjects
 from aml_contract.api.vocabulary import JobState
 from aml_runtime.db import Document
 from aml_runtime.documents import LANE_PAUSES
+from aml_runtime.stores.jobs import JobStore
 
 log = structlog.get_logger()
 
@@ -147,8 +148,7 @@ async def observe_backlog(broker: NatsBroker, db: AsyncDatabase[Document]) -> No
         info = await js.stream_info(subjects.WORK_STREAM, subjects_filter=f"{prefix}.*.*")
         PENDING_WORK.labels(stage).set(sum((info.state.subjects or {}).values()))
     counts = dict.fromkeys(JOB_STATES, 0)
-    async for row in await db.jobs.aggregate([{"$group": {"_id": "$state", "n": {"$sum": 1}}}]):
-        counts[str(row["_id"])] = int(row["n"])
+    counts.update(await JobStore(db).count_by_state())
     for state, count in counts.items():
         JOBS.labels(state).set(count)
     paused = {"participant": 0, "llm": 0}

@@ -23,8 +23,6 @@ from typing import Any
 
 import structlog
 from pydantic import BaseModel, SecretStr
-from pymongo import ReturnDocument
-from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract.api.access_requests import (
     AccessApproved,
@@ -45,11 +43,11 @@ from aml_gateway.registry import (
     insert_version,
     name_taken_reason,
     store_secret,
-    system_name_taken,
 )
 from aml_gateway.services import Services, key_hash
 from aml_runtime.db import Document, read_time
 from aml_runtime.documents import VersionFields
+from aml_runtime.stores.access_requests import AccessRequestStore
 
 log = structlog.get_logger()
 
@@ -88,7 +86,7 @@ async def submit(svc: Services, body: AccessRequest, team_id: str | None) -> Acc
     }
     # A system name belongs to one team (its public page is `/systems/{name}`): decided at
     # approval, told to the requester and the reviewer now.
-    if await system_name_taken(svc.db, body.system_name, team_id):
+    if await svc.accounts.system_name_taken(body.system_name, team_id):
         warnings.append(f"system_name: {name_taken_reason(body.system_name)}; not approvable")
     version = VersionFields(
         system_name=body.system_name,
@@ -112,7 +110,7 @@ async def submit(svc: Services, body: AccessRequest, team_id: str | None) -> Acc
     token = new_request_token() if body.kind == "new_key" else None
     # Sealed only now, when everything else has been checked, and removed again if the request
     # cannot be stored: a refused request leaves no secret behind (R-7.2).
-    secret_ref = await store_secret(svc.db, svc.box, body.memory_system_key)
+    secret_ref = await store_secret(svc.accounts, svc.box, body.memory_system_key)
     at = svc.clock()
     document: Document = {
         "_id": request_id,
@@ -130,45 +128,43 @@ async def submit(svc: Services, body: AccessRequest, team_id: str | None) -> Acc
         "request_token_hash": None if token is None else key_hash(token),
     }
     try:
-        await svc.db.access_requests.insert_one(document)
+        await svc.access_request_store.store_access_request(document)
     except BaseException:
-        await drop_secret(svc.db, secret_ref)
+        await drop_secret(svc.accounts, secret_ref)
         raise
     log.info("access_request_submitted", request_id=request_id, kind=body.kind, healthy=healthy)
     return AccessRequestCreated(**dict(view(document)), request_token=token)
 
 
 async def list_requests(
-    db: AsyncDatabase[Document], state: AccessState | None
+    requests: AccessRequestStore, state: AccessState | None
 ) -> list[AccessRequestView]:
-    query = {} if state is None else {"state": state}
-    found = db.access_requests.find(query).sort("created_at", 1).limit(LIST_LIMIT)
-    return [view(document) async for document in found]
+    return [view(document) async for document in requests.by_state(state, LIST_LIMIT)]
 
 
 async def approve(svc: Services, request_id: str) -> AccessApproved:
-    document = await _pending(svc.db, request_id)
+    document = await _pending(svc.access_request_store, request_id)
     version = VersionFields.model_validate(document["spec"])
     new_key = None
     if document["kind"] == "new_key":
         # Refused before a team is created when another team took the name meanwhile.
-        await check_system_name(svc.db, version.system_name, None)
+        await check_system_name(svc.accounts, version.system_name, None)
         contact = document["contact"]
         team_id, new_key = await create_team(
-            svc.db,
+            svc.accounts,
             contact["organisation"],
             svc.clock,
             {"contact": contact, "access_request_id": request_id},
         )
     else:
         team_id = document["team_id"]
-        if await svc.db.teams.find_one({"_id": team_id}) is None:
+        if await svc.accounts.team(team_id) is None:
             raise Conflict("the requesting team no longer exists")
     try:
-        version_id = await insert_version(svc.db, team_id, version, svc.clock)
+        version_id = await insert_version(svc.accounts, team_id, version, svc.clock)
     except BaseException:
         if new_key is not None:
-            await svc.db.teams.delete_one({"_id": team_id})
+            await svc.accounts.drop_team(team_id)
         raise
     decision: Document = {
         "state": "approved",
@@ -179,16 +175,13 @@ async def approve(svc: Services, request_id: str) -> AccessApproved:
     if new_key is not None and document.get("request_token_hash"):
         # Held sealed for the requester, written with the decision itself (see the module doc).
         decision["key_delivery"] = {"state": "held", "sealed": svc.box.seal(SecretStr(new_key))}
-    decided = await svc.db.access_requests.update_one(
-        {"_id": request_id, "state": "pending"}, {"$set": decision}
-    )
-    if decided.modified_count == 0:
+    if not await svc.access_request_store.decide_access_request(request_id, decision):
         # Another admin decided the request meanwhile: undo, so it has exactly one outcome and
         # no second key or version exists for it.
-        await svc.db.versions.delete_one({"_id": version_id})
+        await svc.accounts.unbind_version(version_id)
         if new_key is not None:
-            await svc.db.teams.delete_one({"_id": team_id})
-            await svc.db.system_names.delete_one({"_id": version.system_name, "team_id": team_id})
+            await svc.accounts.drop_team(team_id)
+            await svc.accounts.release_system_name(version.system_name, team_id)
         raise Conflict(f"access request {echoed(request_id)} was already decided")
     log.info("access_request_approved", request_id=request_id, version_id=version_id)
     return AccessApproved(
@@ -197,25 +190,22 @@ async def approve(svc: Services, request_id: str) -> AccessApproved:
 
 
 async def reject(svc: Services, request_id: str, reason: str) -> AccessRequestView:
-    document = await _pending(svc.db, request_id)
-    decided = await svc.db.access_requests.update_one(
-        {"_id": request_id, "state": "pending"},
-        {"$set": {"state": "rejected", "reason": reason, "decided_at": svc.clock()}},
-    )
-    if decided.modified_count == 0:
+    document = await _pending(svc.access_request_store, request_id)
+    decision = {"state": "rejected", "reason": reason, "decided_at": svc.clock()}
+    if not await svc.access_request_store.decide_access_request(request_id, decision):
         raise Conflict(f"access request {echoed(request_id)} was already decided")
     secret_ref = document["spec"].get("secret_ref")
     if secret_ref:
         # No version will ever call the system with this key: it is not kept (R-7.2).
-        await svc.db.secrets.delete_one({"_id": secret_ref})
+        await svc.accounts.drop_sealed_key(secret_ref)
     log.info("access_request_rejected", request_id=request_id)
-    return view(await _find(svc.db, request_id))
+    return view(await _find(svc.access_request_store, request_id))
 
 
 async def for_team(
-    db: AsyncDatabase[Document], request_id: str, team_id: str
+    requests: AccessRequestStore, request_id: str, team_id: str
 ) -> AccessRequestStatus:
-    document = await db.access_requests.find_one({"_id": request_id, "team_id": team_id})
+    document = await requests.team_access_request(request_id, team_id)
     if document is None:
         # Another team's request answers exactly like a missing one: existence is not revealed.
         raise NotFound(f"access request {echoed(request_id)} not found")
@@ -226,8 +216,8 @@ async def for_requester(svc: Services, request_id: str, token: str) -> AccessReq
     """The request read with its request token, or None when `token` is not this request's.
     The first read after approval takes the held key: one atomic write marks it delivered and
     drops the sealed copy, so of two concurrent reads exactly one returns it."""
-    mine = {"_id": request_id, "request_token_hash": key_hash(token)}
-    document = await svc.db.access_requests.find_one(mine)
+    token_hash = key_hash(token)
+    document = await svc.access_request_store.requester_access_request(request_id, token_hash)
     if document is None:
         return None
     key = None
@@ -236,28 +226,24 @@ async def for_requester(svc: Services, request_id: str, token: str) -> AccessReq
         # Opened before it is taken: a copy the configured keys cannot open stays held (the
         # read fails) rather than being dropped unread.
         opened = svc.box.open(held["sealed"]).get_secret_value()
-        taken = await svc.db.access_requests.find_one_and_update(
-            {**mine, "key_delivery.state": "held"},
-            {"$set": {"key_delivery": {"state": "delivered", "delivered_at": svc.clock()}}},
-            return_document=ReturnDocument.BEFORE,
-        )
+        taken = await svc.access_request_store.take_held_key(request_id, token_hash, svc.clock())
         if taken is not None:
             # Sealed once, at approval: what was taken is what was opened.
             key = opened
             log.info("leaderboard_key_delivered", request_id=request_id)
-        document = await _find(svc.db, request_id)
+        document = await _find(svc.access_request_store, request_id)
     return AccessRequestStatus(**dict(view(document)), leaderboard_api_key=key)
 
 
-async def _find(db: AsyncDatabase[Document], request_id: str) -> Document:
-    document = await db.access_requests.find_one({"_id": request_id})
+async def _find(requests: AccessRequestStore, request_id: str) -> Document:
+    document = await requests.access_request(request_id)
     if document is None:
         raise NotFound(f"access request {echoed(request_id)} not found")
     return document
 
 
-async def _pending(db: AsyncDatabase[Document], request_id: str) -> Document:
-    document = await _find(db, request_id)
+async def _pending(requests: AccessRequestStore, request_id: str) -> Document:
+    document = await _find(requests, request_id)
     if document["state"] != "pending":
         raise Conflict(f"access request {echoed(request_id)} is already {document['state']}")
     return document

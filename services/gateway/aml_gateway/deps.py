@@ -66,7 +66,7 @@ async def current_team(
         token = bearer(authorization)
         if token is None:
             raise auth_failed(request, 401, "send the Leaderboard API Key as a Bearer token")
-        team = await services(request).db.teams.find_one({"key_hash": key_hash(token)})
+        team = await services(request).accounts.team_by_key_hash(key_hash(token))
         if team is None:
             raise auth_failed(request, 401, "unknown Leaderboard API Key")
         done["team"] = team
@@ -105,7 +105,7 @@ async def access_request_allowance(request: Request) -> None:
     if "access_request" in done:
         return
     svc = services(request)
-    waiting = svc.limits.access_requests.take(client_address(request.scope))
+    waiting = svc.limits.access_request_rate.take(client_address(request.scope))
     if waiting is not None:
         raise too_many(waiting, "access requests", svc.clock())
     done["access_request"] = True

@@ -162,13 +162,13 @@ class RateLimiter:
 
 @dataclass
 class Limits:
-    access_requests: RateLimiter
+    access_request_rate: RateLimiter
     auth_failures: RateLimiter
 
     @classmethod
     def from_settings(cls, settings: GatewaySettings) -> Limits:
         return cls(
-            access_requests=RateLimiter(
+            access_request_rate=RateLimiter(
                 settings.access_request_burst,
                 settings.access_requests_per_hour / 3600,
                 settings.rate_limit_addresses,

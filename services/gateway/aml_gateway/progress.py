@@ -20,6 +20,8 @@ from aml_pipeline.outages import LanePause, open_pauses
 from aml_pipeline.progress import ITEM_STAGES, stage_counts, waiting_stage
 from aml_runtime.db import Document, read_time
 from aml_runtime.documents import ACTIVE_JOB_STATES, FailureKind, JobDocument
+from aml_runtime.stores.accounts import AccountStore
+from aml_runtime.stores.jobs import JobStore
 
 
 def current_stage(job: Document) -> Stage | None:
@@ -45,19 +47,15 @@ def stage_progress(job: Document) -> dict[Stage, StageProgress]:
     return stages
 
 
-# What the status shows of the job's version: one read by primary key.
-_VERSION_FIELDS = {"system_name": 1, "version_label": 1, "board": 1}
-
-
 async def job_status(db: AsyncDatabase[Document], job: Document) -> JobStatus:
     """Bounded: the job document, its version by id and at most 100 errors."""
     job_id = job["_id"]
     # Bounded: the (job_id, at) index (aml_runtime.documents) serves the filter, order and limit.
     errors = [
         JobError(stage=e["stage"], kind=e["kind"], item=e.get("item"), reason=e["reason"])
-        async for e in db.job_errors.find({"job_id": job_id}).sort("at", 1).limit(100)
+        async for e in JobStore(db).first_errors(job_id)
     ]
-    version = await db.versions.find_one({"_id": job.get("version_id")}, _VERSION_FIELDS)
+    version = await AccountStore(db).version_profile(job.get("version_id"))
     pauses: list[LanePause] = []
     if job.get("state") in ACTIVE_JOB_STATES:
         # Two keys by id: the job's participant version and the deployment's LLM.

@@ -34,6 +34,9 @@ from aml_gateway.ranking import ranked
 from aml_gateway.refusals import Conflict, NotFound, echoed
 from aml_gateway.services import Services
 from aml_runtime.db import Document, read_time
+from aml_runtime.stores.accounts import AccountStore
+from aml_runtime.stores.jobs import JobStore
+from aml_runtime.stores.leaderboard import LeaderboardStore
 
 log = structlog.get_logger()
 
@@ -44,15 +47,16 @@ _JOB_HASHES = ("spec_hash", "code_hash", "dataset_bundle_hash")
 
 
 async def _job(db: AsyncDatabase[Document], job_id: str) -> Document:
-    job = await db.jobs.find_one({"_id": job_id})
+    job = await JobStore(db).document(job_id)
     if job is None:
         raise NotFound(f"job {echoed(job_id)} not found")
     return job
 
 
 async def _owners(db: AsyncDatabase[Document], job: Document) -> tuple[Document, Document]:
-    version = await db.versions.find_one({"_id": job["version_id"]})
-    team = await db.teams.find_one({"_id": job["team_id"]})
+    accounts = AccountStore(db)
+    version = await accounts.version(job["version_id"])
+    team = await accounts.team(job["team_id"])
     if version is None or team is None:
         raise Conflict(f"job {job['_id']}: its version or team no longer exists")
     return version, team
@@ -87,13 +91,14 @@ def review_view(job: Document, version: Document | None, team: Document | None) 
 
 
 async def _view(db: AsyncDatabase[Document], job: Document) -> ReviewView:
-    version = await db.versions.find_one({"_id": job["version_id"]})
-    team = await db.teams.find_one({"_id": job["team_id"]})
+    accounts = AccountStore(db)
+    version = await accounts.version(job["version_id"])
+    team = await accounts.team(job["team_id"])
     return review_view(job, version, team)
 
 
 async def list_reviews(db: AsyncDatabase[Document], state: ReviewState) -> list[ReviewView]:
-    jobs = db.jobs.find({"review_state": state}).sort("created_at", 1).limit(LIST_LIMIT)
+    jobs = JobStore(db).in_review(state, LIST_LIMIT)
     return [await _view(db, job) async for job in jobs]
 
 
@@ -177,28 +182,22 @@ async def approve(svc: Services, job_id: str) -> PublicationRecord:
     published_at = svc.clock()
     entry_id = f"lb-{uuid.uuid4().hex[:12]}"
     document = entry_document(job, version, team, entry_id, published_at)
-    decided = await db.jobs.update_one(
-        {"_id": job_id, "review_state": "pending_review"},
-        {"$set": {"review_state": "approved", "reviewed_at": published_at, "entry_id": entry_id}},
-    )
-    if decided.modified_count == 0:
+    jobs = JobStore(db)
+    if not await jobs.approve(job_id, entry_id, published_at):
         raise Conflict(f"job {echoed(job_id)} was already reviewed")
     try:
-        await db.leaderboard.insert_one(document)
+        await svc.leaderboard_store.publish_entry(document)
     except DuplicateKeyError:
         # An entry for this job exists already (an approval undone after its insert had in
         # fact landed): that one stands, and the job names it.
-        existing = await db.leaderboard.find_one({"job_id": job_id})
+        existing = await svc.leaderboard_store.entry_of_job(job_id)
         if existing is None:
             raise
-        await db.jobs.update_one({"_id": job_id}, {"$set": {"entry_id": existing["_id"]}})
+        await jobs.name_entry(job_id, existing["_id"])
         return record(existing)
     except Exception:
         # No entry: the job goes back to waiting, so the approval can simply be repeated.
-        await db.jobs.update_one(
-            {"_id": job_id, "review_state": "approved", "entry_id": entry_id},
-            {"$set": {"review_state": "pending_review", "reviewed_at": None, "entry_id": None}},
-        )
+        await jobs.undo_approval(job_id, entry_id)
         raise
     log.info("publication_approved", job_id=job_id, entry_id=entry_id)
     return record(document)
@@ -213,67 +212,36 @@ async def reject(svc: Services, job_id: str, reason: str) -> ReviewView:
             f"job {echoed(job_id)} is {state or 'not gated'}: only a job pending review can be "
             "rejected"
         )
-    decided = await db.jobs.update_one(
-        {"_id": job_id, "review_state": "pending_review"},
-        {
-            "$set": {
-                "review_state": "rejected",
-                "review_reason": reason,
-                "reviewed_at": svc.clock(),
-            }
-        },
-    )
-    if decided.modified_count == 0:
+    if not await JobStore(db).reject(job_id, reason, svc.clock()):
         raise Conflict(f"job {echoed(job_id)} was already reviewed")
     log.info("publication_rejected", job_id=job_id)
     return await _view(db, await _job(db, job_id))
 
 
-async def list_records(db: AsyncDatabase[Document]) -> list[PublicationRecord]:
-    found = db.leaderboard.find({}).sort("published_at", -1).limit(LIST_LIMIT)
-    return [record(document) async for document in found]
+async def list_records(leaderboard: LeaderboardStore) -> list[PublicationRecord]:
+    return [record(document) async for document in leaderboard.latest_entries(LIST_LIMIT)]
 
 
 async def disqualify(svc: Services, entry_id: str, reason: str) -> PublicationRecord:
-    db = svc.db
-    entry = await db.leaderboard.find_one({"_id": entry_id})
+    entry = await svc.leaderboard_store.entry(entry_id)
     if entry is None:
         raise NotFound(f"leaderboard entry {echoed(entry_id)} not found")
     if entry.get("disqualified"):
         raise Conflict(f"leaderboard entry {echoed(entry_id)} is already disqualified")
-    updated = await db.leaderboard.update_one(
-        {"_id": entry_id, "disqualified": False},
-        {
-            "$set": {
-                "disqualified": True,
-                "disqualified_reason": reason,
-                "disqualified_at": svc.clock(),
-            }
-        },
-    )
-    if updated.modified_count == 0:
+    if not await svc.leaderboard_store.disqualify_entry(entry_id, reason, svc.clock()):
         raise Conflict(f"leaderboard entry {echoed(entry_id)} is already disqualified")
     # The team sees it on its job too (R-3.9); the record keeps the approval it had.
-    await db.jobs.update_one(
-        {"_id": entry["job_id"], "review_state": "approved"},
-        {"$set": {"review_state": "disqualified", "review_reason": reason}},
-    )
+    await JobStore(svc.db).disqualify(entry["job_id"], reason)
     log.info("leaderboard_entry_disqualified", entry_id=entry_id, job_id=entry.get("job_id"))
-    found = await db.leaderboard.find_one({"_id": entry_id})
+    found = await svc.leaderboard_store.entry(entry_id)
     assert found is not None
     return record(found)
 
 
 async def _public(db: AsyncDatabase[Document], query: Document) -> list[LeaderboardEntry]:
-    documents = await db.leaderboard.find({**query, "disqualified": False}).to_list(LIST_LIMIT)
+    documents = await LeaderboardStore(db).standing_entries(query, LIST_LIMIT)
     # Belt and braces: an entry is public only while its job is approved.
-    approved = {
-        job["_id"]
-        async for job in db.jobs.find(
-            {"_id": {"$in": [d["job_id"] for d in documents]}, "review_state": "approved"},
-            {"_id": 1},
-        )
-    }
+    approved = await JobStore(db).approved_among(d["job_id"] for d in documents)
     return [public_entry(d) for d in documents if d["job_id"] in approved]
 
 
@@ -289,16 +257,8 @@ async def board_entries(
 async def board_counts(db: AsyncDatabase[Document]) -> dict[tuple[Track, Board], int]:
     """How many public entries each (track, board) has: what the page's tabs show. The same
     rule as `_public`, on the few fields it needs."""
-    documents = await db.leaderboard.find(
-        {"disqualified": False}, {"track": 1, "board": 1, "job_id": 1}
-    ).to_list(None)
-    approved = {
-        job["_id"]
-        async for job in db.jobs.find(
-            {"_id": {"$in": [d["job_id"] for d in documents]}, "review_state": "approved"},
-            {"_id": 1},
-        )
-    }
+    documents = await LeaderboardStore(db).standing_placements()
+    approved = await JobStore(db).approved_among(d["job_id"] for d in documents)
     counts: dict[tuple[Track, Board], int] = {}
     for document in documents:
         if document["job_id"] in approved:
@@ -316,14 +276,15 @@ async def repair_entries(db: AsyncDatabase[Document], clock: Callable[[], dateti
     """Create the entry of every approved job that has none (the process died between the
     approval and the insert). Returns how many were created."""
     created = 0
-    async for job in db.jobs.find({"review_state": "approved"}):
-        if not job.get("entry_id") or await db.leaderboard.find_one({"job_id": job["_id"]}):
+    leaderboard = LeaderboardStore(db)
+    async for job in JobStore(db).approved():
+        if not job.get("entry_id") or await leaderboard.entry_of_job(job["_id"]):
             continue
         try:
             version, team = await _owners(db, job)
             published_at = read_time(job.get("reviewed_at")) or clock()
             document = entry_document(job, version, team, job["entry_id"], published_at)
-            await db.leaderboard.insert_one(document)
+            await leaderboard.publish_entry(document)
         except (Conflict, DuplicateKeyError) as exc:
             log.warning("leaderboard_repair_skipped", job_id=job["_id"], error=repr(exc))
             continue

@@ -14,8 +14,6 @@ from datetime import datetime
 
 import structlog
 from pydantic import SecretStr
-from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import DuplicateKeyError
 
 from aml_gateway.refusals import Conflict, Invalid, echoed
 from aml_gateway.services import key_hash
@@ -25,6 +23,7 @@ from aml_runtime.db import Document
 from aml_runtime.documents import VersionFields
 from aml_runtime.secrets import SecretBox
 from aml_runtime.settings import ParticipantCallSettings
+from aml_runtime.stores.accounts import AccountStore
 
 log = structlog.get_logger()
 
@@ -34,13 +33,6 @@ SAMPLE_TASK_ID = "task-id"
 
 
 Clock = Callable[[], datetime]
-
-
-def version_document(
-    version_id: str, team_id: str, version: VersionFields, created_at: datetime
-) -> Document:
-    # The fields are a validated model: what is stored is what the pipeline reads.
-    return {"_id": version_id, "team_id": team_id, **version.model_dump(), "created_at": created_at}
 
 
 def _name_taken(name: str) -> Conflict:
@@ -54,59 +46,40 @@ def name_taken_reason(name: str) -> str:
     )
 
 
-async def system_name_taken(db: AsyncDatabase[Document], name: str, team_id: str | None) -> bool:
-    """Whether `name` belongs to a team other than `team_id` (None: a team that does not
-    exist yet, for which only a free name will do)."""
-    claim = await db.system_names.find_one({"_id": name})
-    if claim is not None:
-        return bool(claim["team_id"] != team_id)
-    # Versions stored before names were claimed.
-    other: Document = {"system_name": name}
-    if team_id is not None:
-        other["team_id"] = {"$ne": team_id}
-    return await db.versions.find_one(other, {"_id": 1}) is not None
-
-
-async def check_system_name(db: AsyncDatabase[Document], name: str, team_id: str | None) -> None:
+async def check_system_name(accounts: AccountStore, name: str, team_id: str | None) -> None:
     """`Conflict` unless `name` is free or already the team's. Checked before anything is stored;
     `claim_system_name` decides for good."""
-    if await system_name_taken(db, name, team_id):
+    if await accounts.system_name_taken(name, team_id):
         raise _name_taken(name)
 
 
-async def claim_system_name(
-    db: AsyncDatabase[Document], name: str, team_id: str, clock: Clock
-) -> bool:
+async def claim_system_name(accounts: AccountStore, name: str, team_id: str, clock: Clock) -> bool:
     """Bind `name` to the team (the unique `_id` decides a race). Returns whether this call
     made the claim; `Conflict` when another team holds the name."""
-    await check_system_name(db, name, team_id)
-    try:
-        await db.system_names.insert_one({"_id": name, "team_id": team_id, "claimed_at": clock()})
-    except DuplicateKeyError:
-        claim = await db.system_names.find_one({"_id": name})
-        if claim is None or claim["team_id"] != team_id:
-            raise _name_taken(name) from None
-        return False
-    return True
+    await check_system_name(accounts, name, team_id)
+    claim = await accounts.reserve_system_name(name, team_id, clock())
+    if claim == "taken":
+        raise _name_taken(name)
+    return claim == "claimed"
 
 
 async def insert_version(
-    db: AsyncDatabase[Document], team_id: str, version: VersionFields, clock: Clock
+    accounts: AccountStore, team_id: str, version: VersionFields, clock: Clock
 ) -> str:
     """Claims the system name for the team first (`Conflict` when another team holds it)."""
-    claimed = await claim_system_name(db, version.system_name, team_id, clock)
+    claimed = await claim_system_name(accounts, version.system_name, team_id, clock)
     version_id = f"ver-{uuid.uuid4().hex[:12]}"
     try:
-        await db.versions.insert_one(version_document(version_id, team_id, version, clock()))
+        await accounts.bind_version(version_id, team_id, version, clock())
     except BaseException:
         if claimed:
-            await db.system_names.delete_one({"_id": version.system_name, "team_id": team_id})
+            await accounts.release_system_name(version.system_name, team_id)
         raise
     return version_id
 
 
 async def create_team(
-    db: AsyncDatabase[Document], name: str, clock: Clock, details: Document | None = None
+    accounts: AccountStore, name: str, clock: Clock, details: Document | None = None
 ) -> tuple[str, str]:
     """A new team with a new Leaderboard API Key: returns (team id, key). The key is returned
     to be shown once; only its hash is stored (R-3.2, R-7.2)."""
@@ -119,25 +92,23 @@ async def create_team(
         "created_at": clock(),
         **(details or {}),
     }
-    await db.teams.insert_one(team)
+    await accounts.add_team(team)
     return team_id, new_key
 
 
-async def store_secret(
-    db: AsyncDatabase[Document], box: SecretBox, key: SecretStr | None
-) -> str | None:
+async def store_secret(accounts: AccountStore, box: SecretBox, key: SecretStr | None) -> str | None:
     """Seal a Memory System Key and return the reference that stands for it everywhere."""
     if key is None:
         return None
     secret_ref = f"sec-{uuid.uuid4().hex}"
-    await db.secrets.insert_one({"_id": secret_ref, "sealed": box.seal(key)})
+    await accounts.keep_sealed_key(secret_ref, box.seal(key))
     return secret_ref
 
 
-async def drop_secret(db: AsyncDatabase[Document], secret_ref: str | None) -> None:
+async def drop_secret(accounts: AccountStore, secret_ref: str | None) -> None:
     """Remove a sealed key no version or request will refer to."""
     if secret_ref is not None:
-        await db.secrets.delete_one({"_id": secret_ref})
+        await accounts.drop_sealed_key(secret_ref)
 
 
 async def check_participant_urls(urls: Mapping[str, str], *, allow_loopback: bool) -> list[str]:

@@ -18,6 +18,9 @@ from aml_runtime.broker import Bus, JetStreamBus
 from aml_runtime.clock import now
 from aml_runtime.db import Document
 from aml_runtime.secrets import SecretBox
+from aml_runtime.stores.access_requests import AccessRequestStore
+from aml_runtime.stores.accounts import AccountStore
+from aml_runtime.stores.leaderboard import LeaderboardStore
 
 
 @dataclass
@@ -35,10 +38,18 @@ class Services:
     limits: Limits = field(init=False)
     # Submissions announced over the broker's connection (`aml_runtime.broker.Bus`).
     bus: Bus = field(init=False)
+    # Teams, versions, names, sealed keys; access requests; leaderboard entries
+    # (`aml_runtime.stores`), over `db`.
+    accounts: AccountStore = field(init=False)
+    access_request_store: AccessRequestStore = field(init=False)
+    leaderboard_store: LeaderboardStore = field(init=False)
 
     def __post_init__(self) -> None:
         self.limits = Limits.from_settings(self.settings)
         self.bus = JetStreamBus(self.broker)
+        self.accounts = AccountStore(self.db)
+        self.access_request_store = AccessRequestStore(self.db)
+        self.leaderboard_store = LeaderboardStore(self.db)
 
 
 def key_hash(key: str) -> str:

@@ -9,6 +9,7 @@ move a job an admin already reviewed back to `pending_review`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import structlog
@@ -28,7 +29,9 @@ from aml_publisher.gate import (
 from aml_publisher.settings import PublisherSettings
 from aml_runtime.clock import now
 from aml_runtime.db import Document
-from aml_runtime.documents import FINISHED_JOB_STATES, LEADERBOARD
+from aml_runtime.documents import FINISHED_JOB_STATES
+from aml_runtime.stores.jobs import JobStore
+from aml_runtime.stores.leaderboard import LeaderboardStore
 
 log = structlog.get_logger()
 
@@ -43,23 +46,31 @@ class GateFinishedJobs:
     settings: PublisherSettings
     db: AsyncDatabase[Document]
 
+    @cached_property
+    def leaderboard(self) -> LeaderboardStore:
+        return LeaderboardStore(self.db)
+
+    @cached_property
+    def jobs(self) -> JobStore:
+        return JobStore(self.db)
+
     async def on_job_finished(self, event: JobFinished) -> None:
         await self.gate_job(event.job_id)
 
     async def reconcile(self) -> None:
         """Gate every finished job that has no outcome yet (an event that ran out of deliveries,
         or jobs that finished before the publisher was deployed)."""
-        ungated = {"state": {"$in": list(FINISHED_JOB_STATES)}, "gate": {"$exists": False}}
-        async for job in self.db.jobs.find(ungated, {"_id": 1}):
+        async for job_id in self.jobs.ungated():
             try:
-                await self.gate_job(job["_id"])
+                await self.gate_job(job_id)
             except Exception:
-                log.exception("gate.reconcile_failed", job_id=job["_id"])
+                log.exception("gate.reconcile_failed", job_id=job_id)
 
     async def gate_job(self, job_id: str) -> bool:
         """Gate one finished job; False when there was nothing to do (unknown, still running, or
         already gated: the stored outcome stands)."""
-        job = await self.db.jobs.find_one({"_id": job_id})
+        # As stored: the gate's facts are read from the stored form (`job_facts`).
+        job = await self.jobs.document(job_id)
         if job is None or job.get("state") not in FINISHED_JOB_STATES:
             log.warning("gate.skipped", job_id=job_id, state=(job or {}).get("state"))
             return False
@@ -73,16 +84,10 @@ class GateFinishedJobs:
             "passed": passed,
             "at": now(),
         }
-        fields: Document = {"gate": gate}
-        if job.get("review_state") is None:
-            # A review state set some other way (never by a gate) is an admin's: it stands.
-            fields["review_state"] = review_state
-        # `$exists: false` matches a missing field on MongoDB and on nx-27017 alike (the field
-        # is never written as null); of two concurrent gates exactly one is stored.
-        stored = await self.db.jobs.update_one(
-            {"_id": job_id, "gate": {"$exists": False}}, {"$set": fields}
-        )
-        if not stored.modified_count:
+        # A review state set some other way (never by a gate) is an admin's: it stands.
+        unreviewed = job.get("review_state") is None
+        # Of two concurrent gates exactly one is stored (`JobStore.record_gate`).
+        if not await self.jobs.record_gate(job_id, gate, review_state if unreviewed else None):
             return False
         log.info(
             "job.gated",
@@ -107,22 +112,19 @@ class GateFinishedJobs:
         any approved job whose entry is not written yet."""
         entries: list[PublishedFacts] = []
         seen_jobs: set[str] = set()
-        async for entry in self.db[LEADERBOARD].find({}):
+        async for entry in self.leaderboard.entries():
             job_id = entry.get("job_id")
             job = await self._published_job(job_id) if job_id else {}
             entries.append(_published(str(entry["_id"]), entry, job or {}))
             if job_id:
                 seen_jobs.add(job_id)
-        async for job in self.db.jobs.find({"review_state": "approved"}, _PUBLISHED_FIELDS):
+        async for job in self.jobs.approved_facts():
             if job["_id"] not in seen_jobs:
                 entries.append(_published(f"job:{job['_id']}", {"job_id": job["_id"]}, job))
         return entries
 
     async def _published_job(self, job_id: str) -> Document | None:
-        return await self.db.jobs.find_one({"_id": job_id}, _PUBLISHED_FIELDS)
-
-
-_PUBLISHED_FIELDS = {"version_id": 1, "track": 1, "results": 1, "disqualified": 1}
+        return await self.jobs.published_facts(job_id)
 
 
 def _published(entry_id: str, entry: Document, job: Document) -> PublishedFacts:

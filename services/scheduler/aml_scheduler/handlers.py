@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import cached_property
 
 import structlog
 from pymongo import UpdateOne
@@ -61,11 +62,12 @@ from aml_runtime.documents import (
     SEARCHES,
     WRITTEN_TEXTS,
     FailureKind,
-    JobDocument,
     ScoreDocument,
     StageRecord,
 )
 from aml_runtime.secrets import SecretBox
+from aml_runtime.stores.accounts import AccountStore
+from aml_runtime.stores.jobs import JobStore
 from aml_runtime.telemetry import item_trace
 from aml_scheduler.planning import (
     PART_TURNS,
@@ -120,10 +122,20 @@ class ScheduleJobs:
     part_turns: int = PART_TURNS
     written_pairs_held: int = WRITTEN_PAIRS_HELD
 
+    @cached_property
+    def accounts(self) -> AccountStore:
+        """The versions' declared capacity and run limits (`aml_runtime.stores.accounts`)."""
+        return AccountStore(self.db)
+
+    @cached_property
+    def jobs(self) -> JobStore:
+        """The jobs and their error summaries (`aml_runtime.stores.jobs`)."""
+        return JobStore(self.db)
+
     # -- events -----------------------------------------------------------------------------
 
     async def on_job_submitted(self, event: JobSubmitted) -> None:
-        job = await self.db.jobs.find_one({"_id": event.job_id})
+        job = await self.jobs.document(event.job_id)
         if job is None or job["state"] not in ACTIVE_JOB_STATES:
             return
         if not job.get("planned"):
@@ -230,15 +242,10 @@ class ScheduleJobs:
         # A pause whose waiting calls are gone (their workers died) lifts after its window.
         for key in await close_abandoned(self.db, self.clock().timestamp()):
             log.warning("outage.abandoned_closed", key=key)
-        active = {"state": {"$in": list(ACTIVE_JOB_STATES)}}
-        fields = {"_id": 1, "version_id": 1, "started_at": 1, "planned": 1, "progress": 1,
-                  "state": 1, "totals": 1, "created_at": 1}  # fmt: skip
         stale_after = timedelta(seconds=3 * self.settings.reconcile_interval_seconds)
-        async for job in self.db.jobs.find(active, fields):
+        async for job in self.jobs.active_jobs():
             try:
-                version = await self.db.versions.find_one(
-                    {"_id": job["version_id"]}, {"run_limits": 1, "capacity": 1}
-                )
+                version = await self.accounts.limits_of(job["version_id"])
                 if await self._stop_if_overdue(job, version or {}):
                     continue
                 if await self._fail_if_stalled(job, version or {"_id": job["version_id"]}):
@@ -328,27 +335,21 @@ class ScheduleJobs:
             {"$setOnInsert": {"spec": self.evaluation_spec.model_dump(mode="json")}},
             upsert=True,
         )
-        await self.db.jobs.update_one(
-            {"_id": job_id, "planned": False},
-            {
-                "$set": {
-                    "planned": True,
-                    "state": "running",
-                    "started_at": now(),
-                    "top_k": self.evaluation_spec.top_k,
-                    "spec": self.evaluation_spec.summary(),
-                    "spec_hash": spec_hash,
-                    "code_hash": self.code_hash,
-                    "dataset_bundles": bundles,
-                    "dataset_bundle_hash": bundle_fingerprint(bundles),
-                    # In the order their Adds start (`aml_pipeline.chains`).
-                    "users": users_by_adds(adds),
-                    "excluded_categories": excluded,
-                    "f1_variants": f1_variants,
-                    "chunkers": chunkers,
-                    "totals": totals,
-                }
-            },
+        await self.jobs.start(
+            job_id,
+            started_at=now(),
+            top_k=self.evaluation_spec.top_k,
+            spec=self.evaluation_spec.summary(),
+            spec_hash=spec_hash,
+            code_hash=self.code_hash,
+            dataset_bundles=bundles,
+            dataset_bundle_hash=bundle_fingerprint(bundles),
+            # In the order their Adds start (`aml_pipeline.chains`).
+            users=users_by_adds(adds),
+            excluded_categories=excluded,
+            f1_variants=f1_variants,
+            chunkers=chunkers,
+            totals=totals,
         )
         log.info("job.planned", job_id=job_id, chunks=totals["add"], questions=totals["questions"])
 
@@ -364,10 +365,9 @@ class ScheduleJobs:
         streaming dataset's Add that questions are asked right before (`searched_before`) is
         published only once their searches are final: they are released first
         (`_held_searches_final`)."""
-        job = await self.db.jobs.find_one({"_id": job_id}, {"state": 1, "version_id": 1})
-        if job is None or job["state"] != "running":
+        version_id = await self.jobs.running_version(job_id)
+        if version_id is None:
             return
-        version_id = str(job["version_id"])
         if user_id is not None:
             if (job_id, user_id) in self._released:
                 return
@@ -381,8 +381,7 @@ class ScheduleJobs:
         reconciliation; otherwise a user this process already released an Add of counts as
         writing without a read."""
         # Read only here, as a user finishes: a job may have thousands of users.
-        job = await self.db.jobs.find_one({"_id": job_id}, {"users": 1})
-        users: list[str] = (job or {}).get("users", [])
+        users = await self.jobs.users_of(job_id)
         window = active_window(await self._capacity(version_id))
         writing = 0
         for user in users:
@@ -435,7 +434,7 @@ class ScheduleJobs:
         moment = time.monotonic()
         if cached is not None and moment - cached[1] < _CAPACITY_CACHE_SECONDS:
             return cached[0]
-        version = await self.db.versions.find_one({"_id": version_id}, {"capacity": 1})
+        version = await self.accounts.capacity_of(version_id)
         declared = version_capacity(version or {"_id": version_id})
         bounded_put(self._capacities, version_id, (declared, moment), _RELEASED_KEPT)
         return declared
@@ -500,16 +499,15 @@ class ScheduleJobs:
         self._released.add((job_id, user_id))
 
     async def complete_if_done(self, job_id: str) -> None:
-        stored = await self.db.jobs.find_one({"_id": job_id})
-        if stored is None:
+        job = await self.jobs.get(job_id)
+        if job is None or job.state != "running" or not job.planned or job.totals is None:
             return
-        job = JobDocument.model_validate(stored)
-        if job.state != "running" or not job.planned or job.totals is None:
-            return
+        # The counters as stored, read by their paths (`aml_pipeline.progress`).
+        counted: Document = {"progress": job.progress}
         # O(1): the job's own counter of questions that reached their terminal state (scored, or
         # failed in search or answer). It can lag after a crash (then the reconciliation's repair
         # catches up), never lead, so a job is never completed with a question still open.
-        if questions_final(stored) < job.totals.questions:
+        if questions_final(counted) < job.totals.questions:
             return
         # Once per job, like the aggregation below: make the stored counters exact (a lost
         # increment of an Add or an error entry does not hold completion back but would show
@@ -522,26 +520,22 @@ class ScheduleJobs:
         # none (its counter says so without reading the job's chunks); counted all the same,
         # so that no platform failure goes unnoticed.
         adds = 0
-        if stage_counts(stored, "add")[1]:
+        if stage_counts(counted, "add")[1]:
             failed_adds = self.db.add_chunks.find(
                 {"job_id": job_id, "state": "failed", "failure_kind": FailureKind.PLATFORM_ERROR},
                 {"_id": 1},
             )
             adds = len(await failed_adds.to_list())
         questions = platform_failed(outcomes)
-        fields: Document = {
-            "state": "completed",
-            "finished_at": now(),
-            "results": results.model_dump(mode="json"),
-            "platform_failures": adds + questions,
-        }
         reason = platform_failure_reason(questions, adds)
-        if reason is not None:
-            fields["platform_failure_reason"] = reason
-        updated = await self.db.jobs.update_one(
-            {"_id": job_id, "state": "running"}, {"$set": fields}
+        completed = await self.jobs.complete(
+            job_id,
+            finished_at=now(),
+            results=results.model_dump(mode="json"),
+            platform_failures=adds + questions,
+            platform_failure_reason=reason,
         )
-        if updated.modified_count:
+        if completed:
             log.info("job.completed", job_id=job_id, overall=results.overall.judge_accuracy,
                      platform_failures=adds + questions)  # fmt: skip
             if reason is not None:

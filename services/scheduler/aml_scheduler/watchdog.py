@@ -55,6 +55,7 @@ from aml_pipeline.progress import LAST_US, waiting_stage
 from aml_runtime.clock import micros
 from aml_runtime.db import Document, read_time
 from aml_runtime.documents import FailureKind
+from aml_runtime.stores.jobs import JobStore
 
 # A stall is never shorter than this many of the version's declared request periods.
 STALL_PERIODS = 10
@@ -198,9 +199,7 @@ async def _participant_or_platform(
     db: AsyncDatabase[Document], job_id: str, stage: Stage, since_us: int
 ) -> tuple[Cause, str]:
     # Once per stalled job (it is failed right after): a sort over the job's entries is fine.
-    error = await db.job_errors.find_one(
-        {"job_id": job_id, "at_us": {"$gte": since_us}}, sort=[("at_us", DESCENDING)]
-    )
+    error = await JobStore(db).latest_error_since(job_id, since_us)
     if error is not None:
         cause: Cause = (
             "platform" if error.get("kind") == FailureKind.PLATFORM_ERROR else "participant"

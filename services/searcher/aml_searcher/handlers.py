@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from pydantic import TypeAdapter
 from pymongo.asynchronous.database import AsyncDatabase
@@ -19,6 +20,7 @@ from aml_pipeline.stage_worker import StageCall
 from aml_runtime.broker import FinalFailure
 from aml_runtime.db import Document
 from aml_runtime.documents import FailureKind
+from aml_runtime.stores.jobs import JobStore
 
 # The items as stored: one dump of the list (a dump per item cost three times as much).
 _SEARCH_ITEMS: TypeAdapter[list[SearchItem]] = TypeAdapter(list[SearchItem])
@@ -82,8 +84,12 @@ class SearchQuestion:
     endpoints: Endpoints
     written: WrittenTexts
 
+    @cached_property
+    def jobs(self) -> JobStore:
+        return JobStore(self.db)
+
     async def __call__(self, work: QuestionWork, question: Document, item: StageCall) -> Document:
-        job = item.job or await self.db.jobs.find_one({"_id": work.job_id}, {"top_k": 1})
+        job = item.job or await self.jobs.search_view(work.job_id)
         if job is None:
             raise FinalFailure(FailureKind.PLATFORM_ERROR, f"job {work.job_id} is missing")
         async with CallRecorder(

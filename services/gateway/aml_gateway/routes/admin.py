@@ -28,6 +28,7 @@ from aml_gateway.registry import (
     store_secret,
 )
 from aml_runtime.documents import VersionFields
+from aml_runtime.stores.jobs import JobStore
 
 # Every admin route answers 403 to anyone without the admin token.
 router = APIRouter(
@@ -47,15 +48,15 @@ async def register_version(
         {name: str(getattr(body, name)) for name in ("add_url", "search_url", "health_url")},
         allow_loopback=svc.settings.allow_loopback_targets,
     )
-    team = await svc.db.teams.find_one({"name": body.team})
+    team = await svc.accounts.team_by_name(body.team)
     # Everything that can refuse runs before anything is stored.
-    await check_system_name(svc.db, body.system_name, None if team is None else team["_id"])
+    await check_system_name(svc.accounts, body.system_name, None if team is None else team["_id"])
     new_key = None
     if team is None:
-        team_id, new_key = await create_team(svc.db, body.team, svc.clock)
+        team_id, new_key = await create_team(svc.accounts, body.team, svc.clock)
     else:
         team_id = team["_id"]
-    secret_ref = await store_secret(svc.db, svc.box, body.memory_system_key)
+    secret_ref = await store_secret(svc.accounts, svc.box, body.memory_system_key)
     version = VersionFields(
         system_name=body.system_name,
         version_label=body.version_label,
@@ -69,12 +70,12 @@ async def register_version(
         capacity=body.capacity.model_dump(),
     )
     try:
-        version_id = await insert_version(svc.db, team_id, version, svc.clock)
+        version_id = await insert_version(svc.accounts, team_id, version, svc.clock)
     except BaseException:
         # A name taken meanwhile: nothing of this registration stays.
-        await drop_secret(svc.db, secret_ref)
+        await drop_secret(svc.accounts, secret_ref)
         if new_key is not None:
-            await svc.db.teams.delete_one({"_id": team_id})
+            await svc.accounts.drop_team(team_id)
         raise
     return VersionRegistered(version_id=version_id, team_id=team_id, leaderboard_api_key=new_key)
 
@@ -83,7 +84,7 @@ async def register_version(
 async def list_access_requests(
     svc: ServicesDep, _: AdminDep, state: AccessState | None = None
 ) -> list[AccessRequestView]:
-    return await access_requests.list_requests(svc.db, state)
+    return await access_requests.list_requests(svc.access_request_store, state)
 
 
 @router.post("/access-requests/{request_id}/approve", responses=error_responses(404, 409))
@@ -107,13 +108,11 @@ async def extend_retention(
     keep_until = body.keep_until if body.keep_until.tzinfo else body.keep_until.replace(tzinfo=UTC)
     if keep_until <= svc.clock():
         raise Invalid("keep_until must be in the future")
-    job = await svc.db.jobs.find_one({"_id": job_id}, {"retention_purged_at": 1})
-    if job is None:
+    jobs = JobStore(svc.db)
+    purged = await jobs.purged(job_id)
+    if purged is None:
         raise NotFound(f"job {echoed(job_id)} not found")
-    if job.get("retention_purged_at") is not None:
+    if purged:
         raise Conflict(f"job {echoed(job_id)}'s run data was already deleted")
-    await svc.db.jobs.update_one(
-        {"_id": job_id},
-        {"$set": {"retention_keep_until": keep_until, "retention_reason": body.reason}},
-    )
+    await jobs.keep_run_data(job_id, keep_until, body.reason)
     return RetentionView(job_id=job_id, keep_until=keep_until, reason=body.reason)

@@ -33,7 +33,8 @@ from aml_gateway.submissions import (
 )
 from aml_runtime.broker import publish
 from aml_runtime.db import Document, read_time
-from aml_runtime.documents import FailureKind, JobDocument
+from aml_runtime.documents import JobDocument
+from aml_runtime.stores.jobs import JobStore
 
 router = APIRouter(
     route_class=GuardedRoute, prefix="/v1/jobs", tags=["jobs"], responses=error_responses(429)
@@ -47,7 +48,7 @@ _SUBMISSION_ROUNDS = 5
 
 
 async def _own_job(svc: ServicesDep, team: Document, job_id: str) -> Document:
-    job = await svc.db.jobs.find_one({"_id": job_id, "team_id": team["_id"]})
+    job = await JobStore(svc.db).team_job(job_id, team["_id"])
     if job is None:
         # Another team's job answers exactly like a missing one: existence is not revealed.
         raise NotFound(f"job {echoed(job_id)} not found")
@@ -93,37 +94,30 @@ def _dataset_tracks(datasets: list[str], svc: Services) -> dict[str, Track]:
 
 async def _prior_runs(svc: Services, team_id: str) -> tuple[list[PriorRun], int]:
     """The team's jobs as the rules see them, and the highest submission number so far."""
-    jobs = await svc.db.jobs.find({"team_id": team_id}).to_list()
-    completed_smokes = [
-        j["_id"] for j in jobs if j["mode"] == "smoke" and j["state"] == "completed"
-    ]
+    store = JobStore(svc.db)
+    jobs = await store.team_jobs(team_id)
+    completed_smokes = [j.id for j in jobs if j.mode == "smoke" and j.state == "completed"]
     # A smoke passed when no item failed because of the participant: one query for all of them
     # (items the platform itself failed are not held against the participant; they make the
     # smoke void instead, `PriorRun.qualifies`).
-    flawed = {
-        error["job_id"]
-        async for error in svc.db.job_errors.find(
-            {"job_id": {"$in": completed_smokes}, "kind": {"$ne": FailureKind.PLATFORM_ERROR}},
-            {"job_id": 1},
-        )
-    }
+    flawed = await store.flawed_by_participant(completed_smokes)
     runs = [
         PriorRun(
-            job_id=job["_id"],
-            version_id=job["version_id"],
-            mode=job["mode"],
-            track=job["track"],
-            run_label=job["run_label"],
-            state=job["state"],
-            created_at=read_time(job["created_at"]),
-            finished_at=read_time(job.get("finished_at")),
-            failure_kind=job.get("failure_kind"),
-            platform_failures=job.get("platform_failures") or 0,
-            passed=job["_id"] in completed_smokes and job["_id"] not in flawed,
+            job_id=job.id,
+            version_id=job.version_id,
+            mode=job.mode,
+            track=job.track,
+            run_label=job.run_label,
+            state=job.state,
+            created_at=job.created_at,
+            finished_at=job.finished_at,
+            failure_kind=job.failure_kind,
+            platform_failures=job.platform_failures or 0,
+            passed=job.id in completed_smokes and job.id not in flawed,
         )
         for job in jobs
     ]
-    last_seq = max((job.get("submission_seq", 0) for job in jobs), default=0)
+    last_seq = max((job.submission_seq for job in jobs), default=0)
     return runs, last_seq
 
 
@@ -140,12 +134,12 @@ async def submit_job(body: JobSubmission, svc: ServicesDep, team: TeamDep) -> Jo
     datasets are known and all of the job's track (422, R-2.1); then the rules of
     `aml_gateway.submissions` (Run Label, running job, season, passed smoke, quotas)."""
     team_id = team["_id"]
-    version = await svc.db.versions.find_one({"_id": body.version_id, "team_id": team_id})
+    version = await svc.accounts.team_version(body.version_id, team_id)
     if version is None:
         raise NotFound(f"version {echoed(body.version_id)} not found")
-    if body.track not in version.get("tracks", []):
+    if body.track not in version.tracks:
         raise Invalid(f"version {echoed(body.version_id)} is not registered for track {body.track}")
-    if version["auth_method"] == "none" and body.mode != "smoke":
+    if version.auth_method == "none" and body.mode != "smoke":
         raise Invalid("auth method `none` is allowed only for smoke runs")
     if body.mode == "full":
         unticked = body.checklist.unticked() if body.checklist else ["checklist"]
@@ -181,9 +175,8 @@ async def submit_job(body: JobSubmission, svc: ServicesDep, team: TeamDep) -> Jo
             planned=False,
             created_at=created_at,
         )
-        document = job.stored()
         try:
-            await svc.db.jobs.insert_one(document)
+            document = await JobStore(svc.db).create(job)
         except DuplicateKeyError:
             continue
         await publish(
@@ -198,7 +191,7 @@ async def submit_job(body: JobSubmission, svc: ServicesDep, team: TeamDep) -> Jo
 
 @router.get("", responses=error_responses(401))
 async def list_jobs(svc: ServicesDep, team: TeamDep) -> list[JobStatus]:
-    jobs = svc.db.jobs.find({"team_id": team["_id"]}).sort("created_at", -1).limit(100)
+    jobs = JobStore(svc.db).latest_of_team(team["_id"])
     return [await job_status(svc.db, job) async for job in jobs]
 
 

@@ -53,7 +53,7 @@ async def reject_publication(
 @router.get("/leaderboard")
 async def list_leaderboard_records(svc: ServicesDep, _: AdminDep) -> list[PublicationRecord]:
     """Every leaderboard submission record, disqualified ones included, newest first."""
-    return await publication.list_records(svc.db)
+    return await publication.list_records(svc.leaderboard_store)
 
 
 @router.post("/leaderboard/{entry_id}/disqualify", responses=error_responses(404, 409))

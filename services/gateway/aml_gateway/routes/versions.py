@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from aml_contract.api.versions import Capacity, VersionView
+from aml_contract.api.versions import VersionView
 from aml_gateway.deps import GuardedRoute, ServicesDep, TeamDep
 from aml_gateway.errors import error_responses
 from aml_gateway.refusals import NotFound, echoed
-from aml_runtime.db import Document, read_time
+from aml_runtime.documents import VersionDocument
 
 router = APIRouter(
     route_class=GuardedRoute,
@@ -18,32 +18,31 @@ router = APIRouter(
 )
 
 
-def _view(version: Document) -> VersionView:
+def _view(version: VersionDocument) -> VersionView:
     return VersionView(
-        version_id=version["_id"],
-        system_name=version["system_name"],
-        version_label=version["version_label"],
-        tracks=version["tracks"],
-        board=version["board"],
-        add_url=version["add_url"],
-        search_url=version["search_url"],
-        health_url=version["health_url"],
-        auth_method=version["auth_method"],
-        has_memory_system_key=bool(version.get("secret_ref")),
-        capacity=Capacity.model_validate(version.get("capacity", {})),
-        created_at=read_time(version["created_at"]),
+        version_id=version.id,
+        system_name=version.system_name,
+        version_label=version.version_label,
+        tracks=version.tracks,
+        board=version.board,
+        add_url=version.add_url,
+        search_url=version.search_url,
+        health_url=version.health_url,
+        auth_method=version.auth_method,
+        has_memory_system_key=bool(version.secret_ref),
+        capacity=version.capacity,
+        created_at=version.created_at,
     )
 
 
 @router.get("", responses=error_responses(401))
 async def list_versions(svc: ServicesDep, team: TeamDep) -> list[VersionView]:
-    versions = svc.db.versions.find({"team_id": team["_id"]}).sort("created_at", 1)
-    return [_view(version) async for version in versions]
+    return [_view(version) async for version in svc.accounts.team_versions(team["_id"])]
 
 
 @router.get("/{version_id}", responses=error_responses(401, 404))
 async def get_version(version_id: str, svc: ServicesDep, team: TeamDep) -> VersionView:
-    version = await svc.db.versions.find_one({"_id": version_id, "team_id": team["_id"]})
+    version = await svc.accounts.team_version(version_id, team["_id"])
     if version is None:
         raise NotFound(f"version {echoed(version_id)} not found")
     return _view(version)
