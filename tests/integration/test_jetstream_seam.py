@@ -7,6 +7,7 @@ context and decoding by FastStream subscribers: tests/integration/test_publishin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -53,6 +54,17 @@ async def _queued(broker: NatsBroker, stream: str) -> int:
     return int(info.state.messages)
 
 
+@contextlib.asynccontextmanager
+async def _pull(
+    broker: NatsBroker, stream: str, lane: str, subject: str
+) -> AsyncIterator[WorkPull]:
+    pull = await WorkPull.open(broker.connection, stream, lane, subject, ACK_WAIT)
+    try:
+        yield pull
+    finally:
+        await pull.close()
+
+
 async def test_the_broker_connection_is_a_nats_py_client(broker: NatsBroker) -> None:
     # FastStream's public `NatsBroker.connection`: what the bus and the pulls are built on.
     assert isinstance(broker.connection, Client)
@@ -62,8 +74,7 @@ async def test_an_empty_pull_answers_at_once_and_a_full_one_with_one_message(
     broker: NatsBroker, stream: str
 ) -> None:
     subject = f"{stream.lower()}.work.a"
-    pull = await WorkPull.open(broker.connection, stream, "lane-a", subject, ACK_WAIT)
-    try:
+    async with _pull(broker, stream, "lane-a", subject) as pull:
         # `no_wait`: the server answers an empty consumer's pull with a 404 status at once,
         # not after the pull's 2 s bound.
         started = time.monotonic()
@@ -84,16 +95,13 @@ async def test_an_empty_pull_answers_at_once_and_a_full_one_with_one_message(
         await msg.ack()
         await asyncio.sleep(0.1)
         assert await _queued(broker, stream) == 2  # a work queue drops what was acked
-    finally:
-        await pull.close()
 
 
 async def test_a_nak_with_a_delay_comes_back_after_it_counted_once_more(
     broker: NatsBroker, stream: str
 ) -> None:
     subject = f"{stream.lower()}.work.b"
-    pull = await WorkPull.open(broker.connection, stream, "lane-b", subject, ACK_WAIT)
-    try:
+    async with _pull(broker, stream, "lane-b", subject) as pull:
         await _send(broker, stream, subject, b"{}", "b-1")
         first = await pull.next()
         assert first is not None
@@ -106,16 +114,13 @@ async def test_a_nak_with_a_delay_comes_back_after_it_counted_once_more(
         again = await pull.next()
         assert again is not None and again.metadata.num_delivered == 2
         await again.ack()
-    finally:
-        await pull.close()
 
 
 async def test_an_answer_to_a_pull_that_gave_up_is_handed_back_at_once(
     broker: NatsBroker, stream: str
 ) -> None:
     subject = f"{stream.lower()}.work.c"
-    pull = await WorkPull.open(broker.connection, stream, "lane-c", subject, ACK_WAIT)
-    try:
+    async with _pull(broker, stream, "lane-c", subject) as pull:
         await _send(broker, stream, subject, b"{}", "c-1")
         # A pull whose answer arrives after its caller stopped waiting: it sits in the inbox.
         request = json.dumps({"batch": 1, "no_wait": True}).encode()
@@ -133,8 +138,6 @@ async def test_an_answer_to_a_pull_that_gave_up_is_handed_back_at_once(
         assert msg is not None and msg.metadata.num_delivered == 2
         assert pull.inbox.pending_msgs == 0
         await msg.ack()
-    finally:
-        await pull.close()
 
 
 async def test_a_consumer_reading_other_subjects_is_replaced_and_the_work_kept(

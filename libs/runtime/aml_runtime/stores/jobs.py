@@ -317,17 +317,8 @@ class JobStore:
     async def approve(self, job_id: str, entry_id: str, reviewed_at: datetime) -> bool:
         """Pending review -> approved, naming the entry to be created; False when the job was
         not pending review (any more)."""
-        decided = await self._db.jobs.update_one(
-            {"_id": job_id, "review_state": "pending_review"},
-            {
-                "$set": {
-                    "review_state": "approved",
-                    "reviewed_at": reviewed_at,
-                    "entry_id": entry_id,
-                }
-            },
-        )
-        return bool(decided.modified_count)
+        decision = {"review_state": "approved", "reviewed_at": reviewed_at, "entry_id": entry_id}
+        return await self._decide_review(job_id, decision)
 
     async def name_entry(self, job_id: str, entry_id: str) -> None:
         """The job's entry is this one (an entry of the job existed already)."""
@@ -342,15 +333,13 @@ class JobStore:
 
     async def reject(self, job_id: str, reason: str, reviewed_at: datetime) -> bool:
         """Pending review -> rejected; False when the job was not pending review (any more)."""
+        decision = {"review_state": "rejected", "review_reason": reason, "reviewed_at": reviewed_at}
+        return await self._decide_review(job_id, decision)
+
+    async def _decide_review(self, job_id: str, decision: Document) -> bool:
+        """The review's decision, taken once: only a job still pending review changes."""
         decided = await self._db.jobs.update_one(
-            {"_id": job_id, "review_state": "pending_review"},
-            {
-                "$set": {
-                    "review_state": "rejected",
-                    "review_reason": reason,
-                    "reviewed_at": reviewed_at,
-                }
-            },
+            {"_id": job_id, "review_state": "pending_review"}, {"$set": decision}
         )
         return bool(decided.modified_count)
 
