@@ -22,7 +22,7 @@ from aml_pipeline.chains import add_order
 from aml_pipeline.evaluation_spec import build_evaluation_spec
 from aml_runtime.db import Document
 from aml_runtime.documents import ensure_indexes
-from aml_scheduler import handlers
+from aml_runtime.stores.plans import PlanStore
 from aml_scheduler.handlers import ScheduleJobs
 from aml_scheduler.planning import plan_chunks, plan_questions, plan_written_texts
 from aml_scheduler.settings import SchedulerSettings
@@ -124,13 +124,13 @@ async def test_a_streamed_plan_stores_what_planning_each_dataset_whole_did(
     db: AsyncDatabase[Document], datasets_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     merged: list[int] = []
-    merge = handlers._merge_written
+    merge = PlanStore._merge_written
 
-    async def counted(db: AsyncDatabase[Document], docs: list[Document]) -> None:
+    async def counted(plans: PlanStore, docs: list[Document]) -> None:
         merged.append(len(docs))
-        await merge(db, docs)
+        await merge(plans, docs)
 
-    monkeypatch.setattr(handlers, "_merge_written", counted)
+    monkeypatch.setattr(PlanStore, "_merge_written", counted)
     scheduler = _scheduler(db, datasets_root)
     datasets = ["synthetic", "gen", "str"]
     await _plan(scheduler, "job-s", datasets)

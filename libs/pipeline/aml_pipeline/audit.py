@@ -20,6 +20,7 @@ from aml_contract.api.vocabulary import Stage
 from aml_pipeline.participants import Attempt
 from aml_runtime.db import Document
 from aml_runtime.metrics import participant_call
+from aml_runtime.stores.audit import AuditStore
 
 VALID = "valid"
 
@@ -37,7 +38,7 @@ class CallRecorder:
         delivery: int,
         version_id: str = "",
     ) -> None:
-        self._db = db
+        self._audit = AuditStore(db)
         self._version_id = version_id
         # The work item: an Add's request_id (an Add chunk's item id is its request_id), or a
         # question's id; the audit API derives the Add's contract request_id from it.
@@ -69,20 +70,18 @@ class CallRecorder:
         if attempt.outcome == "ok":
             self._held = record
         else:
-            await self._db.calls.insert_one(record)
+            await self._audit.record_attempt(record)
 
     async def validated(self, outcome: str) -> None:
         """`valid`, or the contract violation's reason, on the last answered attempt."""
         if self._held is not None:
             record, self._held = self._held, None
-            await self._db.calls.insert_one({**record, "validation": outcome})
+            await self._audit.record_attempt({**record, "validation": outcome})
         elif self._answered is not None:
-            await self._db.calls.update_one(
-                {"_id": self._answered}, {"$set": {"validation": outcome}}
-            )
+            await self._audit.record_validation(self._answered, outcome)
 
     async def close(self) -> None:
         """Write a held answered attempt as it is (no validation came for it)."""
         if self._held is not None:
             record, self._held = self._held, None
-            self._answered = (await self._db.calls.insert_one(record)).inserted_id
+            self._answered = await self._audit.record_attempt(record)

@@ -37,13 +37,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from pymongo import ASCENDING, ReturnDocument, UpdateOne
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import DuplicateKeyError
 
 from aml_runtime.db import Document
 from aml_runtime.settings import RATE_MARGIN_SECONDS
 from aml_runtime.stores.accounts import AccountStore
+from aml_runtime.stores.capacity import SlotRange, SlotStore
 
 LEASE_SECONDS = 30.0
 # A rate slot taken but not yet stamped stays locked this long at most (a holder that crashed
@@ -295,7 +294,7 @@ class CapacityLimiter:
         notify: Notify | None = None,
         rate_patience_seconds: float = 0.0,
     ) -> None:
-        self._db = db
+        self._slots = SlotStore(db)
         self._accounts = AccountStore(db)
         self._lease = lease_seconds
         self._margin = rate_margin_seconds
@@ -339,7 +338,7 @@ class CapacityLimiter:
         if concurrency is None:
             if rate is not None:
                 # Never used: free again when it was free before (its last departure's period).
-                await self._set_free(rate, holder, max(time.time(), rate_free_at))
+                await self._slots.give_back(rate, holder, max(time.time(), rate_free_at))
             return Refused("concurrency")
         admission = Admission(self, capacity, holder, concurrency, rate, time.time(), rate_free_at)
         admission._renew = asyncio.create_task(self._renew_lease(concurrency, holder))
@@ -384,11 +383,7 @@ class CapacityLimiter:
 
     async def _read_wait(self, capacity: Capacity, pool: Pool) -> float:
         now = time.time()
-        first = await self._db.capacity_slots.find_one(
-            _slots_of(capacity, pool),
-            {"free_at": 1, "stamped": 1},
-            sort=[("free_at", ASCENDING)],
-        )
+        first = await self._slots.first_to_free(_slots_of(capacity, pool))
         poll = random.uniform(*_RETRY_SECONDS)
         if first is None or float(first["free_at"]) <= now:
             return poll
@@ -406,15 +401,9 @@ class CapacityLimiter:
         locked far ahead and never reserved."""
         await self._ensure(capacity, "rate")
         now = time.time()
-        before = await self._db.capacity_slots.find_one_and_update(
-            {**_slots_of(capacity, "rate"), "free_at": {"$lte": now + patience}},
-            {"$set": {"free_at": now + RATE_LOCK_SECONDS, "holder": holder, "stamped": False}},
-            sort=[("free_at", ASCENDING)],
-            return_document=ReturnDocument.BEFORE,
+        return await self._slots.reserve_rate_slot(
+            _slots_of(capacity, "rate"), holder, now + patience, now + RATE_LOCK_SECONDS
         )
-        if before is None:
-            return None
-        return str(before["_id"]), float(before["free_at"])
 
     async def wait_until_free(self, capacity: Capacity, free_at: float) -> None:
         """Sleep until a reserved rate slot is free; meanwhile this process's admissions of the
@@ -461,16 +450,7 @@ class CapacityLimiter:
         if concurrency_slot is not None:
             frees.append((concurrency_slot, 0.0))
         if frees:
-            await self._db.capacity_slots.bulk_write(
-                [
-                    UpdateOne(
-                        {"_id": slot, "holder": holder},
-                        {"$set": {"free_at": free_at, "stamped": True}},
-                    )
-                    for slot, free_at in frees
-                ],
-                ordered=False,
-            )
+            await self._slots.free_slots(holder, frees)
         if concurrency_slot is not None and notify and self._notify is not None:
             with contextlib.suppress(Exception):
                 await self._notify(capacity.key)
@@ -486,46 +466,27 @@ class CapacityLimiter:
     ) -> str | None:
         await self._ensure(capacity, pool)
         now = time.time()
-        taken = await self._db.capacity_slots.find_one_and_update(
-            {**_slots_of(capacity, pool), "free_at": {"$lte": now}},
-            # `stamped: False` until the holder stamps it (rate) or frees it: a waiter cannot
-            # know when a locked slot frees, only that it will be soon.
-            {"$set": {"free_at": now + hold_for, "holder": holder, "stamped": False}},
-            return_document=ReturnDocument.AFTER,
-        )
-        if taken is not None and taken["holder"] == holder:
-            return str(taken["_id"])
-        return None
-
-    async def _set_free(self, slot: str, holder: str, free_at: float) -> None:
-        await self._db.capacity_slots.update_one(
-            {"_id": slot, "holder": holder}, {"$set": {"free_at": free_at, "stamped": True}}
-        )
+        return await self._slots.take_slot(_slots_of(capacity, pool), holder, now, now + hold_for)
 
     async def _ensure(self, capacity: Capacity, kind: Pool) -> None:
         pool = _pool_name(capacity, kind)
         size = capacity.rate_slots if kind == "rate" else capacity.max_concurrency
         if (pool, size) in self._ensured:
             return
-        for index in range(size):
-            with contextlib.suppress(DuplicateKeyError):
-                await self._db.capacity_slots.insert_one(
-                    {"_id": f"{pool}/{index}", "pool": pool, "index": index, "free_at": 0.0,
-                     "holder": None}
-                )  # fmt: skip
+        await self._slots.ensure_pool(pool, size)
         self._ensured.add((pool, size))
 
     async def _renew_lease(self, slot_id: str, holder: str) -> None:
         while True:
             await asyncio.sleep(self._lease / 3)
-            await self._set_free(slot_id, holder, time.time() + self._lease)
+            await self._slots.renew_lease(slot_id, holder, time.time() + self._lease)
 
 
 def _pool_name(capacity: Capacity, pool: Pool) -> str:
     return f"{capacity.key}/{'r' if pool == 'rate' else 'c'}"
 
 
-def _slots_of(capacity: Capacity, pool: Pool) -> Document:
-    """The filter of the pool's slots `capacity` may take."""
+def _slots_of(capacity: Capacity, pool: Pool) -> SlotRange:
+    """The pool's slots `capacity` may take."""
     low, high = capacity.slot_range(pool)
-    return {"pool": _pool_name(capacity, pool), "index": {"$gte": low, "$lt": high}}
+    return SlotRange(_pool_name(capacity, pool), low, high)

@@ -95,10 +95,6 @@ def bounded_put(memory: dict[Any, Any], key: Any, value: Any, limit: int) -> Non
     memory[key] = value
 
 
-# What a release needs to know of the next chunk.
-NEXT_CHUNK_FIELDS = {"state": 1, "seq": 1, "searched_before": 1}
-
-
 def goes_on_by_itself(successor: Mapping[str, Any] | None) -> bool:
     """Whether the adder that confirmed an Add releases the user's next one itself: it exists,
     is not sent yet and no question is asked right before it (those Adds wait for their

@@ -44,18 +44,17 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Literal
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
-from pymongo import ReturnDocument
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import DuplicateKeyError
 
 from aml_contract import subjects
 from aml_runtime.db import Document
-from aml_runtime.documents import LANE_PAUSES, OUTAGES
 from aml_runtime.service import Runtime
+from aml_runtime.stores.outages import OutageStore
 
 log = structlog.get_logger()
 
@@ -150,6 +149,10 @@ class Outages:
     # Told of every change (the stage worker wakes the key's lanes).
     listeners: list[Callable[[str], None]] = field(default_factory=list)
 
+    @cached_property
+    def pauses(self) -> OutageStore:
+        return OutageStore(self.db)
+
     # -- the view (no I/O) ---------------------------------------------------------------------
 
     def is_paused(self, key: str) -> bool:
@@ -178,14 +181,12 @@ class Outages:
 
     async def refresh(self) -> None:
         """Re-read every open pause (the stage worker's periodic refresh)."""
-        found = {
-            doc["_id"]: LanePause.model_validate(doc) async for doc in self.db[LANE_PAUSES].find({})
-        }
+        found = {doc["_id"]: LanePause.model_validate(doc) async for doc in self.pauses.pauses()}
         for key in set(self._view) | set(found):
             self._learn(key, found.get(key))
 
     async def reload(self, key: str) -> LanePause | None:
-        doc = await self.db[LANE_PAUSES].find_one({"_id": key})
+        doc = await self.pauses.pause(key)
         pause = None if doc is None else LanePause.model_validate(doc)
         self._learn(key, pause)
         return pause
@@ -210,28 +211,23 @@ class Outages:
             key=key, kind=kind, paused=True, since=min(since, moment), reason=reason,
             window=window, probe_at=moment + PROBE_FIRST_SECONDS, interval=PROBE_FIRST_SECONDS,
         )  # fmt: skip
-        pauses = self.db[LANE_PAUSES]
-        try:
-            await pauses.insert_one(fresh.model_dump(by_alias=True))
+        if await self.pauses.open_pause(fresh.model_dump(by_alias=True)):
             pause = fresh
             log.warning("outage.declared", key=key, kind=kind, reason=reason)
-        except DuplicateKeyError:
-            open_doc = await pauses.find_one({"_id": key})
+        else:
+            open_doc = await self.pauses.pause(key)
             if open_doc is None:
                 return await self.declare(key, kind, since, reason, window)
             known = LanePause.model_validate(open_doc)
             if known.expired_at is not None:
                 self._learn(key, known)
-                raise OutageExpired(known, moment) from None
-            update: Document = {"reason": reason, "paused": True}
+                raise OutageExpired(known, moment)
+            probe_at = None
             if not known.paused:
                 # Its probe answered but the calls still fail: probed again, later.
-                update["probe_at"] = moment + known.interval
+                probe_at = moment + known.interval
                 log.warning("outage.paused_again", key=key, kind=kind, reason=reason)
-            doc = await pauses.find_one_and_update(
-                {"_id": key, "expired_at": None}, {"$set": update},
-                return_document=ReturnDocument.AFTER,
-            )  # fmt: skip
+            doc = await self.pauses.pause_again(key, reason, probe_at)
             if doc is None:
                 return await self.declare(key, kind, since, reason, window)
             pause = LanePause.model_validate(doc)
@@ -248,14 +244,10 @@ class Outages:
     async def expire(self, pause: LanePause, moment: float) -> str:
         """Mark `pause` as outliving its window at `moment` (once, whoever gets there first);
         returns the reason its waiting work fails with, naming the outage's start and end."""
-        doc = await self.db[LANE_PAUSES].find_one_and_update(
-            {"_id": pause.key, "since": pause.since, "expired_at": None},
-            {"$set": {"paused": False, "expired_at": moment}},
-            return_document=ReturnDocument.AFTER,
-        )
+        doc = await self.pauses.expire(pause.key, pause.since, moment)
         if doc is not None:
             expired = LanePause.model_validate(doc)
-            await record_outage(self.db, expired, moment, "expired")
+            await _record(self.pauses, expired, moment, "expired")
             log.warning("outage.expired", key=pause.key, kind=pause.kind,
                         seconds=round(moment - pause.since, 1))  # fmt: skip
             self._learn(pause.key, expired)
@@ -265,13 +257,13 @@ class Outages:
         return OutageExpired(pause, moment).reason
 
     async def _close(self, key: str) -> None:
-        doc = await self.db[LANE_PAUSES].find_one_and_delete({"_id": key})
+        doc = await self.pauses.close(key)
         if doc is not None:
             pause = LanePause.model_validate(doc)
             until = self.clock()
             if pause.expired_at is None:
                 # An expired outage was recorded when it expired.
-                await record_outage(self.db, pause, until, "ended")
+                await _record(self.pauses, pause, until, "ended")
             log.info("outage.ended", key=key, kind=pause.kind,
                         seconds=round(until - pause.since, 1))  # fmt: skip
             await self._announce(key)
@@ -318,10 +310,8 @@ class Outages:
         if pause.expired(moment):
             return  # the caller's loop expires it
         interval = next_interval(pause.interval)
-        claimed = await self.db[LANE_PAUSES].find_one_and_update(
-            {"_id": pause.key, "since": pause.since, "paused": True, "probe_at": pause.probe_at},
-            {"$set": {"probe_at": moment + interval, "interval": interval}, "$inc": {"probes": 1}},
-            return_document=ReturnDocument.AFTER,
+        claimed = await self.pauses.claim_probe(
+            pause.key, pause.since, pause.probe_at, moment + interval, interval
         )
         if claimed is None:
             await self.reload(pause.key)  # another replica probes, or it changed
@@ -334,11 +324,7 @@ class Outages:
             answered = False
         if not answered:
             return
-        resumed = await self.db[LANE_PAUSES].find_one_and_update(
-            {"_id": pause.key, "since": pause.since},
-            {"$set": {"paused": False, "resumed_at": self.clock()}},
-            return_document=ReturnDocument.AFTER,
-        )
+        resumed = await self.pauses.resume(pause.key, pause.since, self.clock())
         log.info("outage.resumed", key=pause.key, kind=pause.kind)
         self._learn(pause.key, None if resumed is None else LanePause.model_validate(resumed))
         await self._announce(pause.key)
@@ -348,32 +334,24 @@ async def record_outage(
     db: AsyncDatabase[Document], pause: LanePause, until: float, how: Literal["ended", "expired"]
 ) -> None:
     """The outage's history entry (`outages`): what an auditor and the stall watchdog read."""
-    with contextlib.suppress(DuplicateKeyError):
-        await db[OUTAGES].insert_one(
-            {
-                "_id": f"{pause.key}/{pause.since:.6f}",
-                "key": pause.key,
-                "kind": pause.kind,
-                "since": pause.since,
-                "until": until,
-                "seconds": round(until - pause.since, 3),
-                "reason": pause.reason,
-                "probes": pause.probes,
-                "how": how,
-            }
-        )
+    await _record(OutageStore(db), pause, until, how)
+
+
+async def _record(
+    store: OutageStore, pause: LanePause, until: float, how: Literal["ended", "expired"]
+) -> None:
+    await store.record(pause.key, pause.kind, pause.since, until, pause.reason, pause.probes, how)
 
 
 async def open_pauses(db: AsyncDatabase[Document], keys: list[str]) -> list[LanePause]:
     """The open outages of `keys` (what a job's status shows)."""
-    found = db[LANE_PAUSES].find({"_id": {"$in": keys}})
+    found = OutageStore(db).pauses_of(keys)
     return [LanePause.model_validate(doc) async for doc in found]
 
 
 async def last_outage_end(db: AsyncDatabase[Document], key: str) -> float | None:
     """When the latest closed outage of `key` ended (epoch seconds), if any."""
-    doc = await db[OUTAGES].find_one({"key": key}, sort=[("until", -1)])
-    return None if doc is None else float(doc["until"])
+    return await OutageStore(db).last_end(key)
 
 
 async def close_abandoned(db: AsyncDatabase[Document], moment: float) -> list[str]:
@@ -382,17 +360,18 @@ async def close_abandoned(db: AsyncDatabase[Document], moment: float) -> list[st
     outage a window after it expired (a later call finding the key down waits a window of its
     own again). Run by the scheduler's reconciliation."""
     closed = []
-    async for doc in db[LANE_PAUSES].find({}):
+    store = OutageStore(db)
+    async for doc in store.pauses():
         pause = LanePause.model_validate(doc)
         if pause.expired_at is not None:
             if moment - pause.expired_at < pause.window:
                 continue
         elif moment - pause.since < pause.window + ABANDONED_GRACE_SECONDS:
             continue
-        gone = await db[LANE_PAUSES].find_one_and_delete({"_id": pause.key, "since": pause.since})
+        gone = await store.close_if_since(pause.key, pause.since)
         if gone is not None:
             if pause.expired_at is None:
-                await record_outage(db, pause, moment, "expired")
+                await _record(store, pause, moment, "expired")
             closed.append(pause.key)
     return closed
 

@@ -69,7 +69,6 @@ from aml_runtime.clock import MICROSECOND as _MICROSECOND
 from aml_runtime.clock import micros, now_us
 from aml_runtime.db import Document, read_time
 from aml_runtime.documents import ITEM_STAGES as ITEM_STAGES  # re-exported: counters are per stage
-from aml_runtime.documents import STAGE_COLLECTIONS
 from aml_runtime.documents import ItemStage as ItemStage
 from aml_runtime.metrics import ITEMS
 from aml_runtime.stores.jobs import COUNTED_TO as COUNTED_TO  # re-exported: the counters' rule
@@ -78,6 +77,8 @@ from aml_runtime.stores.jobs import LAST_US as LAST_US
 from aml_runtime.stores.jobs import REPAIRED_US as REPAIRED_US
 from aml_runtime.stores.jobs import JobStore
 from aml_runtime.stores.jobs import counting_filters as counting_filters
+from aml_runtime.stores.plans import PlanStore
+from aml_runtime.stores.stage_records import StageRecordStore
 
 log = structlog.get_logger()
 
@@ -385,10 +386,11 @@ async def _recount(db: AsyncDatabase[Document], job_id: str, at_completion: bool
     if job is None:
         return False
     events = _read(job, EVENTS)
-    documents: list[tuple[ItemStage, Document]] = []
-    for stage, collection in STAGE_COLLECTIONS.items():
-        found = db[collection].find({"job_id": job_id}, {"state": 1, "at_us": 1})
-        documents += [(stage, doc) async for doc in found]
+    # The Adds' chunks (`aml_runtime.stores.plans`), then the question stages' documents.
+    documents: list[tuple[ItemStage, Document]] = [
+        ("add", chunk) async for chunk in PlanStore(db).chunk_states(job_id)
+    ]
+    documents += [stamp async for stamp in StageRecordStore(db).stamps(job_id)]
     errors = await jobs.error_stamps(job_id)
     counted = tally(documents, len(errors))
     repaired_us = now_us()

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import NamedTuple
 
 import pydantic_core
 from faststream.nats import NatsBroker
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import DuplicateKeyError
 
 from aml_contract import subjects
 from aml_contract.messages import (
@@ -42,8 +42,10 @@ from aml_pipeline.stage_worker import StageCall, WorkItem
 from aml_runtime.broker import Bus, FinalFailure, publish, publish_work
 from aml_runtime.clock import now, now_us
 from aml_runtime.db import Document
-from aml_runtime.documents import ACTIVE_JOB_STATES, STAGE_COLLECTIONS, FailureKind
+from aml_runtime.documents import ACTIVE_JOB_STATES, FailureKind
 from aml_runtime.settings import CommonSettings
+from aml_runtime.stores.plans import PlanStore
+from aml_runtime.stores.stage_records import StageRecordStore
 
 # A contract violation stops the whole job (R-4.9); other failures stay with their question.
 _FATAL_KINDS = frozenset(
@@ -126,9 +128,15 @@ class QuestionStageWorker:
         """Count what is still pending (a stopping worker)."""
         await self.counter.drain()
 
-    @property
-    def collection(self) -> str:
-        return STAGE_COLLECTIONS[self.stage]
+    @cached_property
+    def plans(self) -> PlanStore:
+        """The planned questions (`aml_runtime.stores.plans`)."""
+        return PlanStore(self.db)
+
+    @cached_property
+    def records(self) -> StageRecordStore:
+        """The stage's records, one per question (`aml_runtime.stores.stage_records`)."""
+        return StageRecordStore(self.db)
 
     async def handle(self, work: QuestionWork, item: WorkItem) -> None:
         async def attempt() -> None:
@@ -150,15 +158,11 @@ class QuestionStageWorker:
         # (same message id) within its duplicate window. An LLM stage skips that read then; a
         # stage calling the participant keeps it, since a second call would reach it.
         looked_up = self.shape.calls_participant or item.delivered > 1
-        existing = (
-            await self.db[self.collection].find_one({"_id": work.item_id}, {"state": 1})
-            if looked_up
-            else None
-        )
+        existing = await self.records.state_of(self.stage, work.item_id) if looked_up else None
         if existing is not None:
             # Its writer counted it (or died first: the repair counts it); hand on again, and
             # re-announce a terminal question, which the scheduler may not have seen.
-            await self._hand_on(work, existing["state"], announce=True)
+            await self._hand_on(work, existing, announce=True)
             return
         question = await self._question(work)
         # The call under the slot's turn: the item served next under the same admission gets
@@ -193,7 +197,7 @@ class QuestionStageWorker:
             return {**work.facts.model_dump(), "search_body": work.search_body.encode()}
         if work.facts is not None and not self.shape.calls_participant:
             return work.facts.model_dump()
-        question = await self.db.questions.find_one({"_id": work.item_id})
+        question = await self.plans.question(work.item_id)
         if question is None:
             raise FinalFailure(
                 FailureKind.PLATFORM_ERROR, f"question {work.item_id} is not planned"
@@ -203,20 +207,12 @@ class QuestionStageWorker:
     async def store(self, work: QuestionWork, fields: Document) -> Stored:
         """Store the stage's outcome unless one is stored; returns the state that stands."""
         at_us = now_us()
-        try:
-            await self.db[self.collection].insert_one(
-                {
-                    "_id": work.item_id,
-                    "job_id": work.job_id,
-                    "finished_at": now(),
-                    "at_us": at_us,
-                    **fields,
-                }
-            )
-        except DuplicateKeyError:
+        if not await self.records.store_outcome(
+            self.stage, work.item_id, work.job_id, now(), at_us, fields
+        ):
             # A concurrent or earlier delivery stored (and counted) it first; its result stands.
-            stored = await self.db[self.collection].find_one({"_id": work.item_id}, {"state": 1})
-            return Stored(str((stored or {}).get("state")), written=False)
+            stored = await self.records.state_of(self.stage, work.item_id)
+            return Stored(str(stored), written=False)
         state = str(fields["state"])
         outcome = outcome_of(state)
         if outcome is not None:
@@ -252,7 +248,6 @@ class QuestionStageWorker:
     async def _announce_search_final(self, work: QuestionWork) -> None:
         user_id = work.facts.user_id if work.facts is not None else None
         if user_id is None:
-            question = await self.db.questions.find_one({"_id": work.item_id}, {"user_id": 1})
-            user_id = str((question or {}).get("user_id", ""))
+            user_id = await self.plans.question_user(work.item_id)
         done = SearchDone(job_id=work.job_id, item_id=work.item_id, user_id=user_id)
         await publish(self.bus, subjects.SEARCH_DONE, done, message_id("search-done", work.item_id))

@@ -12,17 +12,10 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_runtime.db import Document
 from aml_runtime.stores.jobs import JobStore
+from aml_runtime.stores.plans import PlanStore
+from aml_runtime.stores.stage_records import StageRecordStore
 
 RETENTION = timedelta(days=30)
-
-# (collection, fields emptied). Documents stay, so counts and audit metadata survive.
-_PURGED_FIELDS: tuple[tuple[str, Document], ...] = (
-    ("add_chunks", {"body": None}),
-    ("questions", {"search_body": None}),
-    ("searches", {"candidates": []}),
-    ("answers", {"answer": None}),
-    ("scores", {"judge_replies": []}),
-)
 
 
 def purge_due(
@@ -39,10 +32,14 @@ def purge_due(
 
 async def purge_job(db: AsyncDatabase[Document], job_id: str, now: datetime) -> None:
     """Empty the run's derived data. Repeatable: a second pass changes nothing."""
-    for collection, emptied in _PURGED_FIELDS:
-        await db[collection].update_many({"job_id": job_id}, {"$set": emptied})
+    plans = PlanStore(db)
+    # The Add bodies and the planned Search bodies (`aml_runtime.stores.plans`).
+    await plans.purge_bodies(job_id)
+    # The searches' candidates, the answers, the judge's replies; the documents stay, so counts
+    # and outcomes survive (`aml_runtime.stores.stage_records`).
+    await StageRecordStore(db).purge_bodies(job_id)
     # Texts written to the participant, kept per job only to detect leaks while it ran.
-    await db.written_texts.delete_many({"job_id": job_id})
+    await plans.drop_written(job_id)
     await JobStore(db).mark_purged(job_id, now)
 
 

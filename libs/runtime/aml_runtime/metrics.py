@@ -30,8 +30,8 @@ from pymongo.asynchronous.database import AsyncDatabase
 from aml_contract import subjects
 from aml_contract.api.vocabulary import JobState
 from aml_runtime.db import Document
-from aml_runtime.documents import LANE_PAUSES
 from aml_runtime.stores.jobs import JobStore
+from aml_runtime.stores.outages import OutageStore
 
 log = structlog.get_logger()
 
@@ -152,8 +152,7 @@ async def observe_backlog(broker: NatsBroker, db: AsyncDatabase[Document]) -> No
     for state, count in counts.items():
         JOBS.labels(state).set(count)
     paused = {"participant": 0, "llm": 0}
-    async for pause in db[LANE_PAUSES].find({"paused": True}, {"kind": 1}):
-        kind = str(pause.get("kind"))
+    async for kind in OutageStore(db).paused_kinds():
         paused[kind] = paused.get(kind, 0) + 1
     for kind, count in paused.items():
         PAUSED_LANES.labels(kind).set(count)

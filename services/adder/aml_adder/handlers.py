@@ -8,25 +8,26 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import NamedTuple
 
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract import subjects
 from aml_contract.messages import AddDone, AddWork, Outcome, message_id
-from aml_contract.participant import user_chunk_id
 from aml_pipeline.audit import VALID, CallRecorder
 from aml_pipeline.capacity import turn
-from aml_pipeline.chains import NEXT_CHUNK_FIELDS, goes_on_by_itself, release_add
+from aml_pipeline.chains import goes_on_by_itself, release_add
 from aml_pipeline.jobs import Endpoints, JobStates, record_error
 from aml_pipeline.participants import CallFailed, ParticipantClient
 from aml_pipeline.progress import count_final
 from aml_pipeline.stage_worker import WorkItem
 from aml_runtime.broker import Bus, FinalFailure, publish
-from aml_runtime.clock import now, now_us
+from aml_runtime.clock import now_us
 from aml_runtime.db import Document
 from aml_runtime.documents import FailureKind
 from aml_runtime.settings import CommonSettings
+from aml_runtime.stores.plans import PlanStore
 
 
 @dataclass
@@ -38,6 +39,11 @@ class SendChunk:
     endpoints: Endpoints
     # Whether an Add's job is still active, known without a read per Add (`JobStates`).
     jobs: JobStates
+
+    @cached_property
+    def plans(self) -> PlanStore:
+        """The planned chunks (`aml_runtime.stores.plans`)."""
+        return PlanStore(self.db)
 
     async def __call__(self, work: AddWork, item: WorkItem) -> None:
         async def attempt() -> None:
@@ -61,7 +67,7 @@ class SendChunk:
         # Both reads at once: the chunk, and whether its job is still active (checked after
         # admission, right before the call: a failed job's work is dropped here).
         chunk, active = await asyncio.gather(
-            self.db.add_chunks.find_one({"_id": work.request_id}),
+            self.plans.chunk(work.request_id),
             self.jobs.is_active(work.job_id),
         )
         if chunk is None:
@@ -79,11 +85,7 @@ class SendChunk:
         ids = (chunk["_id"], chunk["user_id"], chunk["session_id"])
         # The user's next chunk, read while this one's request is out: nothing but this Add's
         # confirmation changes it (a pending chunk's gate is planned and fixed).
-        successor = asyncio.ensure_future(
-            self.db.add_chunks.find_one(
-                {"_id": user_chunk_id(chain.user_id, chain.seq + 1)}, NEXT_CHUNK_FIELDS
-            )
-        )
+        successor = asyncio.ensure_future(self.plans.chain_chunk(chain.user_id, chain.seq + 1))
         try:
             async with CallRecorder(
                 self.db, work.job_id, "add", work.request_id, item.delivered, work.version_id
@@ -122,10 +124,7 @@ class SendChunk:
         """Store the chunk's outcome (with its audit record, at once), hand the user's next Add
         on when nothing gates it (`aml_pipeline.chains`), announce the outcome, count it."""
         at_us = now_us()
-        stored = self.db.add_chunks.update_one(
-            {"_id": work.request_id, "state": "pending"},
-            {"$set": {"state": outcome, "finished_at": now(), "at_us": at_us, **fields}},
-        )
+        stored = self.plans.mark_chunk(work.request_id, outcome, at_us, fields)
         if audit is not None:
             updated, _ = await asyncio.gather(stored, audit)
         else:
@@ -142,7 +141,7 @@ class SendChunk:
         await self.announce(work, outcome, chain, next_released=goes_on)
         # The guarded update did nothing when an earlier delivery finished the chunk first; its
         # outcome stands and was counted by that delivery (or, if it died, by the repair).
-        if updated.modified_count:
+        if updated:
             await count_final(self.db, work.job_id, "add", outcome, at_us)
 
     async def announce(

@@ -10,6 +10,7 @@ question without images is asked exactly as before: the prompt as one string."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from openai import AsyncOpenAI
 from pymongo.asynchronous.database import AsyncDatabase
@@ -26,6 +27,8 @@ from aml_pipeline.stage_worker import StageCall
 from aml_runtime.broker import FinalFailure
 from aml_runtime.db import Document
 from aml_runtime.documents import FailureKind
+from aml_runtime.stores.plans import PlanStore
+from aml_runtime.stores.stage_records import StageRecordStore
 
 
 @dataclass
@@ -38,17 +41,25 @@ class AnswerQuestion:
     # The LLM's outages: a call finding it down waits (None: it fails and is redelivered).
     outages: Outages | None = None
 
+    @cached_property
+    def plans(self) -> PlanStore:
+        """The planned questions' Search bodies (`aml_runtime.stores.plans`)."""
+        return PlanStore(self.db)
+
+    @cached_property
+    def records(self) -> StageRecordStore:
+        """The searches whose candidates did not travel with the work
+        (`aml_runtime.stores.stage_records`)."""
+        return StageRecordStore(self.db)
+
     async def __call__(self, work: QuestionWork, question: Document, item: StageCall) -> Document:
         candidates = work.candidates
         if candidates is None:
-            search = await self.db.searches.find_one(
-                {"_id": work.item_id}, {"state": 1, "candidates": 1}
-            )
-            if search is None or search["state"] != "done":
+            candidates = await self.records.candidates_of(work.item_id)
+            if candidates is None:
                 raise FinalFailure(
                     FailureKind.PLATFORM_ERROR, f"no search result for {work.item_id}"
                 )
-            candidates = search["candidates"]
         takes_images = self.settings.answer_model_images
         context = await fit_candidates(
             candidates,
@@ -94,8 +105,7 @@ class AnswerQuestion:
         planned question only when it shows images (`question_images`)."""
         if not question.get("question_images"):
             return []
-        planned = await self.db.questions.find_one({"_id": work.item_id}, {"search_body": 1})
-        body = None if planned is None else planned.get("search_body")
+        body = await self.plans.search_body(work.item_id)
         if body is None:
             raise FinalFailure(
                 FailureKind.PLATFORM_ERROR, f"the planned Search body of {work.item_id} is gone"

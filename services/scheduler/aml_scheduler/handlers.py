@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import cached_property
 
 import structlog
-from pymongo import UpdateOne
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import BulkWriteError
 
 from aml_contract.messages import (
     AddDone,
@@ -24,14 +22,12 @@ from aml_contract.messages import (
     QuestionWork,
     SearchDone,
 )
-from aml_contract.participant import user_chunk_id
 from aml_evaluation.aggregate import QuestionOutcome, aggregate
 from aml_evaluation.chunker import chunker_version
 from aml_evaluation.registry import DatasetFileError, bundle_hash, open_dataset_stream
 from aml_evaluation.spec import EvaluationSpec
 from aml_pipeline.capacity import Capacity
 from aml_pipeline.chains import (
-    NEXT_CHUNK_FIELDS,
     active_window,
     bounded_put,
     first_not_done,
@@ -55,12 +51,6 @@ from aml_runtime.clock import now
 from aml_runtime.db import Document, read_time
 from aml_runtime.documents import (
     ACTIVE_JOB_STATES,
-    ADD_CHUNKS,
-    ANSWERS,
-    QUESTION_RELEASES,
-    QUESTIONS,
-    SEARCHES,
-    WRITTEN_TEXTS,
     FailureKind,
     ScoreDocument,
     StageRecord,
@@ -68,6 +58,8 @@ from aml_runtime.documents import (
 from aml_runtime.secrets import SecretBox
 from aml_runtime.stores.accounts import AccountStore
 from aml_runtime.stores.jobs import JobStore
+from aml_runtime.stores.plans import PlanStore
+from aml_runtime.stores.stage_records import StageRecordStore
 from aml_runtime.telemetry import item_trace
 from aml_scheduler.planning import (
     PART_TURNS,
@@ -82,7 +74,6 @@ from aml_scheduler.settings import SchedulerSettings
 from aml_scheduler.watchdog import diagnose, stall_limit_seconds
 
 log = structlog.get_logger()
-_DUPLICATE_KEY = 11000
 # Released users remembered at most (a LoCoMo-10 job has ten; many jobs run at once).
 _RELEASED_KEPT = 100_000
 # How long a version's declared concurrency is used before it is read again.
@@ -131,6 +122,17 @@ class ScheduleJobs:
     def jobs(self) -> JobStore:
         """The jobs and their error summaries (`aml_runtime.stores.jobs`)."""
         return JobStore(self.db)
+
+    @cached_property
+    def plans(self) -> PlanStore:
+        """What it plans for each job: Adds, questions, release markers, written texts, specs
+        (`aml_runtime.stores.plans`)."""
+        return PlanStore(self.db)
+
+    @cached_property
+    def records(self) -> StageRecordStore:
+        """The questions' search, answer and score records (`aml_runtime.stores.stage_records`)."""
+        return StageRecordStore(self.db)
 
     # -- events -----------------------------------------------------------------------------
 
@@ -206,9 +208,7 @@ class ScheduleJobs:
             await self.release(event.job_id, event.user_id, event.seq)
             return
         # Not the body (an Add's whole session): only what the release needs.
-        chunk = await self.db.add_chunks.find_one(
-            {"_id": event.request_id}, {"user_id": 1, "seq": 1, "failure": 1, "failure_kind": 1}
-        )
+        chunk = await self.plans.announced_chunk(event.request_id)
         if chunk is None:
             return
         if event.outcome == "failed":
@@ -315,26 +315,22 @@ class ScheduleJobs:
             for part in parts_of(stream.pieces(), self.part_turns):
                 chunks = plan_chunks(job_id, part)
                 questions = plan_questions(job_id, part, top_k)
-                await _insert_once(self.db, ADD_CHUNKS, [chunk.stored() for chunk in chunks])
-                await _insert_once(self.db, QUESTIONS, [q.stored() for q in questions])
+                await self.plans.insert_chunks(chunks)
+                await self.plans.insert_questions(questions)
                 written.add(chunk.body for chunk in chunks if chunk.body is not None)
                 if written.pairs >= self.written_pairs_held:
-                    await _store_written(self.db, written.take(job_id, _WRITTEN_AT_ONCE))
+                    await self.plans.store_written(written.take(job_id, _WRITTEN_AT_ONCE))
                 adds.update(chunk.user_id for chunk in chunks)
                 totals["add"] += len(chunks)
                 totals["questions"] += len(questions)
             if stream.parsed_whole is not None:
                 log.warning("dataset.parsed_whole", job_id=job_id, dataset_id=dataset_id,
                             reason=stream.parsed_whole)  # fmt: skip
-        await _store_written(self.db, written.take(job_id, _WRITTEN_AT_ONCE))
+        await self.plans.store_written(written.take(job_id, _WRITTEN_AT_ONCE))
         # The whole evaluation spec is stored once per content hash (`specs`); the job records
         # its hash and summary (`spec_hash`, `spec`).
         spec_hash = self.evaluation_spec.content_hash
-        await self.db.specs.update_one(
-            {"_id": spec_hash},
-            {"$setOnInsert": {"spec": self.evaluation_spec.model_dump(mode="json")}},
-            upsert=True,
-        )
+        await self.plans.store_spec(spec_hash, self.evaluation_spec.model_dump(mode="json"))
         await self.jobs.start(
             job_id,
             started_at=now(),
@@ -407,9 +403,7 @@ class ScheduleJobs:
         start = confirmed_seq + 1 if confirmed_seq is not None else self._cursors.get(key, 1)
 
         async def lookup(seq: int) -> Document | None:
-            return await self.db.add_chunks.find_one(
-                {"_id": user_chunk_id(user, seq)}, NEXT_CHUNK_FIELDS
-            )
+            return await self.plans.chain_chunk(user, seq)
 
         seq, pending = await first_not_done(lookup, start)
         if pending is None:
@@ -440,7 +434,7 @@ class ScheduleJobs:
         return declared
 
     async def _questions_released(self, job_id: str, user_id: str) -> bool:
-        if await self.db.question_releases.find_one({"_id": f"{job_id}/{user_id}"}) is None:
+        if not await self.plans.released(f"{job_id}/{user_id}"):
             return False
         self._remember_released(job_id, user_id)
         return True
@@ -449,13 +443,10 @@ class ScheduleJobs:
         marker = f"{job_id}/{user_id}"
         if await self._questions_released(job_id, user_id):
             return
-        # A memory user_id belongs to one job: by it alone, so the single-field index serves it
-        # (nx-27017 serves an equality filter only from a single-field index).
-        query = {"user_id": user_id}
         # A question that held an Add back was released before that Add, at its point.
-        await self._publish_questions(version_id, query, held=False)
+        await self._publish_questions(version_id, self.plans.user_questions(user_id), held=False)
         # Written only after every publish went out: a crash before it re-publishes (harmless).
-        await _insert_once(self.db, QUESTION_RELEASES, [{"_id": marker, "job_id": job_id}])
+        await self.plans.mark_released(marker, job_id)
         self._remember_released(job_id, user_id)
 
     async def _held_searches_final(
@@ -466,17 +457,17 @@ class ScheduleJobs:
         document is written once, terminal."""
         held = [str(item_id) for item_id in chunk["searched_before"]]
         marker = f"{job_id}/{user_id}@{int(chunk['seq']) - 1}"
-        if await self.db.question_releases.find_one({"_id": marker}) is None:
-            await self._publish_questions(version_id, {"_id": {"$in": held}}, held=True)
-            marker_doc = {"_id": marker, "job_id": job_id, "held": len(held)}
-            await _insert_once(self.db, QUESTION_RELEASES, [marker_doc])
-        final = await self.db.searches.find({"_id": {"$in": held}}, {"_id": 1}).to_list()
-        return len(final) >= len(held)
+        if not await self.plans.released(marker):
+            await self._publish_questions(version_id, self.plans.questions_among(held), held=True)
+            await self.plans.mark_released(marker, job_id, held=len(held))
+        return await self.records.searches_final(held) >= len(held)
 
-    async def _publish_questions(self, version_id: str, query: Document, held: bool) -> None:
-        """Publish the search work of the questions `query` finds that hold an Add back
-        (`held`) or of those that do not."""
-        async for question in self.db.questions.find(query):
+    async def _publish_questions(
+        self, version_id: str, questions: AsyncIterator[Document], held: bool
+    ) -> None:
+        """Publish the search work of the `questions` that hold an Add back (`held`) or of
+        those that do not."""
+        async for question in questions:
             if (question.get("holds_add") is not None) != held:
                 continue
             job_id, user_id = question["job_id"], question["user_id"]
@@ -521,11 +512,7 @@ class ScheduleJobs:
         # so that no platform failure goes unnoticed.
         adds = 0
         if stage_counts(counted, "add")[1]:
-            failed_adds = self.db.add_chunks.find(
-                {"job_id": job_id, "state": "failed", "failure_kind": FailureKind.PLATFORM_ERROR},
-                {"_id": 1},
-            )
-            adds = len(await failed_adds.to_list())
+            adds = await self.plans.platform_failed_chunks(job_id)
         questions = platform_failed(outcomes)
         reason = platform_failure_reason(questions, adds)
         completed = await self.jobs.complete(
@@ -546,17 +533,9 @@ class ScheduleJobs:
 
     async def outcomes(self, job_id: str) -> list[QuestionOutcome]:
         """Each question's final record: its score, or the stage where it failed and why."""
-        final: dict[str, StageRecord] = {}
-        for collection in (SEARCHES, ANSWERS):
-            async for doc in self.db[collection].find({"job_id": job_id, "state": "failed"}):
-                final.setdefault(doc["_id"], StageRecord.model_validate(doc))
-        async for doc in self.db.scores.find({"job_id": job_id}):
-            final.setdefault(doc["_id"], ScoreDocument.model_validate(doc))
+        final = await self.records.final_records(job_id)
         outcomes = []
-        async for question in self.db.questions.find(
-            {"job_id": job_id},
-            {"dataset_id": 1, "category_name": 1, "question_id": 1, "point_index": 1},
-        ):
+        async for question in self.plans.questions_of(job_id):
             outcomes.append(question_outcome(question, final.get(question["_id"])))
         return outcomes
 
@@ -609,58 +588,3 @@ def question_outcome(question: Document, record: StageRecord | None) -> Question
         multiple_choice=score.multiple_choice,
         choice_correct=score.choice_correct,
     )
-
-
-async def _store_written(db: AsyncDatabase[Document], batches: Iterable[list[Document]]) -> None:
-    """Store written-text documents (`WrittenOwners.take`): inserted, or, for a text stored
-    already (met earlier in the plan, or by an interrupted plan), its users merged into the
-    stored ones. `users` stays sorted, and a re-plan changes nothing."""
-    for docs in batches:
-        stored = await _insert_new(db, WRITTEN_TEXTS, docs)
-        if stored:
-            await _merge_written(db, stored)
-
-
-async def _merge_written(db: AsyncDatabase[Document], docs: list[Document]) -> None:
-    """Add each document's users to its stored one, sorted (by `_id`: one read, one write).
-    Users are only ever added, so a stored list that still has the length read has not changed
-    since: the write is guarded by it, and whatever another writer (a second planner, should
-    one run) changed in between is merged again from a new read."""
-    while True:
-        wanted = {doc["_id"]: doc["users"] for doc in docs}
-        merges: list[UpdateOne] = []
-        async for stored in db[WRITTEN_TEXTS].find({"_id": {"$in": list(wanted)}}, {"users": 1}):
-            users = list(stored["users"])
-            merged = sorted({*users, *wanted.pop(stored["_id"])})
-            if merged != users:
-                guard = {"_id": stored["_id"], "users": {"$size": len(users)}}
-                merges.append(UpdateOne(guard, {"$set": {"users": merged}}))
-        # Not found (none is removed while its job is planned): inserted, unless one is now.
-        missing = [doc for doc in docs if doc["_id"] in wanted]
-        changed = bool(await _insert_new(db, WRITTEN_TEXTS, missing))
-        if merges:
-            result = await db[WRITTEN_TEXTS].bulk_write(merges, ordered=False)
-            changed |= result.matched_count < len(merges)
-        if not changed:
-            return
-
-
-async def _insert_new(
-    db: AsyncDatabase[Document], collection: str, docs: list[Document]
-) -> list[Document]:
-    """Insert documents; those whose `_id` exists already are returned, not inserted."""
-    if not docs:
-        return []
-    try:
-        await db[collection].insert_many(docs, ordered=False)
-    except BulkWriteError as exc:
-        errors = exc.details.get("writeErrors", [])
-        if any(e.get("code") != _DUPLICATE_KEY for e in errors):
-            raise
-        return [docs[e["index"]] for e in errors]
-    return []
-
-
-async def _insert_once(db: AsyncDatabase[Document], collection: str, docs: list[Document]) -> None:
-    """Insert plan documents; ones that already exist (an earlier, interrupted plan) are kept."""
-    await _insert_new(db, collection, docs)

@@ -44,7 +44,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from pymongo import DESCENDING
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract.api.vocabulary import Stage
@@ -55,7 +54,10 @@ from aml_pipeline.progress import LAST_US, waiting_stage
 from aml_runtime.clock import micros
 from aml_runtime.db import Document, read_time
 from aml_runtime.documents import FailureKind
+from aml_runtime.stores.audit import AuditStore
 from aml_runtime.stores.jobs import JobStore
+from aml_runtime.stores.plans import PlanStore
+from aml_runtime.stores.stage_records import StageRecordStore
 
 # A stall is never shorter than this many of the version's declared request periods.
 STALL_PERIODS = 10
@@ -181,18 +183,14 @@ async def searches_holding_adds(db: AsyncDatabase[Document], job_id: str) -> int
     only once the searches of the questions asked right before it are final). Once per stalled
     job: it reads the job's pending Adds."""
     first: dict[str, Document] = {}
-    pending = db.add_chunks.find(
-        {"job_id": job_id, "state": "pending"}, {"user_id": 1, "seq": 1, "searched_before": 1}
-    )
-    async for chunk in pending:
+    async for chunk in PlanStore(db).pending_chunks(job_id):
         earliest = first.get(chunk["user_id"])
         if earliest is None or chunk["seq"] < earliest["seq"]:
             first[chunk["user_id"]] = chunk
     held = [item for chunk in first.values() for item in chunk.get("searched_before") or ()]
     if not held:
         return 0
-    final = await db.searches.find({"_id": {"$in": held}}, {"_id": 1}).to_list()
-    return len(held) - len(final)
+    return len(held) - await StageRecordStore(db).searches_final(held)
 
 
 async def _participant_or_platform(
@@ -205,9 +203,7 @@ async def _participant_or_platform(
             "platform" if error.get("kind") == FailureKind.PLATFORM_ERROR else "participant"
         )
         return cause, f"last error {error.get('kind')}: {error.get('reason')}"
-    call = await db.calls.find_one(
-        {"job_id": job_id, "stage": stage}, sort=[("started_at", DESCENDING)]
-    )
+    call = await AuditStore(db).latest_call(job_id, stage)
     started = read_time(call.get("started_at")) if call is not None else None
     if call is None or started is None or micros(started) < since_us:
         return "platform", "no participant call was sent since the job last moved"

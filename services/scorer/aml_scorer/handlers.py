@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from openai import AsyncOpenAI
 from pymongo.asynchronous.database import AsyncDatabase
@@ -39,6 +40,7 @@ from aml_pipeline.stage_worker import StageCall
 from aml_runtime.broker import FinalFailure
 from aml_runtime.db import Document
 from aml_runtime.documents import FailureKind
+from aml_runtime.stores.stage_records import StageRecordStore
 from aml_scorer.settings import ScorerSettings
 
 
@@ -54,14 +56,18 @@ class ScoreAnswer:
     # The LLM's outages: a call finding it down waits (None: it fails and is redelivered).
     outages: Outages | None = None
 
+    @cached_property
+    def records(self) -> StageRecordStore:
+        """The answers that did not travel with the work (`aml_runtime.stores.stage_records`)."""
+        return StageRecordStore(self.db)
+
     async def __call__(self, work: QuestionWork, question: Document, item: StageCall) -> Document:
-        answer = (
-            {"state": "done", "answer": work.answer}
-            if work.answer is not None
-            else await self.db.answers.find_one({"_id": work.item_id})
-        )
-        if answer is None or answer["state"] != "done":
-            raise FinalFailure(FailureKind.PLATFORM_ERROR, f"no answer for {work.item_id}")
+        answer = work.answer
+        if answer is None:
+            stored = await self.records.answer_of(work.item_id)
+            if stored is None or stored.state != "done" or stored.answer is None:
+                raise FinalFailure(FailureKind.PLATFORM_ERROR, f"no answer for {work.item_id}")
+            answer = stored.answer
         found = {
             "dataset_id": question["dataset_id"],
             "category": question["category"],
@@ -69,12 +75,10 @@ class ScoreAnswer:
         }
         method = scoring_method(question.get("options"), question.get("scorer"))
         if method == "choice":
-            return found | self.choice(
-                answer["answer"], question["options"], question["gold_answer"]
-            )
+            return found | self.choice(answer, question["options"], question["gold_answer"])
         if method == "f1_alone":
-            return found | self.f1_only(question, answer["answer"])
-        return found | await self.open_question(question, answer["answer"], item)
+            return found | self.f1_only(question, answer)
+        return found | await self.open_question(question, answer, item)
 
     def f1_only(self, question: Document, answer: str) -> Document:
         variant = question.get("f1_variant", F1_VERSION)

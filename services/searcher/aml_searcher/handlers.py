@@ -21,6 +21,7 @@ from aml_runtime.broker import FinalFailure
 from aml_runtime.db import Document
 from aml_runtime.documents import FailureKind
 from aml_runtime.stores.jobs import JobStore
+from aml_runtime.stores.plans import PlanStore
 
 # The items as stored: one dump of the list (a dump per item cost three times as much).
 _SEARCH_ITEMS: TypeAdapter[list[SearchItem]] = TypeAdapter(list[SearchItem])
@@ -68,13 +69,13 @@ class WrittenTexts:
         while len(self._owners) > self.kept:
             self._owners.popitem(last=False)
 
+    @cached_property
+    def plans(self) -> PlanStore:
+        """The job's written texts (`aml_runtime.stores.plans`)."""
+        return PlanStore(self.db)
+
     async def _look_up(self, job_id: str, digests: list[str]) -> dict[str, list[str]]:
-        return {
-            doc["_id"].rsplit("/", 1)[1]: doc["users"]
-            async for doc in self.db.written_texts.find(
-                {"_id": {"$in": [f"{job_id}/{d}" for d in digests]}}, {"users": 1}
-            )
-        }
+        return await self.plans.written_owners(job_id, digests)
 
 
 @dataclass

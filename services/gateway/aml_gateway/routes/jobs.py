@@ -9,7 +9,6 @@ from typing import Annotated
 from bson import ObjectId
 from bson.errors import InvalidId
 from fastapi import APIRouter, Path, Query
-from pymongo import ASCENDING
 from pymongo.errors import DuplicateKeyError
 
 from aml_contract import subjects
@@ -34,7 +33,9 @@ from aml_gateway.submissions import (
 from aml_runtime.broker import publish
 from aml_runtime.db import Document, read_time
 from aml_runtime.documents import JobDocument
+from aml_runtime.stores.audit import AuditStore
 from aml_runtime.stores.jobs import JobStore
+from aml_runtime.stores.stage_records import StageRecordStore
 
 router = APIRouter(
     route_class=GuardedRoute, prefix="/v1/jobs", tags=["jobs"], responses=error_responses(429)
@@ -235,32 +236,18 @@ async def get_audit(
 ) -> AuditPage:
     """Every HTTP attempt made to the participant for this job, oldest first (R-7.3)."""
     await _own_job(svc, team, job_id)
-    query: Document = {"job_id": job_id}
-    if stage is not None:
-        query["stage"] = stage
-    # Each filter is an `$or` of its own (see _of_item): given both, both must hold.
-    items: list[Document] = []
-    if item_id is not None:
-        items.append(_of_item(item_id))
-    if request_id is not None:
-        items.append({"stage": "add", **_of_item(request_id)})
-    if items:
-        query["$and"] = items
+    after = None
     if cursor is not None:
         try:
-            query["_id"] = {"$gt": ObjectId(cursor)}
+            after = ObjectId(cursor)
         except InvalidId:
             raise Invalid("cursor is not one this API returned") from None
-    found = await svc.db.calls.find(query).sort("_id", ASCENDING).limit(limit + 1).to_list()
+    found = await AuditStore(svc.db).calls_page(
+        job_id, stage=stage, item_id=item_id, add_request_id=request_id, after=after, limit=limit
+    )
     records = [_audit_record(call) for call in found[:limit]]
     more = len(found) > limit
     return AuditPage(records=records, next_cursor=records[-1].record_id if more else None)
-
-
-def _of_item(item_id: str) -> Document:
-    # Records written before the audit trail named the work item `item_id` carry it as
-    # `request_id` (also a question's id): an existing database's trail stays readable.
-    return {"$or": [{"item_id": item_id}, {"item_id": {"$exists": False}, "request_id": item_id}]}
 
 
 def _audit_record(call: Document) -> AuditRecord:
@@ -296,13 +283,13 @@ async def get_search_audit(
     the question's item id, `<job_id>/<dataset_id>/<question_id>` as the audit records name
     it: its slashes go into the path as they are (or %2F-encoded)."""
     await _own_job(svc, team, job_id)
-    search = await svc.db.searches.find_one({"_id": item_id, "job_id": job_id})
+    search = await StageRecordStore(svc.db).search_of(job_id, item_id)
     if search is None:
         raise NotFound(f"no search {echoed(item_id)} in job {echoed(job_id)}")
     return SearchAudit(
         item_id=item_id,
-        state=search["state"],
-        candidates=search.get("candidates", []),
-        isolation_violations=search.get("leaks", 0),
-        failure=search.get("failure"),
+        state=search.state,
+        candidates=search.candidates,
+        isolation_violations=search.leaks,
+        failure=search.failure,
     )
