@@ -20,6 +20,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import TimeoutError as NatsTimeout
+from nats.js import JetStreamContext
 from nats.js.api import AckPolicy as JsAckPolicy
 from nats.js.api import ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError
@@ -292,11 +293,24 @@ class WorkPull:
         reading position is new), with explicit acks and no delivery limit at the broker
         (`run_delivery` enforces the budget itself)."""
         js = nc.jetstream()
+        if not await cls._reads(js, stream, consumer, filter_subject):
+            await cls._make(js, stream, consumer, filter_subject, ack_wait)
+        return cls(nc, stream, consumer, await nc.subscribe(nc.new_inbox()))
+
+    @staticmethod
+    async def _reads(js: JetStreamContext, stream: str, consumer: str, subject: str) -> bool:
+        """Whether the consumer exists and reads `subject`; one that reads another is deleted."""
         with contextlib.suppress(NotFoundError):
             info = await js.consumer_info(stream, consumer)
-            if info.config.filter_subject == filter_subject:
-                return cls(nc, stream, consumer, await nc.subscribe(nc.new_inbox()))
+            if info.config.filter_subject == subject:
+                return True
             await js.delete_consumer(stream, consumer)
+        return False
+
+    @staticmethod
+    async def _make(
+        js: JetStreamContext, stream: str, consumer: str, filter_subject: str, ack_wait: float
+    ) -> None:
         config = ConsumerConfig(
             durable_name=consumer,
             filter_subject=filter_subject,
@@ -309,7 +323,6 @@ class WorkPull:
             await js.add_consumer(stream, config)
         # Another replica may have created it at the same moment: it must exist now.
         await js.consumer_info(stream, consumer)
-        return cls(nc, stream, consumer, await nc.subscribe(nc.new_inbox()))
 
     async def next(self) -> Msg | None:
         """The consumer's next message, or None at once when it has none."""

@@ -231,7 +231,7 @@ async def disqualify(svc: Services, entry_id: str, reason: str) -> PublicationRe
     if not await svc.leaderboard_store.disqualify_entry(entry_id, reason, svc.clock()):
         raise Conflict(f"leaderboard entry {echoed(entry_id)} is already disqualified")
     # The team sees it on its job too; the record keeps the approval it had.
-    await JobStore(svc.db).disqualify(entry["job_id"], reason)
+    await svc.job_store.disqualify(entry["job_id"], reason)
     log.info("leaderboard_entry_disqualified", entry_id=entry_id, job_id=entry.get("job_id"))
     found = await svc.leaderboard_store.entry(entry_id)
     assert found is not None

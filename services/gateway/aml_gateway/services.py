@@ -20,6 +20,7 @@ from aml_runtime.db import Document
 from aml_runtime.secrets import SecretBox
 from aml_runtime.stores.access_requests import AccessRequestStore
 from aml_runtime.stores.accounts import AccountStore
+from aml_runtime.stores.jobs import JobStore
 from aml_runtime.stores.leaderboard import LeaderboardStore
 
 
@@ -38,8 +39,9 @@ class Services:
     limits: Limits = field(init=False)
     # Submissions announced over the broker's connection (`aml_runtime.broker.Bus`).
     bus: Bus = field(init=False)
-    # Teams, versions, names, sealed keys; access requests; leaderboard entries
+    # Jobs; teams, versions, names, sealed keys; access requests; leaderboard entries
     # (`aml_runtime.stores`), over `db`.
+    job_store: JobStore = field(init=False)
     accounts: AccountStore = field(init=False)
     access_request_store: AccessRequestStore = field(init=False)
     leaderboard_store: LeaderboardStore = field(init=False)
@@ -47,6 +49,7 @@ class Services:
     def __post_init__(self) -> None:
         self.limits = Limits.from_settings(self.settings)
         self.bus = JetStreamBus(self.broker)
+        self.job_store = JobStore(self.db)
         self.accounts = AccountStore(self.db)
         self.access_request_store = AccessRequestStore(self.db)
         self.leaderboard_store = LeaderboardStore(self.db)

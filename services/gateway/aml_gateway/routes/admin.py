@@ -28,7 +28,6 @@ from aml_gateway.registry import (
     store_secret,
 )
 from aml_runtime.documents import VersionFields
-from aml_runtime.stores.jobs import JobStore
 
 # Every admin route answers 403 to anyone without the admin token.
 router = APIRouter(
@@ -108,7 +107,7 @@ async def extend_retention(
     keep_until = body.keep_until if body.keep_until.tzinfo else body.keep_until.replace(tzinfo=UTC)
     if keep_until <= svc.clock():
         raise Invalid("keep_until must be in the future")
-    jobs = JobStore(svc.db)
+    jobs = svc.job_store
     purged = await jobs.purged(job_id)
     if purged is None:
         raise NotFound(f"job {echoed(job_id)} not found")

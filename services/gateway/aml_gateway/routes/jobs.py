@@ -34,7 +34,6 @@ from aml_runtime.broker import publish
 from aml_runtime.db import Document, read_time
 from aml_runtime.documents import JobDocument
 from aml_runtime.stores.audit import AuditStore
-from aml_runtime.stores.jobs import JobStore
 from aml_runtime.stores.stage_records import StageRecordStore
 
 router = APIRouter(
@@ -49,7 +48,7 @@ _SUBMISSION_ROUNDS = 5
 
 
 async def _own_job(svc: ServicesDep, team: Document, job_id: str) -> Document:
-    job = await JobStore(svc.db).team_job(job_id, team["_id"])
+    job = await svc.job_store.team_job(job_id, team["_id"])
     if job is None:
         # Another team's job answers exactly like a missing one: existence is not revealed.
         raise NotFound(f"job {echoed(job_id)} not found")
@@ -95,7 +94,7 @@ def _dataset_tracks(datasets: list[str], svc: Services) -> dict[str, Track]:
 
 async def _prior_runs(svc: Services, team_id: str) -> tuple[list[PriorRun], int]:
     """The team's jobs as the rules see them, and the highest submission number so far."""
-    store = JobStore(svc.db)
+    store = svc.job_store
     jobs = await store.team_jobs(team_id)
     completed_smokes = [j.id for j in jobs if j.mode == "smoke" and j.state == "completed"]
     # A smoke passed when no item failed because of the participant: one query for all of them
@@ -177,7 +176,7 @@ async def submit_job(body: JobSubmission, svc: ServicesDep, team: TeamDep) -> Jo
             created_at=created_at,
         )
         try:
-            document = await JobStore(svc.db).create(job)
+            document = await svc.job_store.create(job)
         except DuplicateKeyError:
             continue
         await publish(
@@ -192,7 +191,7 @@ async def submit_job(body: JobSubmission, svc: ServicesDep, team: TeamDep) -> Jo
 
 @router.get("", responses=error_responses(401))
 async def list_jobs(svc: ServicesDep, team: TeamDep) -> list[JobStatus]:
-    jobs = JobStore(svc.db).latest_of_team(team["_id"])
+    jobs = svc.job_store.latest_of_team(team["_id"])
     return [await job_status(svc.db, job) async for job in jobs]
 
 
