@@ -29,6 +29,7 @@ from aml_pipeline.progress import ItemStage, count_final, outcome_of, repair_cou
 from aml_runtime.clock import micros, now, now_us
 from aml_runtime.db import Document
 from aml_runtime.documents import ensure_indexes
+from aml_runtime.stores import Stores
 from aml_scheduler.handlers import ScheduleJobs
 from aml_scheduler.settings import SchedulerSettings
 
@@ -67,7 +68,7 @@ async def target_job(db: AsyncDatabase[Document]) -> None:
         failed = i % 10 == 0
         await write(db, "search", item, "failed" if failed else "done")
         if failed:
-            await record_error(db, JOB, "search", "participant_outage", item, "503")
+            await record_error(Stores.over(db), JOB, "search", "participant_outage", item, "503")
         elif i % 2:
             await write(db, "answer", item, "done")
             await write(db, "score", item, "done")
@@ -81,7 +82,7 @@ async def write(db: AsyncDatabase[Document], stage: ItemStage, item: str, state:
     )
     outcome = outcome_of(state)
     assert outcome is not None
-    await count_final(db, JOB, stage, outcome, at_us)
+    await count_final(Stores.over(db), JOB, stage, outcome, at_us)
 
 
 async def other_jobs(db: AsyncDatabase[Document], count: int) -> None:
@@ -155,7 +156,7 @@ async def measure(db: AsyncDatabase[Document], scheduler: ScheduleJobs, label: s
     async def get_job() -> None:
         job = await db.jobs.find_one({"_id": JOB})
         assert job is not None
-        status = await job_status(db, job)
+        status = await job_status(Stores.over(db), job)
         assert status.stages["search"].failed == QUESTIONS // 10
 
     async def get_job_old() -> None:
@@ -177,7 +178,7 @@ async def measure(db: AsyncDatabase[Document], scheduler: ScheduleJobs, label: s
         after = await median_ms(new, new_runs)
         before = await median_ms(old, old_runs)
         print(f"   {name}: now {after:8.2f} ms   before {before:9.2f} ms")
-    repair = await median_ms(lambda: repair_counters(db, JOB), 3)
+    repair = await median_ms(lambda: repair_counters(Stores.over(db), JOB), 3)
     print(f"   repair_counters    (reconciliation, when due): {repair:8.2f} ms")
 
 
@@ -186,9 +187,10 @@ async def run(mongo_url: str, others: int) -> None:
     db = client["bench"]
     await ensure_indexes(db)
     await target_job(db)
-    # Only the database and the settings are used on the path measured (job not complete).
+    # Only the stores and the settings are used on the path measured (job not complete).
     unused = cast(Any, None)
-    scheduler = ScheduleJobs(SchedulerSettings(), db, unused, unused, unused, unused, "")
+    stores = Stores.over(db)
+    scheduler = ScheduleJobs(SchedulerSettings(), stores, unused, unused, unused, unused, "")
     await measure(db, scheduler, "alone")
     started = time.perf_counter()
     await other_jobs(db, others)

@@ -27,6 +27,7 @@ from aml_pipeline.participants import Attempt
 from aml_runtime.clock import now
 from aml_runtime.db import Document
 from aml_runtime.secrets import SecretBox
+from aml_runtime.stores import Stores
 
 ADMIN_TOKEN = "x" * 32
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -204,7 +205,7 @@ async def record_calls(
     """Participant attempts (stage, item id, HTTP statuses in order) written by the same
     recorder the adder and searcher use, each call's last answer validated."""
     for stage, item_id, statuses in calls:
-        record = CallRecorder(db, job_id, stage, item_id, delivery=1)
+        record = CallRecorder(Stores.over(db), job_id, stage, item_id, delivery=1)
         for number, status in enumerate(statuses, start=1):
             await record(
                 Attempt(

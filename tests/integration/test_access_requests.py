@@ -23,6 +23,7 @@ from aml_gateway.settings import GatewaySettings
 from aml_pipeline.jobs import load_endpoint
 from aml_runtime.db import Document
 from aml_runtime.secrets import SecretBox
+from aml_runtime.stores import Stores
 
 pytestmark = pytest.mark.integration
 
@@ -86,7 +87,7 @@ async def test_new_key_then_add_version(gateway: Gateway, participant: str) -> N
     try:
         box = SecretBox(gw.settings.secret_keys)
         db = mongo[gw.settings.mongo_db]
-        endpoint = await load_endpoint(db, box, grant["version_id"])
+        endpoint = await load_endpoint(Stores.over(db), box, grant["version_id"])
         assert endpoint.secret is not None and endpoint.secret.get_secret_value() == CANARY
         assert endpoint.add_status_url_template == f"{participant}/tasks/{{task_id}}"
         assert endpoint.capacity is not None

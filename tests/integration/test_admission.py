@@ -17,6 +17,7 @@ import pytest
 from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
 from pymongo import AsyncMongoClient
+from stage_support import FunctionStage
 
 from aml_contract import subjects
 from aml_contract.messages import QuestionWork
@@ -34,6 +35,7 @@ from aml_pipeline.stage_worker import (
 )
 from aml_runtime.broker import JetStreamBus, declare_streams, make_broker, publish_work
 from aml_runtime.settings import CommonSettings, LLMSettings
+from aml_runtime.stores import Stores
 
 pytestmark = pytest.mark.integration
 
@@ -102,11 +104,10 @@ async def _publish(broker: NatsBroker, version: str, job: str, count: int) -> No
 
 def _worker(settings: CommonSettings, db: Any, durable: str, seen: Seen, hold: float) -> Any:
     return StageWorker(
-        participant_lanes("search", durable, db),
-        QuestionWork,
-        _handler(seen, hold),
+        participant_lanes("search", durable, Stores.over(db)),
+        FunctionStage(QuestionWork, _handler(seen, hold)),
         # As a service's (`capacity_limiter`): rate slots may be reserved ahead.
-        CapacityLimiter(db, rate_patience_seconds=RATE_PATIENCE_SECONDS),
+        CapacityLimiter(Stores.over(db), rate_patience_seconds=RATE_PATIENCE_SECONDS),
         settings,
         max_in_flight=8,
     )
@@ -195,10 +196,9 @@ async def test_a_saturated_slot_gets_its_next_item_ready_during_the_call(env: An
         await item.delivery.ack()
 
     worker = StageWorker(
-        participant_lanes("search", "t-one", db),
-        QuestionWork,
-        handle,
-        CapacityLimiter(db, rate_patience_seconds=RATE_PATIENCE_SECONDS),
+        participant_lanes("search", "t-one", Stores.over(db)),
+        FunctionStage(QuestionWork, handle),
+        CapacityLimiter(Stores.over(db), rate_patience_seconds=RATE_PATIENCE_SECONDS),
         settings,
         max_in_flight=8,
     )
@@ -228,7 +228,9 @@ async def test_a_failed_jobs_queued_work_never_reaches_a_handler(env: Any) -> No
     await db.jobs.insert_one({"_id": "jfailing", "state": "running", "version_id": "ver-failing"})
     await _publish(broker, "ver-failing", "jfailing", 10)
     await _publish(broker, "ver-failing", "jother", 3)
-    await fail_job(db, JetStreamBus(broker), "jfailing", "search", "contract_error", "test")
+    await fail_job(
+        Stores.over(db), JetStreamBus(broker), "jfailing", "search", "contract_error", "test"
+    )
     job = await db.jobs.find_one({"_id": "jfailing"})
     assert job is not None and job["state"] == "failed"
     js = broker.connection.jetstream()
@@ -265,9 +267,8 @@ async def test_answerer_and_scorer_share_one_llm_budget(env: Any) -> None:
     workers = [
         StageWorker(
             llm_lanes(stage, f"t-{stage}", llm),
-            QuestionWork,
-            handle,
-            CapacityLimiter(db),
+            FunctionStage(QuestionWork, handle),
+            CapacityLimiter(Stores.over(db)),
             llm,
             max_in_flight=8,
         )
@@ -308,11 +309,10 @@ async def test_a_busy_lane_serves_items_in_a_row_under_one_admission(env: Any) -
     await _versions(db, **{"ver-busy": (1, 50.0)})
     await _publish(broker, "ver-busy", "jbusy", 20)
     seen = Seen()
-    limiter = _CountingLimiter(db)
+    limiter = _CountingLimiter(Stores.over(db))
     worker = StageWorker(
-        participant_lanes("search", "t-busy", db),
-        QuestionWork,
-        _handler(seen, 0.01),
+        participant_lanes("search", "t-busy", Stores.over(db)),
+        FunctionStage(QuestionWork, _handler(seen, 0.01)),
         limiter,
         settings,
         max_in_flight=8,
@@ -360,12 +360,12 @@ async def test_stages_sharing_the_llm_budget_take_turns(env: Any) -> None:
             # Ids of their own: the broker drops a message id it saw within two minutes.
             work = QuestionWork(job_id="jturns", version_id="ver-t", item_id=f"{stage}-t{index}")
             await publish_work(JetStreamBus(broker), stage, work, work.item_id)
-    limiters = {stage: _CountingLimiter(db, notify=freed) for stage in ("answer", "score")}
+    stores = Stores.over(db)
+    limiters = {stage: _CountingLimiter(stores, notify=freed) for stage in ("answer", "score")}
     answer, score = (
         StageWorker(
             llm_lanes(stage, f"t-turns-{stage}", llm),
-            QuestionWork,
-            handle,
+            FunctionStage(QuestionWork, handle),
             limiters[stage],
             llm,
             max_in_flight=8,
@@ -416,10 +416,9 @@ async def test_an_idle_worker_reads_the_stream_rarely_and_still_finds_a_redelive
         f"$JS.API.STREAM.INFO.{subjects.WORK_STREAM}", cb=read
     )
     worker = StageWorker(
-        participant_lanes("search", "t-idle", db),
-        QuestionWork,
-        handle,
-        CapacityLimiter(db),
+        participant_lanes("search", "t-idle", Stores.over(db)),
+        FunctionStage(QuestionWork, handle),
+        CapacityLimiter(Stores.over(db)),
         settings,
         max_in_flight=2,
     )
@@ -468,10 +467,9 @@ async def test_adds_and_searches_short_of_one_versions_slots_share_them(env: Any
 
     def worker(stage: subjects.WorkStage) -> Any:
         return StageWorker(
-            participant_lanes(stage, f"t-share-{stage}", db),
-            QuestionWork,
-            handler(stage),
-            CapacityLimiter(db, rate_patience_seconds=RATE_PATIENCE_SECONDS),
+            participant_lanes(stage, f"t-share-{stage}", Stores.over(db)),
+            FunctionStage(QuestionWork, handler(stage)),
+            CapacityLimiter(Stores.over(db), rate_patience_seconds=RATE_PATIENCE_SECONDS),
             settings,
             max_in_flight=16,
         )

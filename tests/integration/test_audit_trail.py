@@ -11,6 +11,7 @@ from pymongo import ASCENDING, AsyncMongoClient, monitoring
 
 from aml_pipeline.audit import VALID, CallRecorder
 from aml_pipeline.participants import Attempt
+from aml_runtime.stores import Stores
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +48,7 @@ async def audit(mongo_url: str, request: pytest.FixtureRequest) -> Any:
 
 async def test_the_answered_attempt_is_written_once_with_its_validation(audit: Any) -> None:
     db, writes = audit
-    async with CallRecorder(db, "j1", "search", "j1/q0001", delivery=1) as observe:
+    async with CallRecorder(Stores.over(db), "j1", "search", "j1/q0001", delivery=1) as observe:
         await observe(_attempt(1, 503, "retry"))
         await observe(_attempt(2, 200, "ok"))
         await observe.validated(VALID)
@@ -64,7 +65,7 @@ async def test_the_answered_attempt_is_written_once_with_its_validation(audit: A
 
 async def test_a_contract_violation_is_recorded_on_the_answered_attempt(audit: Any) -> None:
     db, _ = audit
-    async with CallRecorder(db, "j2", "search", "j2/q0001", delivery=2) as observe:
+    async with CallRecorder(Stores.over(db), "j2", "search", "j2/q0001", delivery=2) as observe:
         await observe(_attempt(1, 200, "ok"))
         await observe.validated("search response: items is not a list")
     call = await db.calls.find_one({"job_id": "j2"})
@@ -78,7 +79,7 @@ async def test_an_answered_attempt_never_validated_is_still_written(audit: Any) 
     attempt in the trail: the recorder writes it when it closes."""
     db, _ = audit
     with pytest.raises(RuntimeError):
-        async with CallRecorder(db, "j3", "add", "j3/c0001", delivery=1) as observe:
+        async with CallRecorder(Stores.over(db), "j3", "add", "j3/c0001", delivery=1) as observe:
             await observe(_attempt(1, 200, "ok", operation="add"))
             raise RuntimeError("the platform failed after the answer")
     calls = await db.calls.find({"job_id": "j3"}).to_list()
@@ -89,7 +90,7 @@ async def test_attempts_keep_their_order_around_an_answered_one(audit: Any) -> N
     """An Add answered 202, then status polls: the held answered attempt is written before the
     next attempt, so the trail reads in the order the requests were made."""
     db, _ = audit
-    async with CallRecorder(db, "j4", "add", "j4/c0001", delivery=1) as observe:
+    async with CallRecorder(Stores.over(db), "j4", "add", "j4/c0001", delivery=1) as observe:
         await observe(_attempt(1, 202, "ok", operation="add"))
         await observe(_attempt(1, 503, "retry", operation="add_status"))
         await observe(_attempt(2, 200, "ok", operation="add_status"))

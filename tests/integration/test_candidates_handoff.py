@@ -30,6 +30,7 @@ from aml_runtime.broker import JetStreamBus
 from aml_runtime.db import Document
 from aml_runtime.documents import ensure_indexes
 from aml_runtime.settings import CommonSettings
+from aml_runtime.stores import Stores
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +61,9 @@ def searcher(
     async def search(*_: Any) -> Document:
         return {"candidates": candidates, "n_candidates": len(candidates), "leaks": 0}
 
-    return QuestionStageWorker("search", CommonSettings(), db, broker, JetStreamBus(broker), search)
+    return QuestionStageWorker(
+        "search", CommonSettings(), Stores.over(db), broker, JetStreamBus(broker), search
+    )
 
 
 async def search_once(
@@ -117,7 +120,9 @@ def standin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture
 async def answerer(db: AsyncDatabase[Document], standin: str) -> AsyncIterator[AnswerQuestion]:
     llm = openai.AsyncOpenAI(base_url=f"{standin}/v1", api_key="unused", max_retries=0)
-    yield AnswerQuestion(AnswererSettings(), db, llm, load_prompt("answer_v1"), estimated)
+    yield AnswerQuestion(
+        AnswererSettings(), Stores.over(db), llm, load_prompt("answer_v1"), estimated
+    )
     await llm.close()
 
 

@@ -11,6 +11,7 @@ import pytest
 from pymongo import AsyncMongoClient, monitoring
 
 from aml_pipeline.capacity import Admission, Capacity, CapacityLimiter, Refused
+from aml_runtime.stores import Stores
 
 pytestmark = pytest.mark.integration
 
@@ -23,7 +24,7 @@ async def _drive(
     clients: list[AsyncMongoClient[dict[str, Any]]] = [
         AsyncMongoClient(mongo_url) for _ in range(replicas)
     ]
-    limiters = [CapacityLimiter(client["aml_capacity"]) for client in clients]
+    limiters = [CapacityLimiter(Stores.over(client["aml_capacity"])) for client in clients]
     capacity = Capacity(key=key, max_concurrency=max_concurrency, max_rps=max_rps)
     in_flight = peak = 0
     departures: list[float] = []
@@ -79,16 +80,15 @@ async def test_an_admission_never_waits(mongo_url: str) -> None:
     """try_admit answers at once: the refusing pool while the key is at its limit, and a slot
     again once an admission is released (the rule that lets a worker skip a busy version)."""
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_url)
-    limiter = CapacityLimiter(client["aml_capacity"])
+    limiter = CapacityLimiter(Stores.over(client["aml_capacity"]))
     capacity = Capacity(key="v-busy", max_concurrency=1, max_rps=1000)
     first = await limiter.try_admit(capacity)
     assert isinstance(first, Admission)
     assert await limiter.try_admit(capacity) == Refused("concurrency")
     # Another replica (its own client) is refused by the database.
     other_client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_url)
-    assert await CapacityLimiter(other_client["aml_capacity"]).try_admit(capacity) == Refused(
-        "concurrency"
-    )
+    other = CapacityLimiter(Stores.over(other_client["aml_capacity"]))
+    assert await other.try_admit(capacity) == Refused("concurrency")
     await other_client.close()
     await first.release()
     again = await limiter.try_admit(capacity)
@@ -136,7 +136,7 @@ async def test_a_release_stamps_and_frees_in_one_round_trip(mongo_url: str) -> N
         mongo_url, event_listeners=[commands]
     )
     db = client["aml_capacity"]
-    limiter = CapacityLimiter(db, rate_margin_seconds=0.05)
+    limiter = CapacityLimiter(Stores.over(db), rate_margin_seconds=0.05)
     capacity = Capacity(key="v-settle", max_concurrency=2, max_rps=4)
     admission = await limiter.try_admit(capacity)
     assert isinstance(admission, Admission)
@@ -166,7 +166,7 @@ async def test_a_second_request_of_an_item_never_waits_on_its_own_unwritten_stam
     used: the first stamp is written before the wait, so the retry leaves one period after
     the first request, not after the 30 s lock of an unstamped slot."""
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_url)
-    limiter = CapacityLimiter(client["aml_capacity"], rate_margin_seconds=0.05)
+    limiter = CapacityLimiter(Stores.over(client["aml_capacity"]), rate_margin_seconds=0.05)
     capacity = Capacity(key="v-retry", max_concurrency=1, max_rps=1.0)
     admission = await limiter.try_admit(capacity)
     assert isinstance(admission, Admission)
@@ -187,7 +187,7 @@ async def test_the_next_items_rate_slot_is_waited_for_only_within_patience(
     """A busy lane's admission serves its next item once the next rate slot frees, if that is
     within its patience, keeping its concurrency slot; a wait beyond it gives up at once."""
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_url)
-    limiter = CapacityLimiter(client["aml_capacity"], rate_margin_seconds=0.0)
+    limiter = CapacityLimiter(Stores.over(client["aml_capacity"]), rate_margin_seconds=0.0)
     capacity = Capacity(key="v-patient", max_concurrency=1, max_rps=4.0)
     admission = await limiter.try_admit(capacity)
     assert isinstance(admission, Admission)
@@ -222,7 +222,7 @@ async def test_the_next_rate_slot_is_reserved_in_one_command_and_given_back_as_i
         mongo_url, event_listeners=[commands]
     )
     db = client["aml_capacity"]
-    limiter = CapacityLimiter(db, rate_margin_seconds=0.0)
+    limiter = CapacityLimiter(Stores.over(db), rate_margin_seconds=0.0)
     # Two at once, so that the refusal below is the rate's (one rate slot).
     capacity = Capacity(key="v-reserve", max_concurrency=2, max_rps=1.0)
     admission = await limiter.try_admit(capacity)
@@ -270,7 +270,7 @@ async def test_a_key_held_here_in_full_is_refused_without_a_command(mongo_url: s
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
         mongo_url, event_listeners=[commands]
     )
-    limiter = CapacityLimiter(client["aml_capacity"])
+    limiter = CapacityLimiter(Stores.over(client["aml_capacity"]))
     capacity = Capacity(key="v-held-here", max_concurrency=2, max_rps=1000)
     held = [await limiter.try_admit(capacity) for _ in range(2)]
     assert all(isinstance(admission, Admission) for admission in held)
@@ -297,7 +297,7 @@ async def test_an_admission_reserves_its_rate_slot_ahead_within_the_patience(
     refuses the same slot. A reservation released unused frees the slot when it was free."""
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_url)
     db = client["aml_capacity"]
-    patient = CapacityLimiter(db, rate_margin_seconds=0.0, rate_patience_seconds=1.5)
+    patient = CapacityLimiter(Stores.over(db), rate_margin_seconds=0.0, rate_patience_seconds=1.5)
     capacity = Capacity(key="v-ahead", max_concurrency=3, max_rps=1.0)
     first = await patient.try_admit(capacity)
     assert isinstance(first, Admission)
@@ -307,7 +307,7 @@ async def test_an_admission_reserves_its_rate_slot_ahead_within_the_patience(
     assert departure.at is not None
     await first.release(notify=False)
     # The only slot frees one period after that departure: not now, but within the patience.
-    assert await CapacityLimiter(db).try_admit(capacity) == Refused("rate")
+    assert await CapacityLimiter(Stores.over(db)).try_admit(capacity) == Refused("rate")
     second = await patient.try_admit(capacity)
     assert isinstance(second, Admission)
     assert 0.5 < second.rate_wait() <= 1.0
@@ -330,7 +330,7 @@ async def test_a_lane_polls_seldom_for_a_key_its_process_holds(mongo_url: str) -
     """A refused concurrency slot is waited for by announcement; the poll that covers a lost one
     is frequent only while this process holds none of the key (its own release announces)."""
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_url)
-    limiter = CapacityLimiter(client["aml_capacity"])
+    limiter = CapacityLimiter(Stores.over(client["aml_capacity"]))
     capacity = Capacity(key="v-poll", max_concurrency=2)
     assert await limiter.wait_hint(capacity, "concurrency") <= 1.0
     admission = await limiter.try_admit(capacity)

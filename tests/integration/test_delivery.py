@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from faststream.nats import NatsBroker
 from pymongo import AsyncMongoClient
+from stage_support import FunctionStage
 
 from aml_contract import subjects
 from aml_contract.messages import QuestionWork
@@ -23,6 +24,7 @@ from aml_runtime.broker import (
     run_delivery,
 )
 from aml_runtime.settings import CommonSettings
+from aml_runtime.stores import Stores
 
 pytestmark = pytest.mark.integration
 
@@ -63,10 +65,9 @@ async def _run(
         await broker.connect()
         await declare_streams(broker)
         worker = StageWorker(
-            participant_lanes("search", "t-delivery", db),
-            QuestionWork,
-            handle,
-            CapacityLimiter(db),
+            participant_lanes("search", "t-delivery", Stores.over(db)),
+            FunctionStage(QuestionWork, handle),
+            CapacityLimiter(Stores.over(db)),
             settings,
             max_in_flight=4,
         )

@@ -39,6 +39,7 @@ from aml_pipeline.stage_worker import StageCall, WorkItem
 from aml_runtime.broker import FinalFailure
 from aml_runtime.secrets import SecretBox
 from aml_runtime.settings import CommonSettings, ParticipantCallSettings
+from aml_runtime.stores import Stores
 from aml_searcher.handlers import SearchQuestion, WrittenTexts
 
 pytestmark = pytest.mark.integration
@@ -422,7 +423,7 @@ def _job_states(db: Any) -> JobStates:
 
 
 def _endpoints(db: Any) -> Endpoints:
-    return Endpoints(db, SecretBox(SecretStr(SecretBox.new_key())))
+    return Endpoints(Stores.over(db), SecretBox(SecretStr(SecretBox.new_key())))
 
 
 @pytest.mark.parametrize(
@@ -445,7 +446,7 @@ async def test_the_adder_fails_a_malformed_add_as_a_contract_error_after_one_req
          "seq": 1, "body": _add_body()}
     )  # fmt: skip
     handler = SendChunk(
-        CommonSettings(), db, cast(Any, None), client, _endpoints(db), _job_states(db)
+        CommonSettings(), Stores.over(db), cast(Any, None), client, _endpoints(db), _job_states(db)
     )
     item = cast(WorkItem, SimpleNamespace(delivered=1, admission=None))
     work = AddWork(job_id=JOB, version_id="v", request_id=request_id)
@@ -478,7 +479,8 @@ async def test_the_searcher_fails_an_oversized_search_as_a_contract_error(
     before = server.hits[path]
     question = {"_id": f"{JOB}/{path}", "user_id": IDS[1], "search_body": _search_body()}
     work = QuestionWork(job_id=JOB, version_id="v", item_id=question["_id"])
-    search = SearchQuestion(db, client, _endpoints(db), WrittenTexts(db))
+    stores = Stores.over(db)
+    search = SearchQuestion(stores, client, _endpoints(db), WrittenTexts(stores))
     with PeakRss() as rss, pytest.raises(FinalFailure) as failed:
         await search(work, question, StageCall(delivered=1))
     print(f"searcher {path}: peak RSS growth {rss.growth / MB:.1f} MB")

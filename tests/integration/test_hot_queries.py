@@ -24,6 +24,7 @@ from aml_pipeline.evaluation_spec import build_evaluation_spec
 from aml_runtime.broker import JetStreamBus
 from aml_runtime.db import Document
 from aml_runtime.documents import ensure_indexes
+from aml_runtime.stores import Stores
 from aml_scheduler.handlers import ScheduleJobs
 from aml_scheduler.settings import SchedulerSettings
 
@@ -83,7 +84,7 @@ def _scheduler(db: AsyncDatabase[Document], broker: NatsBroker) -> ScheduleJobs:
     # Neither the participant client nor the secrets serve a release.
     unused = cast(Any, None)
     spec = build_evaluation_spec(settings)
-    return ScheduleJobs(settings, db, JetStreamBus(broker), unused, unused, spec, "c")
+    return ScheduleJobs(settings, Stores.over(db), JetStreamBus(broker), unused, unused, spec, "c")
 
 
 async def _plan(db: AsyncDatabase[Document], job_id: str, per_user: int) -> list[str]:

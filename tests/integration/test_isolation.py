@@ -20,6 +20,7 @@ from aml_pipeline.participants import ParticipantClient
 from aml_pipeline.stage_worker import StageCall
 from aml_runtime.secrets import SecretBox
 from aml_runtime.settings import ParticipantCallSettings
+from aml_runtime.stores import Stores
 from aml_scheduler.planning import plan_written_texts
 from aml_searcher.handlers import SearchQuestion, WrittenTexts
 
@@ -74,7 +75,8 @@ async def test_search_records_another_users_text_as_a_leak(db: Any) -> None:
                                                 top_k=5)),
         }  # fmt: skip
         work = QuestionWork(job_id=JOB, version_id="v", item_id=question["_id"])
-        search = SearchQuestion(db, client, Endpoints(db, box), WrittenTexts(db))
+        stores = Stores.over(db)
+        search = SearchQuestion(stores, client, Endpoints(stores, box), WrittenTexts(stores))
         result = await search(work, question, StageCall(delivered=1))
     await client.aclose()
 

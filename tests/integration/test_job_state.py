@@ -21,6 +21,7 @@ from aml_runtime.broker import JetStreamBus
 from aml_runtime.db import Document
 from aml_runtime.documents import FailureKind
 from aml_runtime.settings import CommonSettings
+from aml_runtime.stores import Stores
 
 pytestmark = pytest.mark.integration
 
@@ -62,7 +63,7 @@ async def test_a_failure_is_heard_at_once_and_a_read_is_reused_for_a_second(
         )
     # A question stage's view (the adder keeps the same one).
     jobs = QuestionStageWorker(
-        "search", CommonSettings(), db, broker, JetStreamBus(broker), _unused
+        "search", CommonSettings(), Stores.over(db), broker, JetStreamBus(broker), _unused
     ).jobs
     job = await jobs.get("j-announced")
     assert job is not None and job["state"] == "running" and job["top_k"] == 10
@@ -73,7 +74,12 @@ async def test_a_failure_is_heard_at_once_and_a_read_is_reused_for_a_second(
     # Failed by another process: the announcement reaches this stage well within the second.
     failed_at = time.monotonic()
     await fail_job(
-        db, JetStreamBus(broker), "j-announced", "search", FailureKind.CONTRACT_ERROR, "test"
+        Stores.over(db),
+        JetStreamBus(broker),
+        "j-announced",
+        "search",
+        FailureKind.CONTRACT_ERROR,
+        "test",
     )
     while (await jobs.get("j-announced") or {}).get("state") == "running":
         assert time.monotonic() - failed_at < 0.5, "the failure was not heard"

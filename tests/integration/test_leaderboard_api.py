@@ -20,6 +20,7 @@ from leaderboard_support import ANSWER_MODEL, RELEASE, finished_job, version_bod
 
 from aml_evaluation.aggregate import results_fingerprint
 from aml_gateway.publication import repair_entries
+from aml_runtime.stores import Stores
 
 pytestmark = pytest.mark.integration
 
@@ -332,8 +333,8 @@ async def test_interrupted_approval_is_repaired(gateway: Gateway, db: Any, clock
     job |= {"entry_id": "lb-interrupted", "reviewed_at": clock()}
     await db.jobs.insert_one(job)
     refused(await gateway.client.get("/v1/leaderboard/systems/crash-mem"), 404)
-    assert await repair_entries(db, clock) == 1
-    assert await repair_entries(db, clock) == 0
+    assert await repair_entries(Stores.over(db), clock) == 1
+    assert await repair_entries(Stores.over(db), clock) == 0
     history = ok(await gateway.client.get("/v1/leaderboard/systems/crash-mem"))
     assert [e["entry_id"] for e in history["entries"]] == ["lb-interrupted"]
 

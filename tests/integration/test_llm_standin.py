@@ -27,6 +27,7 @@ from aml_evaluation.scoring import parse_choice, parse_judge_label
 from aml_llm_standin import max_in_window
 from aml_pipeline.stage_worker import StageCall
 from aml_runtime.db import Document
+from aml_runtime.stores import Stores
 
 pytestmark = pytest.mark.integration
 
@@ -213,7 +214,9 @@ async def test_the_answerer_sends_image_parts_to_an_openai_compatible_server(
         ])  # fmt: skip
         body = encode(SearchRequest.model_validate({"query": query, "user_id": "u", "top_k": 5}))
         await db.questions.insert_one({"_id": "j/d/q1", "search_body": body})
-        answer = AnswerQuestion(AnswererSettings(), db, llm, load_prompt("answer_v1"), estimated)
+        answer = AnswerQuestion(
+            AnswererSettings(), Stores.over(db), llm, load_prompt("answer_v1"), estimated
+        )
         shows = {"question": "Whose dog is this?", "question_images": 1}
         work = QuestionWork(job_id="j", version_id="v", item_id="j/d/q1")
         result = await answer(work, shows, StageCall(delivered=1))

@@ -32,6 +32,7 @@ from aml_runtime.metrics import OpsServer, observe_backlog, process_checks
 from aml_runtime.secrets import SecretBox
 from aml_runtime.service import open_runtime, serve
 from aml_runtime.settings import CommonSettings
+from aml_runtime.stores import Stores
 
 pytestmark = pytest.mark.integration
 
@@ -122,9 +123,9 @@ async def test_metrics_expose_items_calls_llm_backlog_and_jobs(
 
     # The writer of the stage document counts its outcome (a redelivery finds the document and
     # counts nothing: tests/integration/test_progress.py).
-    await count_final(db, job_id, "search", "failed", now_us())
+    await count_final(Stores.over(db), job_id, "search", "failed", now_us())
 
-    record = CallRecorder(db, job_id, "search", "q-1", delivery=1, version_id="ver-m1")
+    record = CallRecorder(Stores.over(db), job_id, "search", "q-1", delivery=1, version_id="ver-m1")
     await record(
         Attempt(operation="search", attempt=1, started_at=datetime.now(UTC), latency_ms=42.0,
                 status=503, error_class=None, outcome="retry")
@@ -141,8 +142,8 @@ async def test_metrics_expose_items_calls_llm_backlog_and_jobs(
     await declare_streams(broker)
     await broker.publish(b"{}", subjects.work_subject("score", "ver-m1", job_id), stream="AML_WORK")
     # A participant's lane paused by an outage.
-    await Outages(db).declare("ver-m1", "participant", time.time(), "HTTP 503", 600)
-    await observe_backlog(broker, db)
+    await Outages(Stores.over(db)).declare("ver-m1", "participant", time.time(), "HTTP 503", 600)
+    await observe_backlog(broker, Stores.over(db))
     await broker.stop()
 
     async with httpx.AsyncClient(trust_env=False, timeout=10) as http:

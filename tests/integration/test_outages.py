@@ -17,6 +17,7 @@ from faststream.nats import NatsBroker
 from openai import AsyncOpenAI
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
+from stage_support import FunctionStage
 
 from aml_contract import subjects
 from aml_contract.messages import QuestionWork
@@ -43,6 +44,7 @@ from aml_runtime.broker import FinalFailure, JetStreamBus, declare_streams, publ
 from aml_runtime.db import Document
 from aml_runtime.documents import FailureKind
 from aml_runtime.settings import CommonSettings
+from aml_runtime.stores import Stores
 
 pytestmark = pytest.mark.integration
 
@@ -124,7 +126,7 @@ async def test_a_participant_that_comes_back_is_waited_for_and_sent_the_same_byt
 ) -> None:
     port = free_port(HOST)
     simulator = Simulator(Script())
-    outages = Outages(db)
+    outages = Outages(Stores.over(db))
     client = _client(outages)
     attempts = Audit()
     observe = attempts.observe
@@ -166,7 +168,7 @@ async def test_an_outage_longer_than_its_window_fails_the_call_with_its_start_an
     db: AsyncDatabase[Document],
 ) -> None:
     port = free_port(HOST)
-    outages = Outages(db)
+    outages = Outages(Stores.over(db))
     client = _client(outages, window=2.5)
     attempts = Audit()
     observe = attempts.observe
@@ -208,7 +210,7 @@ async def test_a_failure_that_is_not_an_outage_fails_the_item_as_before(
 ) -> None:
     port = free_port(HOST)
     script = Script(add=EndpointScript(responses=[Outcome(status=500)] * 10))
-    outages = Outages(db)
+    outages = Outages(Stores.over(db))
     client = _client(outages)
 
     observe = Audit().observe
@@ -229,7 +231,7 @@ async def test_while_an_outage_is_open_a_call_tries_once_before_it_waits(
     the pause keeps its start, and its window still ends it."""
     port = free_port(HOST)
     script = Script(add=EndpointScript(responses=[Outcome(status=503)] * 50))
-    outages = Outages(db)
+    outages = Outages(Stores.over(db))
     client = _client(outages, window=7.0)
     attempts = Audit()
     observe = attempts.observe
@@ -253,7 +255,7 @@ async def test_replicas_share_one_pause_and_one_probe_at_a_time(
     one of them per interval, both calls resumed when it answers."""
     port = free_port(HOST)
     simulator = Simulator(Script(health=EndpointScript(responses=[Outcome(status=503)])))
-    replicas = [Outages(db), Outages(db)]
+    replicas = [Outages(Stores.over(db)), Outages(Stores.over(db))]
     clients = [_client(outages) for outages in replicas]
 
     observe = Audit().observe
@@ -282,10 +284,10 @@ async def test_replicas_share_one_pause_and_one_probe_at_a_time(
 async def test_a_pause_no_call_waits_for_is_closed_after_its_window(
     db: AsyncDatabase[Document],
 ) -> None:
-    outages = Outages(db)
+    outages = Outages(Stores.over(db))
     moment = time.time()
     await outages.declare(KEY, "participant", moment - 100, "ConnectError", 30)
-    assert await close_abandoned(db, moment) == [KEY]
+    assert await close_abandoned(Stores.over(db), moment) == [KEY]
     assert await db.lane_pauses.find_one({"_id": KEY}) is None
     assert (await db.outages.find_one({"key": KEY}) or {}).get("how") == "expired"
 
@@ -293,12 +295,12 @@ async def test_a_pause_no_call_waits_for_is_closed_after_its_window(
 async def test_an_expired_outage_is_forgotten_a_window_after_it_expired(
     db: AsyncDatabase[Document],
 ) -> None:
-    outages = Outages(db)
+    outages = Outages(Stores.over(db))
     moment = time.time()
     pause = await outages.declare(KEY, "participant", moment - 40, "ConnectError", 30)
     await outages.expire(pause, moment - 10)
-    assert await close_abandoned(db, moment) == []
-    assert await close_abandoned(db, moment + 21) == [KEY]
+    assert await close_abandoned(Stores.over(db), moment) == []
+    assert await close_abandoned(Stores.over(db), moment + 21) == [KEY]
     assert await db.lane_pauses.find_one({"_id": KEY}) is None
     assert len(await db.outages.find({"key": KEY}).to_list()) == 1
 
@@ -325,7 +327,7 @@ async def test_an_llm_outage_pauses_and_the_call_completes_when_it_answers(
     db: AsyncDatabase[Document],
 ) -> None:
     switch = _Switch(create_app(latency_s=0.0, capacity=4))
-    outages = Outages(db)
+    outages = Outages(Stores.over(db))
     async with serve_in_loop(switch, HOST, free_port(HOST)) as url:
         llm = AsyncOpenAI(base_url=f"{url}/v1", api_key="unset", max_retries=0)
         call = asyncio.create_task(
@@ -353,7 +355,7 @@ async def test_an_llm_outage_longer_than_its_window_is_the_platforms_failure(
     db: AsyncDatabase[Document],
 ) -> None:
     switch = _Switch(create_app(latency_s=0.0, capacity=4))
-    outages = Outages(db)
+    outages = Outages(Stores.over(db))
     async with serve_in_loop(switch, HOST, free_port(HOST)) as url:
         llm = AsyncOpenAI(base_url=f"{url}/v1", api_key="unset", max_retries=0)
         with pytest.raises(FinalFailure) as failed:
@@ -367,7 +369,7 @@ async def test_an_llm_outage_longer_than_its_window_is_the_platforms_failure(
 
 
 async def test_expiry_is_told_to_every_waiting_call(db: AsyncDatabase[Document]) -> None:
-    outages = Outages(db)
+    outages = Outages(Stores.over(db))
     await outages.declare(KEY, "participant", time.time(), "ConnectError", 1.0)
 
     async def never() -> bool:
@@ -404,13 +406,12 @@ async def test_a_paused_lane_takes_no_work_and_resumes_when_another_replica_says
         async def announce(key: str) -> None:
             await broker.connection.publish(subjects.LANE_OUTAGE, key.encode())
 
-        here, elsewhere = Outages(db, announce), Outages(db, announce)
+        here, elsewhere = Outages(Stores.over(db), announce), Outages(Stores.over(db), announce)
         await elsewhere.declare(paused, "participant", time.time(), "ConnectError", 600)
         worker = StageWorker(
-            participant_lanes("search", "t-outage", db),
-            QuestionWork,
-            handle,
-            CapacityLimiter(db),
+            participant_lanes("search", "t-outage", Stores.over(db)),
+            FunctionStage(QuestionWork, handle),
+            CapacityLimiter(Stores.over(db)),
             settings,
             max_in_flight=4,
             outages=here,

@@ -42,6 +42,7 @@ from aml_runtime.clock import now_us
 from aml_runtime.db import Document
 from aml_runtime.documents import STAGE_COLLECTIONS
 from aml_runtime.secrets import SecretBox
+from aml_runtime.stores import Stores
 
 pytestmark = pytest.mark.integration
 
@@ -189,7 +190,8 @@ class Site:
                     {"_id": f"{job_id}/{stage}/{uuid.uuid4().hex}", "job_id": job_id,
                      "state": state, "at_us": at_us}
                 )  # fmt: skip
-                await count_final(db, job_id, stage, "done" if state == "done" else "failed", at_us)
+                outcome = "done" if state == "done" else "failed"
+                await count_final(Stores.over(db), job_id, stage, outcome, at_us)
 
 
 def _seed(client: httpx.Client, mongo: Any, clock: Clock) -> tuple[str, str, str]:

@@ -22,6 +22,7 @@ from aml_pipeline.chains import add_order
 from aml_pipeline.evaluation_spec import build_evaluation_spec
 from aml_runtime.db import Document
 from aml_runtime.documents import ensure_indexes
+from aml_runtime.stores import Stores
 from aml_runtime.stores.plans import PlanStore
 from aml_scheduler.handlers import ScheduleJobs
 from aml_scheduler.planning import plan_chunks, plan_questions, plan_written_texts
@@ -67,7 +68,7 @@ def _scheduler(db: AsyncDatabase[Document], root: Path) -> ScheduleJobs:
     # Neither the broker, the participant client nor the secrets serve a plan.
     unused = cast(Any, None)
     scheduler = ScheduleJobs(
-        settings, db, unused, unused, unused, build_evaluation_spec(settings), "c"
+        settings, Stores.over(db), unused, unused, unused, build_evaluation_spec(settings), "c"
     )
     # Small parts and few written texts held: many parts, and texts met again after their
     # documents are stored.
@@ -114,9 +115,11 @@ async def _stored(db: AsyncDatabase[Document], job_id: str) -> dict[str, Any]:
     return found
 
 
-async def _plan(scheduler: ScheduleJobs, job_id: str, datasets: list[str]) -> None:
+async def _plan(
+    db: AsyncDatabase[Document], scheduler: ScheduleJobs, job_id: str, datasets: list[str]
+) -> None:
     job = {"_id": job_id, "planned": False, "state": "queued", "datasets": datasets}
-    await scheduler.db.jobs.replace_one({"_id": job_id}, job, upsert=True)
+    await db.jobs.replace_one({"_id": job_id}, job, upsert=True)
     await scheduler._plan(job)
 
 
@@ -133,7 +136,7 @@ async def test_a_streamed_plan_stores_what_planning_each_dataset_whole_did(
     monkeypatch.setattr(PlanStore, "_merge_written", counted)
     scheduler = _scheduler(db, datasets_root)
     datasets = ["synthetic", "gen", "str"]
-    await _plan(scheduler, "job-s", datasets)
+    await _plan(db, scheduler, "job-s", datasets)
     # Texts met again after their documents were stored, merged into them.
     assert len(merged) > 1 and sum(merged) > 20
     expected = _whole_plan("job-s", datasets, datasets_root, scheduler.evaluation_spec.top_k)
@@ -151,7 +154,7 @@ async def test_planning_again_over_an_interrupted_plan_stores_the_same(
 ) -> None:
     scheduler = _scheduler(db, datasets_root)
     datasets = ["gen", "str"]
-    await _plan(scheduler, "job-r", datasets)
+    await _plan(db, scheduler, "job-r", datasets)
     expected = await _stored(db, "job-r")
     # What a plan interrupted mid-way leaves: some documents missing, some texts stored with
     # only their first users (their later parts not merged yet), the job not planned.
@@ -163,10 +166,10 @@ async def test_planning_again_over_an_interrupted_plan_stores_the_same(
         await db.written_texts.update_one({"_id": doc["_id"]}, first_only)
     for doc in expected["add_chunks"][::2]:
         await db.add_chunks.delete_one({"_id": doc["_id"]})
-    await _plan(scheduler, "job-r", datasets)
+    await _plan(db, scheduler, "job-r", datasets)
     assert await _stored(db, "job-r") == expected
     # And once more, over a whole plan: nothing changes.
-    await _plan(scheduler, "job-r", datasets)
+    await _plan(db, scheduler, "job-r", datasets)
     assert await _stored(db, "job-r") == expected
 
 
@@ -175,7 +178,7 @@ async def test_the_written_text_merge_reads_and_writes_by_id(
 ) -> None:
     """Merging a text met again reads its document by `_id` and writes it guarded by the size
     of its users: both served by the `_id` index."""
-    await _plan(_scheduler(db, datasets_root), "job-i", ["gen"])
+    await _plan(db, _scheduler(db, datasets_root), "job-i", ["gen"])
     ids = [doc["_id"] async for doc in db.written_texts.find({"job_id": "job-i"}, {"_id": 1})]
     for query in ({"_id": {"$in": ids[:50]}}, {"_id": ids[0], "users": {"$size": 2}}):
         plan = await db.command("explain", {"find": "written_texts", "filter": query})

@@ -19,6 +19,7 @@ from aml_pipeline.jobs import record_error
 from aml_runtime.broker import JetStreamBus
 from aml_runtime.clock import now_us
 from aml_runtime.documents import FailureKind
+from aml_runtime.stores import Stores
 from aml_scheduler.handlers import ScheduleJobs
 from aml_scheduler.settings import SchedulerSettings
 
@@ -32,7 +33,13 @@ def scheduler(db: Any, broker: NatsBroker) -> ScheduleJobs:
     # The participant client and the secrets serve planning and release only, not completion.
     unused = cast(Any, None)
     return ScheduleJobs(
-        settings, db, JetStreamBus(broker), unused, unused, build_evaluation_spec(settings), "code"
+        settings,
+        Stores.over(db),
+        JetStreamBus(broker),
+        unused,
+        unused,
+        build_evaluation_spec(settings),
+        "code",
     )
 
 
@@ -67,7 +74,7 @@ async def answer_model_down(db: Any, run: ScheduleJobs, job_id: str) -> None:
         kind = FailureKind.PLATFORM_ERROR
         await db.answers.insert_one(done | {"state": "failed", "failure_kind": kind,
                                             "failure": reason})  # fmt: skip
-        await record_error(db, job_id, "answer", kind, item, reason)
+        await record_error(Stores.over(db), job_id, "answer", kind, item, reason)
     await run.complete_if_done(job_id)
 
 

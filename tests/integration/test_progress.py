@@ -41,6 +41,7 @@ from aml_runtime.clock import micros, now_us
 from aml_runtime.db import Document
 from aml_runtime.documents import ensure_indexes
 from aml_runtime.settings import CommonSettings
+from aml_runtime.stores import Stores
 from aml_scheduler.handlers import ScheduleJobs
 from aml_scheduler.settings import SchedulerSettings
 
@@ -93,7 +94,9 @@ def stage_worker(
     async def unused(*_: Any) -> Document:
         raise AssertionError("store only")
 
-    return QuestionStageWorker(stage, CommonSettings(), db, broker, JetStreamBus(broker), unused)
+    return QuestionStageWorker(
+        stage, CommonSettings(), Stores.over(db), broker, JetStreamBus(broker), unused
+    )
 
 
 def announcer(announced: list[Counted]) -> Callable[[Counted], Awaitable[None]]:
@@ -120,7 +123,8 @@ async def finished(
     await db[collection].insert_one(
         {"_id": item_id, "job_id": job_id, "state": state, "at_us": at_us}
     )
-    return await count_final(db, job_id, stage, "done" if state == "done" else "failed", at_us)
+    outcome = "done" if state == "done" else "failed"
+    return await count_final(Stores.over(db), job_id, stage, outcome, at_us)
 
 
 async def test_an_outcome_counts_once_however_often_it_is_stored(
@@ -150,17 +154,18 @@ async def test_an_outcome_counts_once_however_often_it_is_stored(
     assert [counted.item_id for counted in announced] == [work("jonce", 0).item_id]
     # The adder's guarded update: ten concurrent finishes of one chunk count one.
     await db.add_chunks.insert_one({"_id": "jonce/u/0", "job_id": "jonce", "state": "pending"})
+    over = Stores.over(db)
     adder = SendChunk(
         CommonSettings(),
-        db,
+        over,
         JetStreamBus(broker),
         cast(Any, None),
         cast(Any, None),
-        JobStates(db, broker),
+        JobStates(over, broker),
     )
     add = AddWork(job_id="jonce", version_id="ver-1", request_id="jonce/u/0")
     await asyncio.gather(*[adder.finish(add, "done", {}) for _ in range(10)])
-    errors = [record_error(db, "jonce", "search", "outage", "jonce/x", "down") for _ in range(10)]
+    errors = [record_error(over, "jonce", "search", "outage", "jonce/x", "down") for _ in range(10)]
     await asyncio.gather(*errors)
 
     assert await counters(db, "jonce") == {
@@ -172,7 +177,7 @@ async def test_an_outcome_counts_once_however_often_it_is_stored(
         "progress.errors": 1,
     }
     # Nothing to repair: the counters are what the documents say.
-    assert await repair_counters(db, "jonce") is False
+    assert await repair_counters(Stores.over(db), "jonce") is False
     assert (await counters(db, "jonce"))["progress.questions_final"] == 2
 
 
@@ -192,7 +197,7 @@ async def test_a_stage_counts_a_jobs_outcomes_in_one_increment_per_window(
 ) -> None:
     await planned_job(db, "jbatch", questions=10)
     announced: list[Counted] = []
-    counter = OutcomeCounter(db, announcer(announced), window=0.3)
+    counter = OutcomeCounter(Stores.over(db), announcer(announced), window=0.3)
     # The first outcome of a job is counted at once: the counter learns where the job stands.
     counter.count(outcome("jbatch", 0))
     await counter.drain()
@@ -222,7 +227,7 @@ async def test_the_batch_that_may_complete_the_job_is_not_held(
 ) -> None:
     await planned_job(db, "jlast", questions=4)
     announced: list[Counted] = []
-    counter = OutcomeCounter(db, announcer(announced), window=60.0)
+    counter = OutcomeCounter(Stores.over(db), announcer(announced), window=60.0)
     counter.count(outcome("jlast", 0))
     await counter.drain()
     counter.count(outcome("jlast", 1))
@@ -254,7 +259,7 @@ async def test_a_batch_partly_counted_by_a_repair_counts_only_the_rest(
     async def all_final(counted: Counted) -> None:
         raise AssertionError("not every question is final")
 
-    counter = OutcomeCounter(db, all_final, window=60.0)
+    counter = OutcomeCounter(Stores.over(db), all_final, window=60.0)
     counter.count(outcome("jrace", 0, "search"))
     await counter.drain()
     # An outcome stored and waiting in the batch while a repair recounts the job from its
@@ -265,7 +270,7 @@ async def test_a_batch_partly_counted_by_a_repair_counts_only_the_rest(
     await db.searches.insert_one({"_id": f"jrace/{ITEM}0", "job_id": "jrace", "state": "done",
                                   "at_us": old.at_us - 1})  # fmt: skip
     counter.count(old)
-    assert await repair_counters(db, "jrace") is True
+    assert await repair_counters(Stores.over(db), "jrace") is True
     newer = outcome("jrace", 2)
     counter.count(newer)
     await counter.drain()
@@ -283,7 +288,7 @@ async def test_a_stopping_stage_counts_what_it_holds(db: AsyncDatabase[Document]
     async def all_final(counted: Counted) -> None:
         return None
 
-    counter = OutcomeCounter(db, all_final, window=3600.0)
+    counter = OutcomeCounter(Stores.over(db), all_final, window=3600.0)
     counter.count(outcome("jstop", 0))
     await counter.drain()
     counter.count(outcome("jstop", 1))
@@ -309,7 +314,7 @@ async def test_repair_counts_what_a_crash_left_uncounted(db: AsyncDatabase[Docum
     await db.job_errors.insert_one({"_id": "jcrash/search/x", "job_id": "jcrash", "at_us": 1})
     assert await counters(db, "jcrash") == {"progress.search.done": 1}
 
-    assert await repair_counters(db, "jcrash") is True
+    assert await repair_counters(Stores.over(db), "jcrash") is True
     repaired = {
         "progress.search.done": 1,
         "progress.search.failed": 1,
@@ -318,11 +323,11 @@ async def test_repair_counts_what_a_crash_left_uncounted(db: AsyncDatabase[Docum
         "progress.errors": 1,
     }
     assert await counters(db, "jcrash") == repaired
-    assert await repair_counters(db, "jcrash") is False
+    assert await repair_counters(Stores.over(db), "jcrash") is False
     # The writer of the lost increment was only slow, not dead: its late increment finds the
     # document already counted by the repair (watermark) and changes nothing.
     late = {"progress.search.failed": 1, "progress.questions_final": 1}
-    assert await _count(db, "jcrash", late, at_us) is None
+    assert await _count(Stores.over(db), "jcrash", late, at_us) is None
     assert await counters(db, "jcrash") == repaired
     # Outcomes written after the repair count as usual.
     assert await finished(db, "score", "jcrash", f"jcrash/{ITEM}0", "done") is False
@@ -347,19 +352,20 @@ async def test_repair_counts_what_a_crash_left_uncounted(db: AsyncDatabase[Docum
 
 async def test_job_status_reads_the_counters(db: AsyncDatabase[Document]) -> None:
     await planned_job(db, "jstatus")
+    stores = Stores.over(db)
     for _ in range(3):
-        await count_final(db, "jstatus", "search", "done", now_us())
-    await count_final(db, "jstatus", "search", "failed", now_us())
-    await record_error(db, "jstatus", "search", "participant_outage", f"jstatus/{ITEM}3", "503")
-    await count_final(db, "jstatus", "add", "done", now_us())
-    await count_final(db, "jstatus", "add", "done", now_us())
+        await count_final(stores, "jstatus", "search", "done", now_us())
+    await count_final(stores, "jstatus", "search", "failed", now_us())
+    await record_error(stores, "jstatus", "search", "participant_outage", f"jstatus/{ITEM}3", "503")
+    await count_final(stores, "jstatus", "add", "done", now_us())
+    await count_final(stores, "jstatus", "add", "done", now_us())
     job = await db.jobs.find_one({"_id": "jstatus"})
     assert job is not None
     # No stage document exists at all: the figures come from the job document alone.
     for collection in ("add_chunks", "searches", "answers", "scores"):
         assert await db[collection].find_one({"job_id": "jstatus"}) is None
 
-    status = await job_status(db, job)
+    status = await job_status(stores, job)
     figures: dict[str, Any] = {s: p.model_dump() for s, p in status.stages.items()}
     assert figures["add"] == {"total": 2, "done": 2, "failed": 0}
     assert figures["search"] == {"total": 4, "done": 3, "failed": 1}
@@ -373,7 +379,13 @@ def scheduler(db: AsyncDatabase[Document], broker: NatsBroker) -> ScheduleJobs:
     # The participant client and the secrets are used only to plan and release, not here.
     unused = cast(Any, None)
     return ScheduleJobs(
-        settings, db, JetStreamBus(broker), unused, unused, build_evaluation_spec(settings), "code"
+        settings,
+        Stores.over(db),
+        JetStreamBus(broker),
+        unused,
+        unused,
+        build_evaluation_spec(settings),
+        "code",
     )
 
 
@@ -416,7 +428,7 @@ async def test_scheduler_completes_a_job_from_its_counter(
     # An Add chunk confirmed whose writer died before recording it: the completion repairs it.
     await db.add_chunks.insert_one({"_id": "jdone/u/0", "job_id": "jdone", "state": "done"})
     await scored(db, "jdone", first)
-    assert await count_final(db, "jdone", "score", "done", now_us()) is False
+    assert await count_final(Stores.over(db), "jdone", "score", "done", now_us()) is False
     await run.complete_if_done("jdone")
     assert (await db.jobs.find_one({"_id": "jdone"}) or {})["state"] == "running"
 
@@ -480,7 +492,7 @@ async def test_the_recount_at_completion_is_quiet_and_a_stalled_jobs_repair_warn
     await db.searches.insert_one({"_id": item, "job_id": "jquiet", "state": "done",
                                   "at_us": now_us()})  # fmt: skip
     await scored(db, "jquiet", item)
-    assert await count_final(db, "jquiet", "score", "done", now_us()) is True
+    assert await count_final(Stores.over(db), "jquiet", "score", "done", now_us()) is True
     with captured(monkeypatch) as entries:
         await run.complete_if_done("jquiet")
     assert (await db.jobs.find_one({"_id": "jquiet"}) or {})["state"] == "completed"

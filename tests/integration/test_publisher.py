@@ -29,6 +29,7 @@ from aml_publisher.settings import PublisherSettings
 from aml_runtime.broker import JetStreamBus, publish
 from aml_runtime.clock import now_us
 from aml_runtime.db import Document
+from aml_runtime.stores import Stores
 
 pytestmark = pytest.mark.integration
 
@@ -106,7 +107,7 @@ async def insert_job(
     ]
     await db.add_chunks.insert_many(chunks)
     for _ in chunks:
-        await count_final(db, job_id, "add", "done", at_us)
+        await count_final(Stores.over(db), job_id, "add", "done", at_us)
     stages: dict[ItemStage, str] = {"search": "searches", "answer": "answers", "score": "scores"}
     for stage, collection in stages.items():
         last = QUESTIONS - 1 if failed else QUESTIONS
@@ -122,9 +123,11 @@ async def insert_job(
             await db[collection].insert_many(docs)
         # Counted on the job as the stage workers count them (the gate reads the counters).
         for doc in docs:
-            await count_final(db, job_id, stage, doc["state"], at_us)
+            await count_final(Stores.over(db), job_id, stage, doc["state"], at_us)
     if failed:
-        await record_error(db, job_id, "search", "contract_error", f"{item}2", "bad body")
+        await record_error(
+            Stores.over(db), job_id, "search", "contract_error", f"{item}2", "bad body"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -299,7 +302,8 @@ async def test_finished_jobs_are_gated_once(
 async def test_concurrent_gates_store_one_outcome(db: AsyncDatabase[Document]) -> None:
     await insert_job(db, "jrace", version_id="ver-race", f1=0.31)
     replicas = [
-        GateFinishedJobs(PublisherSettings(release_baseline=BASELINE), db) for _ in range(4)
+        GateFinishedJobs(PublisherSettings(release_baseline=BASELINE), Stores.over(db))
+        for _ in range(4)
     ]
     stored = await asyncio.gather(*(p.gate_job("jrace") for p in replicas))
     assert sorted(stored) == [False, False, False, True]
@@ -311,7 +315,7 @@ async def test_concurrent_gates_store_one_outcome(db: AsyncDatabase[Document]) -
 async def test_reconciliation_gates_what_no_event_announced(db: AsyncDatabase[Document]) -> None:
     await insert_job(db, "jsilent", version_id="ver-silent", f1=0.41)
     await db.jobs.insert_one({"_id": "jrunning", "state": "running", "mode": "full"})
-    publisher = GateFinishedJobs(PublisherSettings(release_baseline=None), db)
+    publisher = GateFinishedJobs(PublisherSettings(release_baseline=None), Stores.over(db))
     await publisher.reconcile()
     job = await gate_of(db, "jsilent")
     assert job["review_state"] == "gate_failed"

@@ -18,6 +18,7 @@ from aml_devtools.platform import own_release_baseline
 from aml_pipeline.evaluation_spec import build_evaluation_spec
 from aml_runtime.codehash import code_hash
 from aml_runtime.db import Document
+from aml_runtime.stores import Stores
 from aml_scheduler.baseline import release_baseline
 from aml_scheduler.handlers import ScheduleJobs
 from aml_scheduler.settings import SchedulerSettings
@@ -33,7 +34,13 @@ async def _planned_job(settings: SchedulerSettings, datasets: list[str]) -> Docu
     db = client[settings.mongo_db]
     unused: Any = None
     scheduler = ScheduleJobs(
-        settings, db, unused, unused, unused, build_evaluation_spec(settings), code_hash()
+        settings,
+        Stores.over(db),
+        unused,
+        unused,
+        unused,
+        build_evaluation_spec(settings),
+        code_hash(),
     )
     job_id = f"j{uuid.uuid4().hex[:12]}"
     job = {"_id": job_id, "planned": False, "state": "queued", "datasets": datasets}

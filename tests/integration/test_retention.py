@@ -13,6 +13,7 @@ from pymongo import AsyncMongoClient
 
 from aml_pipeline.retention import purge_due, purge_expired
 from aml_runtime.db import Document
+from aml_runtime.stores import Stores
 
 pytestmark = pytest.mark.integration
 
@@ -78,8 +79,8 @@ async def test_old_runs_lose_their_data_and_keep_their_results(gateway: Gateway)
         )
         assert response.status_code == 404
 
-        assert await purge_expired(db, NOW) == ["old"]
-        assert await purge_expired(db, NOW) == []  # once
+        assert await purge_expired(Stores.over(db), NOW) == ["old"]
+        assert await purge_expired(Stores.over(db), NOW) == []  # once
         assert (await db.add_chunks.find_one({"_id": "old/a"}))["body"] is None
         assert (await db.questions.find_one({"_id": "old/q"}))["search_body"] is None
         assert (await db.searches.find_one({"_id": "old/q"}))["candidates"] == []
@@ -99,6 +100,6 @@ async def test_old_runs_lose_their_data_and_keep_their_results(gateway: Gateway)
         )
         assert late.status_code == 409
         # After the extension, the kept job goes too.
-        assert sorted(await purge_expired(db, NOW + 10 * DAY)) == ["kept", "recent"]
+        assert sorted(await purge_expired(Stores.over(db), NOW + 10 * DAY)) == ["kept", "recent"]
     finally:
         await mongo.close()

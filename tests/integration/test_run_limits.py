@@ -17,6 +17,7 @@ from aml_participant_simulator.script import EndpointScript, ScriptedAuth
 from aml_pipeline.capacity import Capacity, CapacityLimiter
 from aml_pipeline.participants import Attempt, CallFailed, Endpoint, ParticipantClient
 from aml_runtime.settings import ParticipantCallSettings
+from aml_runtime.stores import Stores
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +38,7 @@ async def clients(mongo_url: str) -> AsyncIterator[list[ParticipantClient]]:
     )
     mongos: list[AsyncMongoClient[dict[str, Any]]] = [AsyncMongoClient(mongo_url) for _ in "ab"]
     made = [
-        ParticipantClient.from_settings(settings, CapacityLimiter(m["aml_run_limits"]))
+        ParticipantClient.from_settings(settings, CapacityLimiter(Stores.over(m["aml_run_limits"])))
         for m in mongos
     ]
     yield made

@@ -31,6 +31,7 @@ from aml_runtime.clock import micros
 from aml_runtime.db import Document
 from aml_runtime.documents import STAGE_COLLECTIONS, FailureKind, ensure_indexes
 from aml_runtime.secrets import SecretBox
+from aml_runtime.stores import Stores
 from aml_scheduler.handlers import ScheduleJobs
 from aml_scheduler.settings import SchedulerSettings
 from aml_scheduler.watchdog import STALL_PERIODS
@@ -73,7 +74,7 @@ def scheduler(
     unused = cast(Any, None)
     run = ScheduleJobs(
         settings,
-        db,
+        Stores.over(db),
         JetStreamBus(broker),
         unused,
         unused,
@@ -457,7 +458,7 @@ async def test_a_job_waiting_out_an_outage_is_not_stalled(
     await version(db, "ver-w8")
     await running_job(db, "jw8", "ver-w8", {"add": {"done": 2}, "last_us": us(0)})
     window = 10 * STALL
-    await Outages(db, clock=lambda: clock().timestamp()).declare(
+    await Outages(Stores.over(db), clock=lambda: clock().timestamp()).declare(
         "ver-w8", "participant", (T0 + timedelta(seconds=5)).timestamp(), "HTTP 503", window
     )
     for seconds in (STALL + 1, 5 * STALL, window):
@@ -467,7 +468,7 @@ async def test_a_job_waiting_out_an_outage_is_not_stalled(
     # Resumed, then ended at t = window: the job has moved then.
     pause = await db.lane_pauses.find_one_and_delete({"_id": "ver-w8"})
     assert pause is not None
-    await record_outage(db, LanePause.model_validate(pause), us(window) / 1e6, "ended")
+    await record_outage(Stores.over(db), LanePause.model_validate(pause), us(window) / 1e6, "ended")
     clock.at(window + STALL - 1)
     await run.reconcile()
     assert (await job(db, "jw8"))["state"] == "running"
@@ -484,7 +485,7 @@ async def test_an_abandoned_pause_lifts_and_the_watchdog_is_back(
     await version(db, "ver-w9")
     await running_job(db, "jw9", "ver-w9", {"add": {"done": 2}, "last_us": us(0)})
     window = 2 * STALL
-    await Outages(db, clock=lambda: clock().timestamp()).declare(
+    await Outages(Stores.over(db), clock=lambda: clock().timestamp()).declare(
         "ver-w9", "participant", T0.timestamp(), "network error: ConnectError", window
     )
     clock.at(window + ABANDONED_GRACE_SECONDS - 1)
@@ -519,7 +520,7 @@ async def test_a_participant_down_when_its_job_starts_is_waited_for(
     outage is over."""
     clock = Clock()
     run = scheduler(db, broker, clock)
-    run.outages = Outages(db, clock=lambda: clock().timestamp())
+    run.outages = Outages(Stores.over(db), clock=lambda: clock().timestamp())
     healthy = False
 
     async def health(job: Document) -> bool:
@@ -548,7 +549,7 @@ async def test_a_participant_down_past_its_window_at_the_start_fails_the_job(
 ) -> None:
     clock = Clock()
     run = scheduler(db, broker, clock)
-    run.outages = Outages(db, clock=lambda: clock().timestamp())
+    run.outages = Outages(Stores.over(db), clock=lambda: clock().timestamp())
 
     async def unhealthy(job: Document) -> bool:
         return False

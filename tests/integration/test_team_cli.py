@@ -40,6 +40,7 @@ from aml_pipeline.jobs import record_error
 from aml_pipeline.progress import counter_field
 from aml_runtime.db import Document
 from aml_runtime.secrets import SecretBox
+from aml_runtime.stores import Stores
 
 pytestmark = pytest.mark.integration
 
@@ -274,9 +275,8 @@ async def test_submit_watch_results_errors_and_audit(
     assert code == 0 and failing, out
     job_id = failing.group(1)
     for item in ("conv-1", "conv-2"):
-        await record_error(
-            live.db, job_id, "add", "contract_error", item, "add: the response is not JSON"
-        )
+        reason = "add: the response is not JSON"
+        await record_error(Stores.over(live.db), job_id, "add", "contract_error", item, reason)
     await end_job(live.db, job_id, "failed", datetime.now(UTC), "contract_error")
     code, out, _ = run(capsys, "watch", job_id, "--interval", "0.1")
     assert code == 1

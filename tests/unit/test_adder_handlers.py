@@ -25,6 +25,7 @@ from aml_pipeline.participants import CallFailed, Endpoint, Observer, Participan
 from aml_pipeline.stage_worker import WorkItem
 from aml_runtime.broker import FetchedDelivery
 from aml_runtime.documents import ACTIVE_JOB_STATES
+from aml_runtime.stores import Stores
 
 JOB = "job-1"
 VERSION = "ver-1"
@@ -124,7 +125,7 @@ async def rig() -> AsyncIterator[Rig]:
     endpoints = cast(Endpoints, FixedEndpoints())
     handler = SendChunk(
         AdderSettings(),
-        db.typed(),
+        Stores.over(db.typed()),
         TestBrokerBus(broker),
         client,
         endpoints,
@@ -181,7 +182,7 @@ async def test_a_final_chunk_is_announced_again_never_sent(rig: Rig, state: str)
     store(rig.db, chunk_state=state)
     chunk = dict(rig.db.add_chunks.documents[CHUNK])
     item = delivery(2)
-    await rig.handler(WORK, item)
+    await rig.handler.handle(WORK, item)
     assert rig.participant.sent == []
     assert rig.announced == [done(state)]
     assert rig.db.add_chunks.documents[CHUNK] == chunk
@@ -193,7 +194,7 @@ async def test_a_final_chunk_is_announced_again_never_sent(rig: Rig, state: str)
 async def test_a_pending_chunk_of_an_inactive_job_is_not_sent(rig: Rig, job_state: str) -> None:
     store(rig.db, job_state=job_state)
     item = delivery(1)
-    await rig.handler(WORK, item)
+    await rig.handler.handle(WORK, item)
     assert rig.participant.sent == []
     assert rig.db.add_chunks.documents[CHUNK]["state"] == "pending"
     assert rig.announced == []
@@ -204,7 +205,7 @@ async def test_a_pending_chunk_of_an_inactive_job_is_not_sent(rig: Rig, job_stat
 
 async def test_a_confirmed_add_is_marked_done_and_counted_once(rig: Rig) -> None:
     store(rig.db)
-    await rig.handler(WORK, delivery(1))
+    await rig.handler.handle(WORK, delivery(1))
     ids = (CHUNK, "eval:job-1:synthetic:syn-1", "s1")
     # The stored body, byte for byte, counted against this job's request limit.
     assert rig.participant.sent == [(JOB, BODY, ids)]
@@ -215,7 +216,7 @@ async def test_a_confirmed_add_is_marked_done_and_counted_once(rig: Rig) -> None
     assert rig.announced == [done("done")]
 
     # Redelivered (the ACK was lost): announced again, neither sent nor counted again.
-    await rig.handler(WORK, delivery(2))
+    await rig.handler.handle(WORK, delivery(2))
     assert len(rig.participant.sent) == 1
     assert rig.db.jobs.documents[JOB]["progress"]["add"] == {"done": 1}
     assert rig.db.add_chunks.documents[CHUNK] == chunk
@@ -226,7 +227,8 @@ async def test_racing_deliveries_count_the_add_once(rig: Rig) -> None:
     store(rig.db)
     # Both find the chunk pending and reach the participant (at-least-once delivery); only
     # the first to finish it marks and counts it.
-    await asyncio.gather(rig.handler(WORK, delivery(1)), rig.handler(WORK, delivery(2)))
+    handle = rig.handler.handle
+    await asyncio.gather(handle(WORK, delivery(1)), handle(WORK, delivery(2)))
     assert len(rig.participant.sent) == 2
     assert rig.db.jobs.documents[JOB]["progress"]["add"] == {"done": 1}
     assert rig.db.jobs.documents[JOB]["progress"]["events"] == 1
@@ -237,7 +239,7 @@ async def test_a_refused_add_fails_the_chunk_once_with_its_reason(rig: Rig) -> N
     store(rig.db)
     rig.participant.failure = CallFailed("contract_error", "add response: status missing")
     item = delivery(1)
-    await rig.handler(WORK, item)
+    await rig.handler.handle(WORK, item)
     chunk = rig.db.add_chunks.documents[CHUNK]
     assert (chunk["state"], chunk["failure_kind"], chunk["failure"]) == (
         "failed",
@@ -257,13 +259,13 @@ async def test_a_transient_error_leaves_the_chunk_pending_until_the_last_deliver
     store(rig.db)
     rig.participant.failure = ConnectionResetError("connection reset")
     first = delivery(1)
-    await rig.handler(WORK, first)
+    await rig.handler.handle(WORK, first)
     assert settled(first) == ["nak"]
     assert rig.db.add_chunks.documents[CHUNK]["state"] == "pending"
     assert rig.announced == [] and "progress" not in rig.db.jobs.documents[JOB]
 
     last = delivery(AdderSettings().max_deliver)
-    await rig.handler(WORK, last)
+    await rig.handler.handle(WORK, last)
     assert settled(last) == ["ack"]
     assert rig.db.add_chunks.documents[CHUNK]["failure_kind"] == "platform_error"
     assert rig.db.jobs.documents[JOB]["progress"]["add"] == {"failed": 1}
@@ -290,7 +292,7 @@ async def test_a_confirmed_add_hands_the_users_next_add_on_when_nothing_gates_it
         rig.db.add_chunks.documents[following] = {
             "_id": following, "job_id": JOB, "user_id": USER, "seq": 2, **successor
         }  # fmt: skip
-    await rig.handler(WORK, delivery(1))
+    await rig.handler.handle(WORK, delivery(1))
     assert rig.announced == [done("done", next_released=hands_on)]
     if hands_on:
         # Under the id the scheduler would publish it with: the broker keeps one of the two.

@@ -38,6 +38,7 @@ from aml_pipeline.stage_worker import StageCall
 from aml_runtime.broker import FinalFailure
 from aml_runtime.documents import ScoreDocument
 from aml_runtime.settings import EvaluationSettings
+from aml_runtime.stores import Stores
 from aml_scheduler.handlers import question_outcome
 from aml_scheduler.planning import plan_questions
 from aml_scorer.handlers import ScoreAnswer
@@ -468,7 +469,7 @@ async def test_the_answer_prompt_tells_the_date(dataset: Dataset) -> None:
     completions = FakeChatModel("18 days")
     answer = AnswerQuestion(
         settings=AnswererSettings(),
-        db=SimpleNamespace(searches=_Searches()),  # type: ignore[arg-type]
+        stores=Stores.over(SimpleNamespace(searches=_Searches())),  # type: ignore[arg-type]
         llm=cast(Any, completions),
         prompt=load_prompt("answer_v1"),
         count_tokens=estimated,
@@ -497,7 +498,7 @@ def _scorer(completions: FakeChatModel) -> ScoreAnswer:
     unused: Any = None
     return ScoreAnswer(
         settings=ScorerSettings(),
-        db=unused,
+        stores=unused,
         llm=cast(Any, completions),
         prompt=load_prompt("judge_v1"),
         abstention_prompt=load_prompt("judge_abstention_v1"),

@@ -36,6 +36,7 @@ from aml_pipeline.evaluation_spec import build_evaluation_spec
 from aml_pipeline.stage_worker import StageCall
 from aml_runtime.broker import FinalFailure
 from aml_runtime.settings import EvaluationSettings
+from aml_runtime.stores import Stores
 from aml_scorer.handlers import ScoreAnswer
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 16
@@ -172,9 +173,11 @@ def _answerer(
     questions = _Collection(None if question_body is None else {"search_body": question_body})
     answer = AnswerQuestion(
         settings=AnswererSettings(answer_model_images=takes_images),
-        db=SimpleNamespace(  # type: ignore[arg-type]
-            searches=_Collection({"state": "done", "candidates": candidates}),
-            questions=questions,
+        stores=Stores.over(
+            SimpleNamespace(  # type: ignore[arg-type]
+                searches=_Collection({"state": "done", "candidates": candidates}),
+                questions=questions,
+            )
         ),
         llm=completions,  # type: ignore[arg-type]
         prompt=PROMPT,
@@ -249,7 +252,7 @@ def _scorer(answer: str) -> tuple[ScoreAnswer, QuestionWork]:
     unused: Any = None
     scorer = ScoreAnswer(
         settings=unused,
-        db=unused,
+        stores=unused,
         llm=_NoLLM(),
         prompt=unused,
         abstention_prompt=unused,  # type: ignore[arg-type]

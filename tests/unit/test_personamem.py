@@ -33,6 +33,7 @@ from aml_evaluation.personamem import (
 from aml_evaluation.prompts import load_prompt
 from aml_pipeline.stage_worker import StageCall
 from aml_runtime.documents import ScoreDocument
+from aml_runtime.stores import Stores
 from aml_scheduler.handlers import question_outcome
 from aml_scheduler.planning import plan_chunks, plan_questions
 from aml_scorer.handlers import ScoreAnswer
@@ -408,7 +409,7 @@ async def test_the_answer_model_sees_the_lettered_options(dataset: Dataset) -> N
     search = {"state": "done", "candidates": [{"id": "m1", "content": "user likes matcha"}]}
     answer = AnswerQuestion(
         settings=AnswererSettings(),
-        db=SimpleNamespace(searches=_Searches(search)),  # type: ignore[arg-type]
+        stores=Stores.over(SimpleNamespace(searches=_Searches(search))),  # type: ignore[arg-type]
         llm=completions,  # type: ignore[arg-type]
         prompt=load_prompt("answer_v1"),
         count_tokens=estimated,
@@ -427,7 +428,7 @@ async def test_the_answer_model_sees_the_lettered_options(dataset: Dataset) -> N
 def _score(question: dict[str, Any], reply: str) -> ScoreDocument:
     unused: Any = None  # choice() uses none of the collaborators
     scorer = ScoreAnswer(
-        settings=unused, db=unused, llm=unused, prompt=unused, abstention_prompt=unused
+        settings=unused, stores=unused, llm=unused, prompt=unused, abstention_prompt=unused
     )
     scored = scorer.choice(reply, question["options"], question["gold_answer"])
     return ScoreDocument.model_validate(

@@ -244,7 +244,7 @@ def test_options_reach_the_answer_prompt_as_letters() -> None:
 def test_multiple_choice_is_scored_by_the_option_named() -> None:
     unused: Any = None  # choice() uses none of the collaborators
     score = ScoreAnswer(
-        settings=unused, db=unused, llm=unused, prompt=unused, abstention_prompt=unused
+        settings=unused, stores=unused, llm=unused, prompt=unused, abstention_prompt=unused
     )
     options = ["Lisbon", "Berlin", "Oslo"]
     assert score.choice("B", options, "Berlin")["choice_correct"] is True

@@ -25,6 +25,7 @@ from aml_publisher.gate import CHECK_NAMES
 from aml_publisher.handlers import GateFinishedJobs
 from aml_publisher.settings import PublisherSettings
 from aml_runtime.broker import publish
+from aml_runtime.stores import Stores
 from aml_scheduler.handlers import ScheduleJobs
 from aml_scheduler.settings import SchedulerSettings
 
@@ -50,7 +51,9 @@ async def rig() -> AsyncIterator[Rig]:
     """The publisher's subscriber wired as in `aml_publisher.main` (minus the delivery budget)."""
     db = FakeDatabase()
     broker = NatsBroker(logger=None)
-    publisher = GateFinishedJobs(PublisherSettings(release_baseline=BASELINE), db.typed())
+    publisher = GateFinishedJobs(
+        PublisherSettings(release_baseline=BASELINE), Stores.over(db.typed())
+    )
 
     finished = JStream(subjects.FINISHED_STREAM, declare=False)
 
@@ -145,7 +148,13 @@ async def test_a_job_the_scheduler_completes_is_gated_once(rig: Rig) -> None:
     unused = cast(Any, None)
     evaluation_spec = build_evaluation_spec(settings)
     scheduler = ScheduleJobs(
-        settings, rig.db.typed(), TestBrokerBus(rig.broker), unused, unused, evaluation_spec, "c"
+        settings,
+        Stores.over(rig.db.typed()),
+        TestBrokerBus(rig.broker),
+        unused,
+        unused,
+        evaluation_spec,
+        "c",
     )
 
     await scheduler.complete_if_done("j1")

@@ -13,6 +13,7 @@ from aml_pipeline.question_stage import (
     carried_candidates,
 )
 from aml_runtime.settings import CommonSettings
+from aml_runtime.stores import Stores
 
 PLANNED = {
     "_id": "j1/conv-26:q0007",
@@ -44,8 +45,9 @@ async def _nothing(*args: Any) -> dict[str, Any]:
 
 
 def _stage(name: Any) -> QuestionStageWorker:
+    stores = Stores.over(cast(Any, _NoDatabase()))
     return QuestionStageWorker(
-        name, CommonSettings(), cast(Any, _NoDatabase()), cast(Any, None), cast(Any, None), _nothing
+        name, CommonSettings(), stores, cast(Any, None), cast(Any, None), _nothing
     )
 
 

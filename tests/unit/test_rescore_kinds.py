@@ -71,7 +71,7 @@ async def _live_job(
     completions = FakeChatModel(reply)
     score = ScoreAnswer(
         settings=ScorerSettings(),
-        db=None,  # type: ignore[arg-type]  # the answer comes with the work
+        stores=None,  # type: ignore[arg-type]  # the answer comes with the work
         llm=completions,  # type: ignore[arg-type]
         prompt=load_prompt("judge_v1"),
         abstention_prompt=load_prompt("judge_abstention_v1"),

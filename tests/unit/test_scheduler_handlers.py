@@ -28,6 +28,7 @@ from aml_evaluation.registry import load_dataset
 from aml_pipeline.chains import add_order
 from aml_pipeline.evaluation_spec import build_evaluation_spec
 from aml_runtime.broker import publish
+from aml_runtime.stores import Stores
 from aml_scheduler.handlers import ScheduleJobs, platform_failed, platform_failure_reason
 from aml_scheduler.planning import plan_chunks, plan_questions
 from aml_scheduler.settings import SchedulerSettings
@@ -76,7 +77,7 @@ async def rig() -> AsyncIterator[Rig]:
     unused = cast(Any, None)
     scheduler = ScheduleJobs(
         settings,
-        db.typed(),
+        Stores.over(db.typed()),
         TestBrokerBus(broker),
         unused,
         unused,

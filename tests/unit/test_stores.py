@@ -8,7 +8,9 @@ the constant of `aml_runtime.documents`), or a call (`db.get_collection("jobs")`
 with a property returning one: `_named_through_bindings`).
 
 `self.jobs` is not a collection: an object's own field (a handler's store, a stage's view of
-its jobs); a collection is always reached through a database (`self.db.jobs` is one)."""
+its jobs); nor is `stores.jobs` (`self.stores.jobs`, `svc.stores.jobs`), a store of the
+`aml_runtime.stores.Stores` handlers take; a collection is always reached through a database
+(`self.db.jobs` is one)."""
 
 from __future__ import annotations
 
@@ -70,6 +72,13 @@ def _a_field(name: str | None, base: ast.expr) -> bool:
     return not _DATABASE.search(last)
 
 
+def _a_store(base: ast.expr) -> bool:
+    """Whether `base` is a `Stores` (`stores`, `self.stores`, `rt.stores`): its `jobs`,
+    `outages`, `leaderboard`, ... are stores named like the collections they own."""
+    last = base.id if isinstance(base, ast.Name) else getattr(base, "attr", "")
+    return bool(last == "stores")
+
+
 def _named(node: ast.expr) -> str | None:
     """The collection a subscript's key or a call's argument names, if it is one of OWNERS."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in OWNERS:
@@ -87,7 +96,8 @@ def collections_named(source: str) -> list[tuple[int, str, str]]:
         collection: str | None = None
         if isinstance(node, ast.Attribute) and node.attr in OWNERS:
             own_field = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
-            collection = None if own_field or _a_field(node.attr, node.value) else node.attr
+            skipped = own_field or _a_store(node.value) or _a_field(node.attr, node.value)
+            collection = None if skipped else node.attr
         elif isinstance(node, ast.Subscript):
             collection = _named(node.slice)
             if isinstance(node.slice, ast.Constant) and _a_field(collection, node.value):
@@ -274,7 +284,17 @@ def test_the_scan_sees_every_way_of_naming_a_collection(code: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "code", ["self.jobs.get(job_id)", "jobs = JobStore(db)", 'db["unowned"]', "JOBS.labels(s)"]
+    "code",
+    [
+        "self.jobs.get(job_id)",
+        "jobs = JobStore(db)",
+        'db["unowned"]',
+        "JOBS.labels(s)",
+        "stores.jobs.fail(job_id)",
+        "self.stores.outages.pauses()",
+        "svc.stores.leaderboard.entry(entry_id)",
+        "rt.stores.access_requests",
+    ],
 )
 def test_the_scan_leaves_other_names_alone(code: str) -> None:
     assert not collections_named(code)

@@ -21,6 +21,7 @@ from aml_evaluation.chunker import cut_at_points, plan_adds
 from aml_evaluation.datasets import Dataset, parse_locomo
 from aml_pipeline.question_stage import QuestionStageWorker
 from aml_runtime.settings import CommonSettings
+from aml_runtime.stores import Stores
 from aml_scheduler.planning import plan_chunks, plan_questions
 from aml_scheduler.watchdog import diagnose
 
@@ -291,7 +292,7 @@ async def test_a_job_whose_next_add_waits_for_a_search_is_stuck_at_search() -> N
     }  # fmt: skip
     later = t0 + timedelta(seconds=1000)
 
-    stall = await diagnose(db.typed(), db.jobs.documents[JOB], later, 600)
+    stall = await diagnose(Stores.over(db.typed()), db.jobs.documents[JOB], later, 600)
     assert stall is not None
     assert (stall.stage, stall.cause) == ("search", "participant")
     assert "1 of 2 Add requests final, held back by 1 searches not final" in stall.reason
@@ -299,5 +300,5 @@ async def test_a_job_whose_next_add_waits_for_a_search_is_stuck_at_search() -> N
 
     # Its search is final: the Adds themselves are what is stuck.
     db.searches.documents[held] = {"_id": held, "job_id": JOB, "state": "done"}
-    stall = await diagnose(db.typed(), db.jobs.documents[JOB], later, 600)
+    stall = await diagnose(Stores.over(db.typed()), db.jobs.documents[JOB], later, 600)
     assert stall is not None and stall.stage == "add"

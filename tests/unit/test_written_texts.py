@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
+from aml_runtime.stores import Stores
 from aml_searcher.handlers import WrittenTexts
 
 
@@ -38,7 +39,7 @@ class _Db:
 
 def _written(kept: int = 1000) -> tuple[WrittenTexts, _Texts]:
     db = _Db()
-    return WrittenTexts(cast(Any, db), kept=kept), db.written_texts
+    return WrittenTexts(Stores.over(cast(Any, db)), kept=kept), db.written_texts
 
 
 def _asked(texts: _Texts) -> list[list[str]]:

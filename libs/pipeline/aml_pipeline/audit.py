@@ -14,13 +14,11 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any, Self
 
-from pymongo.asynchronous.database import AsyncDatabase
-
 from aml_contract.api.vocabulary import Stage
 from aml_pipeline.participants import Attempt
 from aml_runtime.db import Document
 from aml_runtime.metrics import participant_call
-from aml_runtime.stores.audit import AuditStore
+from aml_runtime.stores import Stores
 
 VALID = "valid"
 
@@ -31,14 +29,14 @@ class CallRecorder:
 
     def __init__(
         self,
-        db: AsyncDatabase[Document],
+        stores: Stores,
         job_id: str,
         stage: Stage,
         item_id: str,
         delivery: int,
         version_id: str = "",
     ) -> None:
-        self._audit = AuditStore(db)
+        self._audit = stores.audit
         self._version_id = version_id
         # The work item: an Add's request_id (an Add chunk's item id is its request_id), or a
         # question's id; the audit API derives the Add's contract request_id from it.

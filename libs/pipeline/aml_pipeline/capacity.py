@@ -37,12 +37,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from pymongo.asynchronous.database import AsyncDatabase
 
-from aml_runtime.db import Document
 from aml_runtime.settings import RATE_MARGIN_SECONDS
-from aml_runtime.stores.accounts import AccountStore
-from aml_runtime.stores.capacity import SlotRange, SlotStore
+from aml_runtime.stores import Stores
+from aml_runtime.stores.capacity import SlotRange
 
 LEASE_SECONDS = 30.0
 # A rate slot taken but not yet stamped stays locked this long at most (a holder that crashed
@@ -288,14 +286,14 @@ async def turn(admission: Admission | None) -> AsyncIterator[None]:
 class CapacityLimiter:
     def __init__(
         self,
-        db: AsyncDatabase[Document],
+        stores: Stores,
         lease_seconds: float = LEASE_SECONDS,
         rate_margin_seconds: float = RATE_MARGIN_SECONDS,
         notify: Notify | None = None,
         rate_patience_seconds: float = 0.0,
     ) -> None:
-        self._slots = SlotStore(db)
-        self._accounts = AccountStore(db)
+        self._slots = stores.slots
+        self._accounts = stores.accounts
         self._lease = lease_seconds
         self._margin = rate_margin_seconds
         self._notify = notify

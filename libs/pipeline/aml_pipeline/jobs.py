@@ -6,13 +6,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from functools import cached_property
 
 from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from pydantic import ValidationError
-from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract import subjects
 from aml_contract.api.versions import Capacity as DeclaredCapacity
@@ -27,12 +25,11 @@ from aml_runtime.clock import micros, now
 from aml_runtime.db import Document
 from aml_runtime.documents import ACTIVE_JOB_STATES, FailureKind
 from aml_runtime.secrets import SecretBox
-from aml_runtime.stores.accounts import AccountStore
-from aml_runtime.stores.jobs import JobStore
+from aml_runtime.stores import Stores
 
 
 async def record_error(
-    db: AsyncDatabase[Document],
+    stores: Stores,
     job_id: str,
     stage: Stage,
     kind: FailureKind,
@@ -43,13 +40,13 @@ async def record_error(
     on the job by the insert that created it (`aml_pipeline.progress`: insert first, then count;
     the scheduler's repair recounts one whose writer died in between)."""
     moment = now()
-    if not await JobStore(db).record_error(job_id, stage, kind, item, reason, moment):
+    if not await stores.jobs.record_error(job_id, stage, kind, item, reason, moment):
         return
-    await count_error(db, job_id, micros(moment))
+    await count_error(stores, job_id, micros(moment))
 
 
 async def fail_job(
-    db: AsyncDatabase[Document],
+    stores: Stores,
     bus: Bus,
     job_id: str,
     stage: Stage,
@@ -61,7 +58,7 @@ async def fail_job(
 
     `kind` says whose failure it was; a job failed by the platform itself (`platform_error`)
     does not consume the team's quota."""
-    version_id = await JobStore(db).fail(job_id, stage, kind, reason, now())
+    version_id = await stores.jobs.fail(job_id, stage, kind, reason, now())
     if version_id is not None:
         await purge_job_work(bus, version_id, job_id)
         await publish_finished(bus, job_id, "failed")
@@ -76,8 +73,8 @@ async def publish_finished(bus: Bus, job_id: str, state: str) -> None:
     await publish(bus, subjects.JOB_FINISHED, message, message_id("finished", job_id))
 
 
-async def job_is_active(db: AsyncDatabase[Document], job_id: str) -> bool:
-    state = await JobStore(db).state_of(job_id)
+async def job_is_active(stores: Stores, job_id: str) -> bool:
+    state = await stores.jobs.state_of(job_id)
     return state is not None and state in ACTIVE_JOB_STATES
 
 
@@ -92,10 +89,10 @@ def run_overdue(version: Document, started_at: datetime | None, moment: datetime
 
 
 async def load_endpoint(
-    db: AsyncDatabase[Document], box: SecretBox, version_id: str, job_id: str | None = None
+    stores: Stores, box: SecretBox, version_id: str, job_id: str | None = None
 ) -> Endpoint:
     """How to call a version; with `job_id`, its requests count against the run's limit."""
-    accounts = AccountStore(db)
+    accounts = stores.accounts
     version = await accounts.version(version_id)
     if version is None:
         raise LookupError(f"version {version_id} is not registered")
@@ -124,7 +121,7 @@ class Endpoints:
     endpoint, and reading the version and its sealed key for every item was two database reads
     per question. A changed version (URL, key, capacity) is seen within `ttl` seconds."""
 
-    db: AsyncDatabase[Document]
+    stores: Stores
     box: SecretBox
     ttl: float = 5.0
     _known: dict[str, tuple[float, Endpoint]] = field(default_factory=dict)
@@ -133,7 +130,7 @@ class Endpoints:
         now_s = time.monotonic()
         known = self._known.get(version_id)
         if known is None or now_s - known[0] > self.ttl:
-            known = (now_s, await load_endpoint(self.db, self.box, version_id))
+            known = (now_s, await load_endpoint(self.stores, self.box, version_id))
             self._known[version_id] = known
         return known[1].model_copy(update={"run_key": job_id})
 
@@ -166,14 +163,10 @@ class JobStates:
     """A stage process's view of its jobs' state (and `top_k`), so that an item checks its job
     is still active without a read of its own."""
 
-    db: AsyncDatabase[Document]
+    stores: Stores
     broker: NatsBroker
     _jobs: dict[str, tuple[float, Document | None]] = field(default_factory=dict, init=False)
     _finished_watch: Subscription | None = field(default=None, init=False)
-
-    @cached_property
-    def store(self) -> JobStore:
-        return JobStore(self.db)
 
     async def get(self, job_id: str) -> Document | None:
         """The job's state (and `top_k`), read at most once per `_JOB_READ_SECONDS`. A failed
@@ -191,7 +184,7 @@ class JobStates:
         cached = self._jobs.get(job_id)
         if cached is not None and cached[0] > moment:
             return cached[1]
-        job = await self.store.stage_view(job_id)
+        job = await self.stores.jobs.stage_view(job_id)
         self._keep(job_id, moment + _JOB_READ_SECONDS, job)
         return job
 

@@ -44,16 +44,14 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import cached_property
 from typing import Literal
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
-from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract import subjects
-from aml_runtime.db import Document
 from aml_runtime.service import Runtime
+from aml_runtime.stores import Stores
 from aml_runtime.stores.outages import OutageStore
 
 log = structlog.get_logger()
@@ -137,7 +135,7 @@ def window_setting(kind: LaneKind) -> str:
 class Outages:
     """One process's handle on the outages of the keys it calls (see the module's docstring)."""
 
-    db: AsyncDatabase[Document]
+    stores: Stores
     # Tells every replica that a key's pause changed (core NATS; None: this process alone).
     announce: Announce | None = None
     clock: Callable[[], float] = time.time
@@ -148,10 +146,6 @@ class Outages:
     _tending: dict[str, asyncio.Lock] = field(default_factory=dict)
     # Told of every change (the stage worker wakes the key's lanes).
     listeners: list[Callable[[str], None]] = field(default_factory=list)
-
-    @cached_property
-    def pauses(self) -> OutageStore:
-        return OutageStore(self.db)
 
     # -- the view (no I/O) ---------------------------------------------------------------------
 
@@ -181,12 +175,14 @@ class Outages:
 
     async def refresh(self) -> None:
         """Re-read every open pause (the stage worker's periodic refresh)."""
-        found = {doc["_id"]: LanePause.model_validate(doc) async for doc in self.pauses.pauses()}
+        found = {
+            doc["_id"]: LanePause.model_validate(doc) async for doc in self.stores.outages.pauses()
+        }
         for key in set(self._view) | set(found):
             self._learn(key, found.get(key))
 
     async def reload(self, key: str) -> LanePause | None:
-        doc = await self.pauses.pause(key)
+        doc = await self.stores.outages.pause(key)
         pause = None if doc is None else LanePause.model_validate(doc)
         self._learn(key, pause)
         return pause
@@ -211,11 +207,11 @@ class Outages:
             key=key, kind=kind, paused=True, since=min(since, moment), reason=reason,
             window=window, probe_at=moment + PROBE_FIRST_SECONDS, interval=PROBE_FIRST_SECONDS,
         )  # fmt: skip
-        if await self.pauses.open_pause(fresh.model_dump(by_alias=True)):
+        if await self.stores.outages.open_pause(fresh.model_dump(by_alias=True)):
             pause = fresh
             log.warning("outage.declared", key=key, kind=kind, reason=reason)
         else:
-            open_doc = await self.pauses.pause(key)
+            open_doc = await self.stores.outages.pause(key)
             if open_doc is None:
                 return await self.declare(key, kind, since, reason, window)
             known = LanePause.model_validate(open_doc)
@@ -227,7 +223,7 @@ class Outages:
                 # Its probe answered but the calls still fail: probed again, later.
                 probe_at = moment + known.interval
                 log.warning("outage.paused_again", key=key, kind=kind, reason=reason)
-            doc = await self.pauses.pause_again(key, reason, probe_at)
+            doc = await self.stores.outages.pause_again(key, reason, probe_at)
             if doc is None:
                 return await self.declare(key, kind, since, reason, window)
             pause = LanePause.model_validate(doc)
@@ -244,10 +240,10 @@ class Outages:
     async def expire(self, pause: LanePause, moment: float) -> str:
         """Mark `pause` as outliving its window at `moment` (once, whoever gets there first);
         returns the reason its waiting work fails with, naming the outage's start and end."""
-        doc = await self.pauses.expire(pause.key, pause.since, moment)
+        doc = await self.stores.outages.expire(pause.key, pause.since, moment)
         if doc is not None:
             expired = LanePause.model_validate(doc)
-            await _record(self.pauses, expired, moment, "expired")
+            await _record(self.stores.outages, expired, moment, "expired")
             log.warning("outage.expired", key=pause.key, kind=pause.kind,
                         seconds=round(moment - pause.since, 1))  # fmt: skip
             self._learn(pause.key, expired)
@@ -257,13 +253,13 @@ class Outages:
         return OutageExpired(pause, moment).reason
 
     async def _close(self, key: str) -> None:
-        doc = await self.pauses.close(key)
+        doc = await self.stores.outages.close(key)
         if doc is not None:
             pause = LanePause.model_validate(doc)
             until = self.clock()
             if pause.expired_at is None:
                 # An expired outage was recorded when it expired.
-                await _record(self.pauses, pause, until, "ended")
+                await _record(self.stores.outages, pause, until, "ended")
             log.info("outage.ended", key=key, kind=pause.kind,
                         seconds=round(until - pause.since, 1))  # fmt: skip
             await self._announce(key)
@@ -310,7 +306,7 @@ class Outages:
         if pause.expired(moment):
             return  # the caller's loop expires it
         interval = next_interval(pause.interval)
-        claimed = await self.pauses.claim_probe(
+        claimed = await self.stores.outages.claim_probe(
             pause.key, pause.since, pause.probe_at, moment + interval, interval
         )
         if claimed is None:
@@ -324,17 +320,17 @@ class Outages:
             answered = False
         if not answered:
             return
-        resumed = await self.pauses.resume(pause.key, pause.since, self.clock())
+        resumed = await self.stores.outages.resume(pause.key, pause.since, self.clock())
         log.info("outage.resumed", key=pause.key, kind=pause.kind)
         self._learn(pause.key, None if resumed is None else LanePause.model_validate(resumed))
         await self._announce(pause.key)
 
 
 async def record_outage(
-    db: AsyncDatabase[Document], pause: LanePause, until: float, how: Literal["ended", "expired"]
+    stores: Stores, pause: LanePause, until: float, how: Literal["ended", "expired"]
 ) -> None:
     """The outage's history entry (`outages`): what an auditor and the stall watchdog read."""
-    await _record(OutageStore(db), pause, until, how)
+    await _record(stores.outages, pause, until, how)
 
 
 async def _record(
@@ -343,24 +339,24 @@ async def _record(
     await store.record(pause.key, pause.kind, pause.since, until, pause.reason, pause.probes, how)
 
 
-async def open_pauses(db: AsyncDatabase[Document], keys: list[str]) -> list[LanePause]:
+async def open_pauses(stores: Stores, keys: list[str]) -> list[LanePause]:
     """The open outages of `keys` (what a job's status shows)."""
-    found = OutageStore(db).pauses_of(keys)
+    found = stores.outages.pauses_of(keys)
     return [LanePause.model_validate(doc) async for doc in found]
 
 
-async def last_outage_end(db: AsyncDatabase[Document], key: str) -> float | None:
+async def last_outage_end(stores: Stores, key: str) -> float | None:
     """When the latest closed outage of `key` ended (epoch seconds), if any."""
-    return await OutageStore(db).last_end(key)
+    return await stores.outages.last_end(key)
 
 
-async def close_abandoned(db: AsyncDatabase[Document], moment: float) -> list[str]:
+async def close_abandoned(stores: Stores, moment: float) -> list[str]:
     """Close every pause open longer than its window plus `ABANDONED_GRACE_SECONDS` (no call
     waits for it any more: a waiting call expires its pause at the window), and every expired
     outage a window after it expired (a later call finding the key down waits a window of its
     own again). Run by the scheduler's reconciliation."""
     closed = []
-    store = OutageStore(db)
+    store = stores.outages
     async for doc in store.pauses():
         pause = LanePause.model_validate(doc)
         if pause.expired_at is not None:
@@ -382,4 +378,4 @@ def lane_outages(runtime: Runtime) -> Outages:
     async def announce(key: str) -> None:
         await runtime.broker.connection.publish(subjects.LANE_OUTAGE, key.encode())
 
-    return Outages(runtime.db, announce)
+    return Outages(runtime.stores, announce)

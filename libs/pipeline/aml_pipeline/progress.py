@@ -62,7 +62,6 @@ from datetime import datetime, timedelta
 from typing import Literal, NamedTuple
 
 import structlog
-from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract.messages import Outcome
 from aml_runtime.clock import MICROSECOND as _MICROSECOND
@@ -71,14 +70,12 @@ from aml_runtime.db import Document, read_time
 from aml_runtime.documents import ITEM_STAGES as ITEM_STAGES  # re-exported: counters are per stage
 from aml_runtime.documents import ItemStage as ItemStage
 from aml_runtime.metrics import ITEMS
+from aml_runtime.stores import Stores
 from aml_runtime.stores.jobs import COUNTED_TO as COUNTED_TO  # re-exported: the counters' rule
 from aml_runtime.stores.jobs import EVENTS as EVENTS
 from aml_runtime.stores.jobs import LAST_US as LAST_US
 from aml_runtime.stores.jobs import REPAIRED_US as REPAIRED_US
-from aml_runtime.stores.jobs import JobStore
 from aml_runtime.stores.jobs import counting_filters as counting_filters
-from aml_runtime.stores.plans import PlanStore
-from aml_runtime.stores.stage_records import StageRecordStore
 
 log = structlog.get_logger()
 
@@ -216,14 +213,14 @@ def repair_due(job: Document, moment: datetime, stale_after: timedelta) -> bool:
 
 
 async def count_final(
-    db: AsyncDatabase[Document], job_id: str, stage: ItemStage, outcome: Outcome, at_us: int
+    stores: Stores, job_id: str, stage: ItemStage, outcome: Outcome, at_us: int
 ) -> bool:
     """Count the terminal outcome whose unique write (stamped `at_us`) just succeeded. True when,
     with this outcome, every question of the job is final: the caller announces it, so the
     scheduler looks at the job once rather than once per question."""
     ITEMS.labels(stage, outcome).inc()
     inc = increments(stage, outcome)
-    before = await _count(db, job_id, inc, at_us)
+    before = await _count(stores, job_id, inc, at_us)
     adding = inc.get(QUESTIONS_FINAL, 0)
     return before is not None and adding > 0 and all_questions_final(before, adding)
 
@@ -250,7 +247,7 @@ class OutcomeCounter:
     docstring). `all_final` is called with the outcome whose batch made every question of its
     job final (the caller announces it, as with `count_final`)."""
 
-    db: AsyncDatabase[Document]
+    stores: Stores
     all_final: Callable[[Counted], Awaitable[None]]
     window: float = COUNT_WINDOW_SECONDS
     _pending: dict[str, list[Counted]] = field(default_factory=dict, init=False)
@@ -314,14 +311,14 @@ class OutcomeCounter:
         for counted in batch:
             for name, step in increments(counted.stage, counted.outcome).items():
                 total[name] = total.get(name, 0) + step
-        before = await _count(self.db, job_id, total, min(c.at_us for c in batch))
+        before = await _count(self.stores, job_id, total, min(c.at_us for c in batch))
         if before is not None:
             await self._counted(job_id, before, total.get(QUESTIONS_FINAL, 0), batch)
             return
         # A repair counted some of them (or the job is gone): each on its own stamp.
         for counted in batch:
             inc = increments(counted.stage, counted.outcome)
-            one = await _count(self.db, job_id, inc, counted.at_us)
+            one = await _count(self.stores, job_id, inc, counted.at_us)
             if one is not None:
                 await self._counted(job_id, one, inc.get(QUESTIONS_FINAL, 0), [counted])
 
@@ -345,22 +342,20 @@ class OutcomeCounter:
                 log.exception("progress.announce_failed", job_id=job_id)
 
 
-async def count_error(db: AsyncDatabase[Document], job_id: str, at_us: int) -> None:
+async def count_error(stores: Stores, job_id: str, at_us: int) -> None:
     """Count an error-summary entry whose insert (with this `at_us`) just succeeded."""
-    await _count(db, job_id, {ERRORS: 1}, at_us)
+    await _count(stores, job_id, {ERRORS: 1}, at_us)
 
 
-async def _count(
-    db: AsyncDatabase[Document], job_id: str, inc: dict[str, int], at_us: int
-) -> Document | None:
+async def _count(stores: Stores, job_id: str, inc: dict[str, int], at_us: int) -> Document | None:
     """Apply the increment; the job's totals and counters as they were just before it (the
     pre-image of the same atomic update: adding the increment gives the state after it, without
     a second read), or None when the repair had already counted it (or the job is gone)."""
-    return await JobStore(db).count(job_id, inc, at_us)
+    return await stores.jobs.count(job_id, inc, at_us)
 
 
 async def repair_counters(
-    db: AsyncDatabase[Document], job_id: str, attempts: int = 3, *, at_completion: bool = False
+    stores: Stores, job_id: str, attempts: int = 3, *, at_completion: bool = False
 ) -> bool:
     """Recount the job's counters from its stage documents (see the module's docstring for why
     this is exact under concurrent writers). True when a counter changed. O(the job's items):
@@ -371,7 +366,7 @@ async def repair_counters(
     (`progress.recounted`); a change found by the repair of a stalled job means an increment
     was lost, an anomaly worth a warning (`progress.repaired`)."""
     for _ in range(attempts):
-        changed = await _recount(db, job_id, at_completion)
+        changed = await _recount(stores, job_id, at_completion)
         if changed is not None:
             return changed
     # Increments kept landing during the recount: the job is moving, a later repair will do.
@@ -379,18 +374,18 @@ async def repair_counters(
     return False
 
 
-async def _recount(db: AsyncDatabase[Document], job_id: str, at_completion: bool) -> bool | None:
+async def _recount(stores: Stores, job_id: str, at_completion: bool) -> bool | None:
     """One guarded recount: True/False (changed or not), None when an increment interfered."""
-    jobs = JobStore(db)
+    jobs = stores.jobs
     job = await jobs.progress_of(job_id)
     if job is None:
         return False
     events = _read(job, EVENTS)
     # The Adds' chunks (`aml_runtime.stores.plans`), then the question stages' documents.
     documents: list[tuple[ItemStage, Document]] = [
-        ("add", chunk) async for chunk in PlanStore(db).chunk_states(job_id)
+        ("add", chunk) async for chunk in stores.plans.chunk_states(job_id)
     ]
-    documents += [stamp async for stamp in StageRecordStore(db).stamps(job_id)]
+    documents += [stamp async for stamp in stores.records.stamps(job_id)]
     errors = await jobs.error_stamps(job_id)
     counted = tally(documents, len(errors))
     repaired_us = now_us()

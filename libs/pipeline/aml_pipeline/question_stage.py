@@ -18,12 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import NamedTuple
 
 import pydantic_core
 from faststream.nats import NatsBroker
-from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract import subjects
 from aml_contract.messages import (
@@ -44,8 +42,7 @@ from aml_runtime.clock import now, now_us
 from aml_runtime.db import Document
 from aml_runtime.documents import ACTIVE_JOB_STATES, FailureKind
 from aml_runtime.settings import CommonSettings
-from aml_runtime.stores.plans import PlanStore
-from aml_runtime.stores.stage_records import StageRecordStore
+from aml_runtime.stores import Stores
 
 # A contract violation stops the whole job (R-4.9); other failures stay with their question.
 _FATAL_KINDS = frozenset(
@@ -110,7 +107,8 @@ STAGES: dict[QuestionStage, StageShape] = {
 class QuestionStageWorker:
     stage: QuestionStage
     settings: CommonSettings
-    db: AsyncDatabase[Document]
+    # The planned questions (`plans`) and the stage's records, one per question (`records`).
+    stores: Stores
     # Subscriptions (`JobStates`) on the broker's connection; work and events handed on by `bus`.
     broker: NatsBroker
     bus: Bus
@@ -121,22 +119,16 @@ class QuestionStageWorker:
 
     def __post_init__(self) -> None:
         self.shape = STAGES[self.stage]
-        self.counter = OutcomeCounter(self.db, self._all_final)
-        self.jobs = JobStates(self.db, self.broker)
+        self.counter = OutcomeCounter(self.stores, self._all_final)
+        self.jobs = JobStates(self.stores, self.broker)
+
+    @property
+    def work(self) -> type[QuestionWork]:
+        return QuestionWork
 
     async def close(self) -> None:
         """Count what is still pending (a stopping worker)."""
         await self.counter.drain()
-
-    @cached_property
-    def plans(self) -> PlanStore:
-        """The planned questions (`aml_runtime.stores.plans`)."""
-        return PlanStore(self.db)
-
-    @cached_property
-    def records(self) -> StageRecordStore:
-        """The stage's records, one per question (`aml_runtime.stores.stage_records`)."""
-        return StageRecordStore(self.db)
 
     async def handle(self, work: QuestionWork, item: WorkItem) -> None:
         async def attempt() -> None:
@@ -145,9 +137,9 @@ class QuestionStageWorker:
         async def give_up(kind: FailureKind, reason: str) -> None:
             failure = {"state": "failed", "failure_kind": kind, "failure": reason}
             stored = await self.store(work, failure)
-            await record_error(self.db, work.job_id, self.stage, kind, work.item_id, reason)
+            await record_error(self.stores, work.job_id, self.stage, kind, work.item_id, reason)
             if kind in _FATAL_KINDS:
-                await fail_job(self.db, self.bus, work.job_id, self.stage, kind, reason)
+                await fail_job(self.stores, self.bus, work.job_id, self.stage, kind, reason)
             await self._hand_on(work, stored.state, announce=False)
 
         ids = {"job_id": work.job_id, "item_id": work.item_id, "stage": self.stage}
@@ -158,7 +150,9 @@ class QuestionStageWorker:
         # (same message id) within its duplicate window. An LLM stage skips that read then; a
         # stage calling the participant keeps it, since a second call would reach it.
         looked_up = self.shape.calls_participant or item.delivered > 1
-        existing = await self.records.state_of(self.stage, work.item_id) if looked_up else None
+        existing = (
+            await self.stores.records.state_of(self.stage, work.item_id) if looked_up else None
+        )
         if existing is not None:
             # Its writer counted it (or died first: the repair counts it); hand on again, and
             # re-announce a terminal question, which the scheduler may not have seen.
@@ -178,7 +172,9 @@ class QuestionStageWorker:
                 if exc.ends_job or exc.kind in _FATAL_KINDS:
                     # The question's own failure is recorded by the delivery's give-up; the
                     # job stops now, its queued work purged.
-                    await fail_job(self.db, self.bus, work.job_id, self.stage, exc.kind, exc.reason)
+                    await fail_job(
+                        self.stores, self.bus, work.job_id, self.stage, exc.kind, exc.reason
+                    )
                     self.jobs.ended(work.job_id, "failed")
                 raise
         stored = await self.store(work, {"state": "done", **fields})
@@ -197,7 +193,7 @@ class QuestionStageWorker:
             return {**work.facts.model_dump(), "search_body": work.search_body.encode()}
         if work.facts is not None and not self.shape.calls_participant:
             return work.facts.model_dump()
-        question = await self.plans.question(work.item_id)
+        question = await self.stores.plans.question(work.item_id)
         if question is None:
             raise FinalFailure(
                 FailureKind.PLATFORM_ERROR, f"question {work.item_id} is not planned"
@@ -207,11 +203,11 @@ class QuestionStageWorker:
     async def store(self, work: QuestionWork, fields: Document) -> Stored:
         """Store the stage's outcome unless one is stored; returns the state that stands."""
         at_us = now_us()
-        if not await self.records.store_outcome(
+        if not await self.stores.records.store_outcome(
             self.stage, work.item_id, work.job_id, now(), at_us, fields
         ):
             # A concurrent or earlier delivery stored (and counted) it first; its result stands.
-            stored = await self.records.state_of(self.stage, work.item_id)
+            stored = await self.stores.records.state_of(self.stage, work.item_id)
             return Stored(str(stored), written=False)
         state = str(fields["state"])
         outcome = outcome_of(state)
@@ -248,6 +244,6 @@ class QuestionStageWorker:
     async def _announce_search_final(self, work: QuestionWork) -> None:
         user_id = work.facts.user_id if work.facts is not None else None
         if user_id is None:
-            user_id = await self.plans.question_user(work.item_id)
+            user_id = await self.stores.plans.question_user(work.item_id)
         done = SearchDone(job_id=work.job_id, item_id=work.item_id, user_id=user_id)
         await publish(self.bus, subjects.SEARCH_DONE, done, message_id("search-done", work.item_id))

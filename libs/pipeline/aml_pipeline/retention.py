@@ -8,12 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from pymongo.asynchronous.database import AsyncDatabase
-
-from aml_runtime.db import Document
-from aml_runtime.stores.jobs import JobStore
-from aml_runtime.stores.plans import PlanStore
-from aml_runtime.stores.stage_records import StageRecordStore
+from aml_runtime.stores import Stores
 
 RETENTION = timedelta(days=30)
 
@@ -30,26 +25,25 @@ def purge_due(
     return keep_until is None or now >= keep_until
 
 
-async def purge_job(db: AsyncDatabase[Document], job_id: str, now: datetime) -> None:
+async def purge_job(stores: Stores, job_id: str, now: datetime) -> None:
     """Empty the run's derived data. Repeatable: a second pass changes nothing."""
-    plans = PlanStore(db)
     # The Add bodies and the planned Search bodies (`aml_runtime.stores.plans`).
-    await plans.purge_bodies(job_id)
+    await stores.plans.purge_bodies(job_id)
     # The searches' candidates, the answers, the judge's replies; the documents stay, so counts
     # and outcomes survive (`aml_runtime.stores.stage_records`).
-    await StageRecordStore(db).purge_bodies(job_id)
+    await stores.records.purge_bodies(job_id)
     # Texts written to the participant, kept per job only to detect leaks while it ran.
-    await plans.drop_written(job_id)
-    await JobStore(db).mark_purged(job_id, now)
+    await stores.plans.drop_written(job_id)
+    await stores.jobs.mark_purged(job_id, now)
 
 
 async def purge_expired(
-    db: AsyncDatabase[Document], now: datetime, retention: timedelta = RETENTION
+    stores: Stores, now: datetime, retention: timedelta = RETENTION
 ) -> list[str]:
     """Purge every ended job whose retention is over; returns their ids."""
     purged = []
-    async for job in JobStore(db).unpurged_ended():
+    async for job in stores.jobs.unpurged_ended():
         if purge_due(job.finished_at, job.keep_until, now, retention):
-            await purge_job(db, job.job_id, now)
+            await purge_job(stores, job.job_id, now)
             purged.append(job.job_id)
     return purged

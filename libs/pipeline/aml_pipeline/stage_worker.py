@@ -32,7 +32,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import structlog
 from faststream import FastStream
@@ -41,7 +41,6 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from pydantic import BaseModel, ValidationError
-from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract import subjects
 from aml_contract.messages import QuestionWork
@@ -61,7 +60,7 @@ from aml_runtime.broker import FetchedDelivery, GiveUp, WorkPull, run_delivery
 from aml_runtime.db import Document
 from aml_runtime.service import Hook, Runtime, serve
 from aml_runtime.settings import CommonSettings, LLMSettings
-from aml_runtime.stores.accounts import AccountStore
+from aml_runtime.stores import Stores
 from aml_runtime.telemetry import continue_trace, stage_span
 
 log = structlog.get_logger()
@@ -140,6 +139,23 @@ class WorkItem:
             await run_delivery(self.delivery, settings, attempt, give_up)
 
 
+class Stage(Protocol[Work]):
+    """One stage as the skeleton runs it (adder, searcher, answerer, scorer): the work message
+    it reads, what it does with one item, and what it still holds when its worker stops. What it
+    hands on is its own business (the adder announces the Add and may release the user's next
+    one; the question stages hand the question on by their `StageShape`): the skeleton only
+    admits, fetches, parses and settles, and never asks which stage it runs."""
+
+    @property
+    def work(self) -> type[Work]: ...
+
+    async def handle(self, work: Work, item: WorkItem) -> None:
+        """Work on one item, under `item.run` (the one delivery wrapper)."""
+
+    async def close(self) -> None:
+        """Settle what is still pending in this process (counts not yet written)."""
+
+
 @dataclass(frozen=True)
 class Lanes:
     """How a stage's work is divided: per participant version, or one lane for all."""
@@ -196,8 +212,7 @@ class _Lane:
 @dataclass
 class StageWorker(Generic[Work]):
     lanes: Lanes
-    message: type[Work]
-    handle: Callable[[Work, WorkItem], Awaitable[None]]
+    stage: Stage[Work]
     limiter: CapacityLimiter
     settings: CommonSettings
     # Items in progress in this process at most: a safety bound, not the capacity rule.
@@ -534,14 +549,14 @@ class StageWorker(Generic[Work]):
         delivery = FetchedDelivery(msg, on_nack=again_after, hold_ack=True)
         try:
             try:
-                work = self.message.model_validate_json(msg.data)
+                work = self.stage.work.model_validate_json(msg.data)
             except ValidationError as exc:
                 # Not ours to understand; retrying cannot help. Logged without its content.
                 log.error("stage_worker.bad_message", subject=msg.subject, errors=exc.error_count())
                 await delivery.ack()
                 return delivery
             with continue_trace(msg.headers):
-                await self.handle(work, WorkItem(delivery, admission))
+                await self.stage.handle(work, WorkItem(delivery, admission))
         except Exception:
             log.exception("stage_worker.item_failed", subject=msg.subject)
         return delivery
@@ -649,12 +664,10 @@ _PARTICIPANT_SHARES: dict[subjects.WorkStage, tuple[subjects.WorkStage, Share]] 
 }
 
 
-def participant_lanes(
-    stage: subjects.WorkStage, durable: str, db: AsyncDatabase[Document]
-) -> Lanes:
+def participant_lanes(stage: subjects.WorkStage, durable: str, stores: Stores) -> Lanes:
     """One lane per participant version, admitted under the version's declared capacity (its
     share of it while the other participant stage wants the version's slots too)."""
-    accounts = AccountStore(db)
+    accounts = stores.accounts
 
     async def capacity_of(lane: str) -> Capacity:
         version = await accounts.capacity_of(lane)
@@ -693,15 +706,14 @@ def llm_stage_worker(
     settings: LLMSettings,
     stage: subjects.WorkStage,
     durable: str,
-    handle: Callable[[QuestionWork, WorkItem], Awaitable[None]],
+    handler: Stage[QuestionWork],
     outages: Outages | None = None,
 ) -> StageWorker[QuestionWork]:
     """The worker of an LLM stage (answer, score): one lane, admitted under the deployment's
     LLM budget, which also bounds what one process needs in flight."""
     return StageWorker(
         llm_lanes(stage, durable, settings),
-        QuestionWork,
-        handle,
+        handler,
         capacity_limiter(runtime, settings),
         settings,
         max_in_flight=settings.llm_concurrency,
@@ -716,7 +728,7 @@ def capacity_limiter(runtime: Runtime, settings: CommonSettings) -> CapacityLimi
         await runtime.broker.connection.publish(subjects.CAPACITY_FREED, key.encode())
 
     return CapacityLimiter(
-        runtime.db,
+        runtime.stores,
         rate_margin_seconds=settings.rate_margin_seconds,
         notify=freed,
         rate_patience_seconds=RATE_PATIENCE_SECONDS,
@@ -724,14 +736,15 @@ def capacity_limiter(runtime: Runtime, settings: CommonSettings) -> CapacityLimi
 
 
 def serve_stage(runtime: Runtime, worker: StageWorker[Any], *on_stop: Hook) -> FastStream:
-    """Serve `worker`; when it stops (its items finished), run `on_stop` in order: what a stage
-    still holds (its pending counts) first, then the clients it used."""
+    """Serve `worker`; when it stops (its items finished), close its stage (what it still holds,
+    its pending counts), then run `on_stop` in order (the clients the stage used)."""
 
     async def start() -> None:
         await worker.start(runtime.broker)
 
     async def stop() -> None:
         await worker.stop()
+        await worker.stage.close()
         for hook in on_stop:
             await hook()
 

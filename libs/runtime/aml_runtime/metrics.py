@@ -30,8 +30,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from aml_contract import subjects
 from aml_contract.api.vocabulary import JobState
 from aml_runtime.db import Document
-from aml_runtime.stores.jobs import JobStore
-from aml_runtime.stores.outages import OutageStore
+from aml_runtime.stores import Stores
 
 log = structlog.get_logger()
 
@@ -140,7 +139,7 @@ async def readiness(checks: Mapping[str, Check], timeout: float) -> dict[str, st
 # -- backlog ------------------------------------------------------------------------------------
 
 
-async def observe_backlog(broker: NatsBroker, db: AsyncDatabase[Document]) -> None:
+async def observe_backlog(broker: NatsBroker, stores: Stores) -> None:
     """Refresh the pending-work and jobs-by-state gauges (run periodically by the scheduler:
     one process exports them, so a sum over replicas never counts a backlog twice)."""
     js = broker.connection.jetstream()
@@ -148,11 +147,11 @@ async def observe_backlog(broker: NatsBroker, db: AsyncDatabase[Document]) -> No
         info = await js.stream_info(subjects.WORK_STREAM, subjects_filter=f"{prefix}.*.*")
         PENDING_WORK.labels(stage).set(sum((info.state.subjects or {}).values()))
     counts = dict.fromkeys(JOB_STATES, 0)
-    counts.update(await JobStore(db).count_by_state())
+    counts.update(await stores.jobs.count_by_state())
     for state, count in counts.items():
         JOBS.labels(state).set(count)
     paused = {"participant": 0, "llm": 0}
-    async for kind in OutageStore(db).paused_kinds():
+    async for kind in stores.outages.paused_kinds():
         paused[kind] = paused.get(kind, 0) + 1
     for kind, count in paused.items():
         PAUSED_LANES.labels(kind).set(count)

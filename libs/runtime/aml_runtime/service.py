@@ -43,6 +43,7 @@ from aml_runtime.documents import ensure_indexes
 from aml_runtime.logging import configure_logging
 from aml_runtime.metrics import OpsServer, mongo_ready, nats_ready, process_checks, readiness
 from aml_runtime.settings import CommonSettings, LLMSettings
+from aml_runtime.stores import Stores
 from aml_runtime.telemetry import configure_tracing
 
 Hook = Callable[[], Awaitable[None]]
@@ -64,7 +65,10 @@ class Runtime:
     # The handlers' JetStream writes (`aml_runtime.broker.Bus`), over the broker's connection.
     bus: Bus
     client: AsyncMongoClient[Document]
+    # The driver, for what no store does (indexes, the readiness ping); everything else goes
+    # through `stores`, over the same database.
     db: AsyncDatabase[Document]
+    stores: Stores
     tracing: TracerProvider
     settings: CommonSettings
 
@@ -79,6 +83,7 @@ def open_runtime(name: str, settings: CommonSettings) -> Runtime:
         bus=JetStreamBus(broker),
         client=client,
         db=db,
+        stores=Stores.over(db),
         tracing=tracing,
         settings=settings,
     )

@@ -8,10 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from functools import cached_property
 from typing import NamedTuple
-
-from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract import subjects
 from aml_contract.messages import AddDone, AddWork, Outcome, message_id
@@ -27,31 +24,34 @@ from aml_runtime.clock import now_us
 from aml_runtime.db import Document
 from aml_runtime.documents import FailureKind
 from aml_runtime.settings import CommonSettings
-from aml_runtime.stores.plans import PlanStore
+from aml_runtime.stores import Stores
 
 
 @dataclass
 class SendChunk:
     settings: CommonSettings
-    db: AsyncDatabase[Document]
+    # The planned chunks (`plans`), the audit trail, the job's counters and errors.
+    stores: Stores
     bus: Bus
     client: ParticipantClient
     endpoints: Endpoints
     # Whether an Add's job is still active, known without a read per Add (`JobStates`).
     jobs: JobStates
 
-    @cached_property
-    def plans(self) -> PlanStore:
-        """The planned chunks (`aml_runtime.stores.plans`)."""
-        return PlanStore(self.db)
+    @property
+    def work(self) -> type[AddWork]:
+        return AddWork
 
-    async def __call__(self, work: AddWork, item: WorkItem) -> None:
+    async def close(self) -> None:
+        """Nothing is held: an Add's outcome is counted as it is stored."""
+
+    async def handle(self, work: AddWork, item: WorkItem) -> None:
         async def attempt() -> None:
             await self.add(work, item)
 
         async def give_up(kind: FailureKind, reason: str) -> None:
             await self.finish(work, "failed", {"failure_kind": kind, "failure": reason})
-            await record_error(self.db, work.job_id, "add", kind, work.request_id, reason)
+            await record_error(self.stores, work.job_id, "add", kind, work.request_id, reason)
 
         # An Add chunk's item id is its request_id: both attributes, so `aml trace` finds Adds
         # and questions alike by `aml.item_id`.
@@ -67,7 +67,7 @@ class SendChunk:
         # Both reads at once: the chunk, and whether its job is still active (checked after
         # admission, right before the call: a failed job's work is dropped here).
         chunk, active = await asyncio.gather(
-            self.plans.chunk(work.request_id),
+            self.stores.plans.chunk(work.request_id),
             self.jobs.is_active(work.job_id),
         )
         if chunk is None:
@@ -85,10 +85,12 @@ class SendChunk:
         ids = (chunk["_id"], chunk["user_id"], chunk["session_id"])
         # The user's next chunk, read while this one's request is out: nothing but this Add's
         # confirmation changes it (a pending chunk's gate is planned and fixed).
-        successor = asyncio.ensure_future(self.plans.chain_chunk(chain.user_id, chain.seq + 1))
+        successor = asyncio.ensure_future(
+            self.stores.plans.chain_chunk(chain.user_id, chain.seq + 1)
+        )
         try:
             async with CallRecorder(
-                self.db, work.job_id, "add", work.request_id, item.delivered, work.version_id
+                self.stores, work.job_id, "add", work.request_id, item.delivered, work.version_id
             ) as observe:
                 # The call under the slot's turn: the Add served next under the same admission
                 # gets ready meanwhile and waits here, then checks its job again.
@@ -124,7 +126,7 @@ class SendChunk:
         """Store the chunk's outcome (with its audit record, at once), hand the user's next Add
         on when nothing gates it (`aml_pipeline.chains`), announce the outcome, count it."""
         at_us = now_us()
-        stored = self.plans.mark_chunk(work.request_id, outcome, at_us, fields)
+        stored = self.stores.plans.mark_chunk(work.request_id, outcome, at_us, fields)
         if audit is not None:
             updated, _ = await asyncio.gather(stored, audit)
         else:
@@ -142,7 +144,7 @@ class SendChunk:
         # The guarded update did nothing when an earlier delivery finished the chunk first; its
         # outcome stands and was counted by that delivery (or, if it died, by the repair).
         if updated:
-            await count_final(self.db, work.job_id, "add", outcome, at_us)
+            await count_final(self.stores, work.job_id, "add", outcome, at_us)
 
     async def announce(
         self,

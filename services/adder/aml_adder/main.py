@@ -6,7 +6,6 @@ from faststream import FastStream
 
 from aml_adder.handlers import SendChunk
 from aml_adder.settings import AdderSettings
-from aml_contract.messages import AddWork
 from aml_pipeline.jobs import Endpoints, JobStates
 from aml_pipeline.outages import lane_outages
 from aml_pipeline.participants import ParticipantClient
@@ -26,11 +25,11 @@ def create_app(settings: AdderSettings | None = None) -> FastStream:
     limiter = capacity_limiter(rt, settings)
     outages = lane_outages(rt)
     client = ParticipantClient.from_settings(settings, limiter, outages)
-    endpoints = Endpoints(rt.db, SecretBox(settings.secret_keys))
-    handler = SendChunk(settings, rt.db, rt.bus, client, endpoints, JobStates(rt.db, rt.broker))
+    endpoints = Endpoints(rt.stores, SecretBox(settings.secret_keys))
+    jobs = JobStates(rt.stores, rt.broker)
+    handler = SendChunk(settings, rt.stores, rt.bus, client, endpoints, jobs)
     worker = StageWorker(
-        participant_lanes("add", "adder", rt.db),
-        AddWork,
+        participant_lanes("add", "adder", rt.stores),
         handler,
         limiter,
         settings,

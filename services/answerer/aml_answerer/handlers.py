@@ -10,10 +10,8 @@ question without images is asked exactly as before: the prompt as one string."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 
 from openai import AsyncOpenAI
-from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_answerer.settings import AnswererSettings
 from aml_contract.messages import QuestionWork
@@ -27,35 +25,25 @@ from aml_pipeline.stage_worker import StageCall
 from aml_runtime.broker import FinalFailure
 from aml_runtime.db import Document
 from aml_runtime.documents import FailureKind
-from aml_runtime.stores.plans import PlanStore
-from aml_runtime.stores.stage_records import StageRecordStore
+from aml_runtime.stores import Stores
 
 
 @dataclass
 class AnswerQuestion:
     settings: AnswererSettings
-    db: AsyncDatabase[Document]
+    # The planned questions' Search bodies (`plans`), and the searches whose candidates did not
+    # travel with the work (`records`).
+    stores: Stores
     llm: AsyncOpenAI
     prompt: Prompt
     count_tokens: TokenCount
     # The LLM's outages: a call finding it down waits (None: it fails and is redelivered).
     outages: Outages | None = None
 
-    @cached_property
-    def plans(self) -> PlanStore:
-        """The planned questions' Search bodies (`aml_runtime.stores.plans`)."""
-        return PlanStore(self.db)
-
-    @cached_property
-    def records(self) -> StageRecordStore:
-        """The searches whose candidates did not travel with the work
-        (`aml_runtime.stores.stage_records`)."""
-        return StageRecordStore(self.db)
-
     async def __call__(self, work: QuestionWork, question: Document, item: StageCall) -> Document:
         candidates = work.candidates
         if candidates is None:
-            candidates = await self.records.candidates_of(work.item_id)
+            candidates = await self.stores.records.candidates_of(work.item_id)
             if candidates is None:
                 raise FinalFailure(
                     FailureKind.PLATFORM_ERROR, f"no search result for {work.item_id}"
@@ -105,7 +93,7 @@ class AnswerQuestion:
         planned question only when it shows images (`question_images`)."""
         if not question.get("question_images"):
             return []
-        body = await self.plans.search_body(work.item_id)
+        body = await self.stores.plans.search_body(work.item_id)
         if body is None:
             raise FinalFailure(
                 FailureKind.PLATFORM_ERROR, f"the planned Search body of {work.item_id} is gone"

@@ -23,8 +23,8 @@ def create_app(settings: AnswererSettings | None = None) -> FastStream:
     count = make_token_counter(settings, http)
     outages = lane_outages(rt)
     prompt = load_prompt(settings.answer_prompt)
-    compute = AnswerQuestion(settings, rt.db, llm, prompt, count, outages)
-    stage = QuestionStageWorker("answer", settings, rt.db, rt.broker, rt.bus, compute)
-    worker = llm_stage_worker(rt, settings, "answer", "answerer", stage.handle, outages)
+    compute = AnswerQuestion(settings, rt.stores, llm, prompt, count, outages)
+    stage = QuestionStageWorker("answer", settings, rt.stores, rt.broker, rt.bus, compute)
+    worker = llm_stage_worker(rt, settings, "answer", "answerer", stage, outages)
 
-    return serve_stage(rt, worker, stage.close, llm.close, http.aclose)
+    return serve_stage(rt, worker, llm.close, http.aclose)

@@ -86,7 +86,7 @@ async def submit(svc: Services, body: AccessRequest, team_id: str | None) -> Acc
     }
     # A system name belongs to one team (its public page is `/systems/{name}`): decided at
     # approval, told to the requester and the reviewer now.
-    if await svc.accounts.system_name_taken(body.system_name, team_id):
+    if await svc.stores.accounts.system_name_taken(body.system_name, team_id):
         warnings.append(f"system_name: {name_taken_reason(body.system_name)}; not approvable")
     version = VersionFields(
         system_name=body.system_name,
@@ -110,7 +110,7 @@ async def submit(svc: Services, body: AccessRequest, team_id: str | None) -> Acc
     token = new_request_token() if body.kind == "new_key" else None
     # Sealed only now, when everything else has been checked, and removed again if the request
     # cannot be stored: a refused request leaves no secret behind (R-7.2).
-    secret_ref = await store_secret(svc.accounts, svc.box, body.memory_system_key)
+    secret_ref = await store_secret(svc.stores.accounts, svc.box, body.memory_system_key)
     at = svc.clock()
     document: Document = {
         "_id": request_id,
@@ -128,9 +128,9 @@ async def submit(svc: Services, body: AccessRequest, team_id: str | None) -> Acc
         "request_token_hash": None if token is None else key_hash(token),
     }
     try:
-        await svc.access_request_store.store_access_request(document)
+        await svc.stores.access_requests.store_access_request(document)
     except BaseException:
-        await drop_secret(svc.accounts, secret_ref)
+        await drop_secret(svc.stores.accounts, secret_ref)
         raise
     log.info("access_request_submitted", request_id=request_id, kind=body.kind, healthy=healthy)
     return AccessRequestCreated(**dict(view(document)), request_token=token)
@@ -143,28 +143,28 @@ async def list_requests(
 
 
 async def approve(svc: Services, request_id: str) -> AccessApproved:
-    document = await _pending(svc.access_request_store, request_id)
+    document = await _pending(svc.stores.access_requests, request_id)
     version = VersionFields.model_validate(document["spec"])
     new_key = None
     if document["kind"] == "new_key":
         # Refused before a team is created when another team took the name meanwhile.
-        await check_system_name(svc.accounts, version.system_name, None)
+        await check_system_name(svc.stores.accounts, version.system_name, None)
         contact = document["contact"]
         team_id, new_key = await create_team(
-            svc.accounts,
+            svc.stores.accounts,
             contact["organisation"],
             svc.clock,
             {"contact": contact, "access_request_id": request_id},
         )
     else:
         team_id = document["team_id"]
-        if await svc.accounts.team(team_id) is None:
+        if await svc.stores.accounts.team(team_id) is None:
             raise Conflict("the requesting team no longer exists")
     try:
-        version_id = await insert_version(svc.accounts, team_id, version, svc.clock)
+        version_id = await insert_version(svc.stores.accounts, team_id, version, svc.clock)
     except BaseException:
         if new_key is not None:
-            await svc.accounts.drop_team(team_id)
+            await svc.stores.accounts.drop_team(team_id)
         raise
     decision: Document = {
         "state": "approved",
@@ -175,13 +175,13 @@ async def approve(svc: Services, request_id: str) -> AccessApproved:
     if new_key is not None and document.get("request_token_hash"):
         # Held sealed for the requester, written with the decision itself (see the module doc).
         decision["key_delivery"] = {"state": "held", "sealed": svc.box.seal(SecretStr(new_key))}
-    if not await svc.access_request_store.decide_access_request(request_id, decision):
+    if not await svc.stores.access_requests.decide_access_request(request_id, decision):
         # Another admin decided the request meanwhile: undo, so it has exactly one outcome and
         # no second key or version exists for it.
-        await svc.accounts.unbind_version(version_id)
+        await svc.stores.accounts.unbind_version(version_id)
         if new_key is not None:
-            await svc.accounts.drop_team(team_id)
-            await svc.accounts.release_system_name(version.system_name, team_id)
+            await svc.stores.accounts.drop_team(team_id)
+            await svc.stores.accounts.release_system_name(version.system_name, team_id)
         raise Conflict(f"access request {echoed(request_id)} was already decided")
     log.info("access_request_approved", request_id=request_id, version_id=version_id)
     return AccessApproved(
@@ -190,16 +190,16 @@ async def approve(svc: Services, request_id: str) -> AccessApproved:
 
 
 async def reject(svc: Services, request_id: str, reason: str) -> AccessRequestView:
-    document = await _pending(svc.access_request_store, request_id)
+    document = await _pending(svc.stores.access_requests, request_id)
     decision = {"state": "rejected", "reason": reason, "decided_at": svc.clock()}
-    if not await svc.access_request_store.decide_access_request(request_id, decision):
+    if not await svc.stores.access_requests.decide_access_request(request_id, decision):
         raise Conflict(f"access request {echoed(request_id)} was already decided")
     secret_ref = document["spec"].get("secret_ref")
     if secret_ref:
         # No version will ever call the system with this key: it is not kept (R-7.2).
-        await svc.accounts.drop_sealed_key(secret_ref)
+        await svc.stores.accounts.drop_sealed_key(secret_ref)
     log.info("access_request_rejected", request_id=request_id)
-    return view(await _find(svc.access_request_store, request_id))
+    return view(await _find(svc.stores.access_requests, request_id))
 
 
 async def for_team(
@@ -217,7 +217,7 @@ async def for_requester(svc: Services, request_id: str, token: str) -> AccessReq
     The first read after approval takes the held key: one atomic write marks it delivered and
     drops the sealed copy, so of two concurrent reads exactly one returns it."""
     token_hash = key_hash(token)
-    document = await svc.access_request_store.requester_access_request(request_id, token_hash)
+    document = await svc.stores.access_requests.requester_access_request(request_id, token_hash)
     if document is None:
         return None
     key = None
@@ -226,12 +226,12 @@ async def for_requester(svc: Services, request_id: str, token: str) -> AccessReq
         # Opened before it is taken: a copy the configured keys cannot open stays held (the
         # read fails) rather than being dropped unread.
         opened = svc.box.open(held["sealed"]).get_secret_value()
-        taken = await svc.access_request_store.take_held_key(request_id, token_hash, svc.clock())
+        taken = await svc.stores.access_requests.take_held_key(request_id, token_hash, svc.clock())
         if taken is not None:
             # Sealed once, at approval: what was taken is what was opened.
             key = opened
             log.info("leaderboard_key_delivered", request_id=request_id)
-        document = await _find(svc.access_request_store, request_id)
+        document = await _find(svc.stores.access_requests, request_id)
     return AccessRequestStatus(**dict(view(document)), leaderboard_api_key=key)
 
 

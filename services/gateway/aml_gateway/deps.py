@@ -66,7 +66,7 @@ async def current_team(
         token = bearer(authorization)
         if token is None:
             raise auth_failed(request, 401, "send the Leaderboard API Key as a Bearer token")
-        team = await services(request).accounts.team_by_key_hash(key_hash(token))
+        team = await services(request).stores.accounts.team_by_key_hash(key_hash(token))
         if team is None:
             raise auth_failed(request, 401, "unknown Leaderboard API Key")
         done["team"] = team

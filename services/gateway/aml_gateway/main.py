@@ -132,10 +132,10 @@ def create_app(
         await broker.connect()
         await declare_streams(broker)
         await ensure_indexes(db, INDEXES + GATEWAY_INDEXES)
+        services = Services(settings, db, broker, SecretBox(settings.secret_keys), clock)
         # An approval interrupted between its two writes gets its entry now.
-        await publication.repair_entries(db, clock)
-        box = SecretBox(settings.secret_keys)
-        app.state.services = Services(settings, db, broker, box, clock)
+        await publication.repair_entries(services.stores, clock)
+        app.state.services = services
         yield
         await broker.stop()
         await client.close()

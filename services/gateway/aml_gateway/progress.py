@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from pymongo.asynchronous.database import AsyncDatabase
-
 from aml_contract.api.jobs import JobError, JobPause, JobStatus, StageProgress
 from aml_contract.api.publication import PublicationGate
 from aml_contract.api.vocabulary import Stage
@@ -20,8 +18,7 @@ from aml_pipeline.outages import LanePause, open_pauses
 from aml_pipeline.progress import ITEM_STAGES, stage_counts, waiting_stage
 from aml_runtime.db import Document, read_time
 from aml_runtime.documents import ACTIVE_JOB_STATES, FailureKind, JobDocument
-from aml_runtime.stores.accounts import AccountStore
-from aml_runtime.stores.jobs import JobStore
+from aml_runtime.stores import Stores
 
 
 def current_stage(job: Document) -> Stage | None:
@@ -47,19 +44,19 @@ def stage_progress(job: Document) -> dict[Stage, StageProgress]:
     return stages
 
 
-async def job_status(db: AsyncDatabase[Document], job: Document) -> JobStatus:
+async def job_status(stores: Stores, job: Document) -> JobStatus:
     """Bounded: the job document, its version by id and at most 100 errors."""
     job_id = job["_id"]
     # Bounded: the (job_id, at) index (aml_runtime.documents) serves the filter, order and limit.
     errors = [
         JobError(stage=e["stage"], kind=e["kind"], item=e.get("item"), reason=e["reason"])
-        async for e in JobStore(db).first_errors(job_id)
+        async for e in stores.jobs.first_errors(job_id)
     ]
-    version = await AccountStore(db).version_profile(job.get("version_id"))
+    version = await stores.accounts.version_profile(job.get("version_id"))
     pauses: list[LanePause] = []
     if job.get("state") in ACTIVE_JOB_STATES:
         # Two keys by id: the job's participant version and the deployment's LLM.
-        pauses = await open_pauses(db, [str(job.get("version_id")), LLM_CAPACITY_KEY])
+        pauses = await open_pauses(stores, [str(job.get("version_id")), LLM_CAPACITY_KEY])
     return status_of(job, version, errors, datetime.now(UTC), pauses)
 
 

@@ -22,7 +22,6 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 
 import structlog
-from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
 from aml_contract.api.leaderboard import LeaderboardEntry
@@ -34,8 +33,7 @@ from aml_gateway.ranking import ranked
 from aml_gateway.refusals import Conflict, NotFound, echoed
 from aml_gateway.services import Services
 from aml_runtime.db import Document, read_time
-from aml_runtime.stores.accounts import AccountStore
-from aml_runtime.stores.jobs import JobStore
+from aml_runtime.stores import Stores
 from aml_runtime.stores.leaderboard import LeaderboardStore
 
 log = structlog.get_logger()
@@ -46,15 +44,15 @@ PUBLIC_FIELDS = tuple(LeaderboardEntry.model_fields)
 _JOB_HASHES = ("spec_hash", "code_hash", "dataset_bundle_hash")
 
 
-async def _job(db: AsyncDatabase[Document], job_id: str) -> Document:
-    job = await JobStore(db).document(job_id)
+async def _job(stores: Stores, job_id: str) -> Document:
+    job = await stores.jobs.document(job_id)
     if job is None:
         raise NotFound(f"job {echoed(job_id)} not found")
     return job
 
 
-async def _owners(db: AsyncDatabase[Document], job: Document) -> tuple[Document, Document]:
-    accounts = AccountStore(db)
+async def _owners(stores: Stores, job: Document) -> tuple[Document, Document]:
+    accounts = stores.accounts
     version = await accounts.version(job["version_id"])
     team = await accounts.team(job["team_id"])
     if version is None or team is None:
@@ -90,16 +88,16 @@ def review_view(job: Document, version: Document | None, team: Document | None) 
     )
 
 
-async def _view(db: AsyncDatabase[Document], job: Document) -> ReviewView:
-    accounts = AccountStore(db)
+async def _view(stores: Stores, job: Document) -> ReviewView:
+    accounts = stores.accounts
     version = await accounts.version(job["version_id"])
     team = await accounts.team(job["team_id"])
     return review_view(job, version, team)
 
 
-async def list_reviews(db: AsyncDatabase[Document], state: ReviewState) -> list[ReviewView]:
-    jobs = JobStore(db).in_review(state, LIST_LIMIT)
-    return [await _view(db, job) async for job in jobs]
+async def list_reviews(stores: Stores, state: ReviewState) -> list[ReviewView]:
+    jobs = stores.jobs.in_review(state, LIST_LIMIT)
+    return [await _view(stores, job) async for job in jobs]
 
 
 def entry_document(
@@ -167,8 +165,8 @@ def public_entry(document: Document) -> LeaderboardEntry:
 
 
 async def approve(svc: Services, job_id: str) -> PublicationRecord:
-    db = svc.db
-    job = await _job(db, job_id)
+    stores = svc.stores
+    job = await _job(stores, job_id)
     state = job.get("review_state")
     if state != "pending_review":
         raise Conflict(
@@ -178,19 +176,19 @@ async def approve(svc: Services, job_id: str) -> PublicationRecord:
     gate = stored_gate(job)
     if gate is None or not gate.passed:
         raise Conflict(f"job {echoed(job_id)} has no passed publication gate")
-    version, team = await _owners(db, job)
+    version, team = await _owners(stores, job)
     published_at = svc.clock()
     entry_id = f"lb-{uuid.uuid4().hex[:12]}"
     document = entry_document(job, version, team, entry_id, published_at)
-    jobs = JobStore(db)
+    jobs = stores.jobs
     if not await jobs.approve(job_id, entry_id, published_at):
         raise Conflict(f"job {echoed(job_id)} was already reviewed")
     try:
-        await svc.leaderboard_store.publish_entry(document)
+        await stores.leaderboard.publish_entry(document)
     except DuplicateKeyError:
         # An entry for this job exists already (an approval undone after its insert had in
         # fact landed): that one stands, and the job names it.
-        existing = await svc.leaderboard_store.entry_of_job(job_id)
+        existing = await stores.leaderboard.entry_of_job(job_id)
         if existing is None:
             raise
         await jobs.name_entry(job_id, existing["_id"])
@@ -204,18 +202,18 @@ async def approve(svc: Services, job_id: str) -> PublicationRecord:
 
 
 async def reject(svc: Services, job_id: str, reason: str) -> ReviewView:
-    db = svc.db
-    job = await _job(db, job_id)
+    stores = svc.stores
+    job = await _job(stores, job_id)
     state = job.get("review_state")
     if state != "pending_review":
         raise Conflict(
             f"job {echoed(job_id)} is {state or 'not gated'}: only a job pending review can be "
             "rejected"
         )
-    if not await JobStore(db).reject(job_id, reason, svc.clock()):
+    if not await stores.jobs.reject(job_id, reason, svc.clock()):
         raise Conflict(f"job {echoed(job_id)} was already reviewed")
     log.info("publication_rejected", job_id=job_id)
-    return await _view(db, await _job(db, job_id))
+    return await _view(stores, await _job(stores, job_id))
 
 
 async def list_records(leaderboard: LeaderboardStore) -> list[PublicationRecord]:
@@ -223,42 +221,43 @@ async def list_records(leaderboard: LeaderboardStore) -> list[PublicationRecord]
 
 
 async def disqualify(svc: Services, entry_id: str, reason: str) -> PublicationRecord:
-    entry = await svc.leaderboard_store.entry(entry_id)
+    leaderboard = svc.stores.leaderboard
+    entry = await leaderboard.entry(entry_id)
     if entry is None:
         raise NotFound(f"leaderboard entry {echoed(entry_id)} not found")
     if entry.get("disqualified"):
         raise Conflict(f"leaderboard entry {echoed(entry_id)} is already disqualified")
-    if not await svc.leaderboard_store.disqualify_entry(entry_id, reason, svc.clock()):
+    if not await leaderboard.disqualify_entry(entry_id, reason, svc.clock()):
         raise Conflict(f"leaderboard entry {echoed(entry_id)} is already disqualified")
     # The team sees it on its job too (R-3.9); the record keeps the approval it had.
-    await svc.job_store.disqualify(entry["job_id"], reason)
+    await svc.stores.jobs.disqualify(entry["job_id"], reason)
     log.info("leaderboard_entry_disqualified", entry_id=entry_id, job_id=entry.get("job_id"))
-    found = await svc.leaderboard_store.entry(entry_id)
+    found = await leaderboard.entry(entry_id)
     assert found is not None
     return record(found)
 
 
-async def _public(db: AsyncDatabase[Document], query: Document) -> list[LeaderboardEntry]:
-    documents = await LeaderboardStore(db).standing_entries(query, LIST_LIMIT)
+async def _public(stores: Stores, query: Document) -> list[LeaderboardEntry]:
+    documents = await stores.leaderboard.standing_entries(query, LIST_LIMIT)
     # Belt and braces: an entry is public only while its job is approved.
-    approved = await JobStore(db).approved_among(d["job_id"] for d in documents)
+    approved = await stores.jobs.approved_among(d["job_id"] for d in documents)
     return [public_entry(d) for d in documents if d["job_id"] in approved]
 
 
 async def board_entries(
-    db: AsyncDatabase[Document], track: Track, board: Board | None
+    stores: Stores, track: Track, board: Board | None
 ) -> list[LeaderboardEntry]:
     query: Document = {"track": track}
     if board is not None:
         query["board"] = board
-    return ranked(await _public(db, query))
+    return ranked(await _public(stores, query))
 
 
-async def board_counts(db: AsyncDatabase[Document]) -> dict[tuple[Track, Board], int]:
+async def board_counts(stores: Stores) -> dict[tuple[Track, Board], int]:
     """How many public entries each (track, board) has: what the page's tabs show. The same
     rule as `_public`, on the few fields it needs."""
-    documents = await LeaderboardStore(db).standing_placements()
-    approved = await JobStore(db).approved_among(d["job_id"] for d in documents)
+    documents = await stores.leaderboard.standing_placements()
+    approved = await stores.jobs.approved_among(d["job_id"] for d in documents)
     counts: dict[tuple[Track, Board], int] = {}
     for document in documents:
         if document["job_id"] in approved:
@@ -267,21 +266,21 @@ async def board_counts(db: AsyncDatabase[Document]) -> dict[tuple[Track, Board],
     return counts
 
 
-async def system_entries(db: AsyncDatabase[Document], system_name: str) -> list[LeaderboardEntry]:
-    entries = await _public(db, {"system_name": system_name})
+async def system_entries(stores: Stores, system_name: str) -> list[LeaderboardEntry]:
+    entries = await _public(stores, {"system_name": system_name})
     return sorted(entries, key=lambda entry: (entry.published_at, entry.entry_id))
 
 
-async def repair_entries(db: AsyncDatabase[Document], clock: Callable[[], datetime]) -> int:
+async def repair_entries(stores: Stores, clock: Callable[[], datetime]) -> int:
     """Create the entry of every approved job that has none (the process died between the
     approval and the insert). Returns how many were created."""
     created = 0
-    leaderboard = LeaderboardStore(db)
-    async for job in JobStore(db).approved():
+    leaderboard = stores.leaderboard
+    async for job in stores.jobs.approved():
         if not job.get("entry_id") or await leaderboard.entry_of_job(job["_id"]):
             continue
         try:
-            version, team = await _owners(db, job)
+            version, team = await _owners(stores, job)
             published_at = read_time(job.get("reviewed_at")) or clock()
             document = entry_document(job, version, team, job["entry_id"], published_at)
             await leaderboard.publish_entry(document)

@@ -18,15 +18,13 @@ from aml_runtime.broker import Bus, JetStreamBus
 from aml_runtime.clock import now
 from aml_runtime.db import Document
 from aml_runtime.secrets import SecretBox
-from aml_runtime.stores.access_requests import AccessRequestStore
-from aml_runtime.stores.accounts import AccountStore
-from aml_runtime.stores.jobs import JobStore
-from aml_runtime.stores.leaderboard import LeaderboardStore
+from aml_runtime.stores import Stores
 
 
 @dataclass
 class Services:
     settings: GatewaySettings
+    # The driver, for the readiness ping only; every read and write goes through `stores`.
     db: AsyncDatabase[Document]
     broker: NatsBroker
     box: SecretBox
@@ -39,20 +37,14 @@ class Services:
     limits: Limits = field(init=False)
     # Submissions announced over the broker's connection (`aml_runtime.broker.Bus`).
     bus: Bus = field(init=False)
-    # Jobs; teams, versions, names, sealed keys; access requests; leaderboard entries
-    # (`aml_runtime.stores`), over `db`.
-    job_store: JobStore = field(init=False)
-    accounts: AccountStore = field(init=False)
-    access_request_store: AccessRequestStore = field(init=False)
-    leaderboard_store: LeaderboardStore = field(init=False)
+    # Jobs; teams, versions, names, sealed keys; access requests; leaderboard entries; the
+    # audit trail and the searches (`aml_runtime.stores`), over `db`.
+    stores: Stores = field(init=False)
 
     def __post_init__(self) -> None:
         self.limits = Limits.from_settings(self.settings)
         self.bus = JetStreamBus(self.broker)
-        self.job_store = JobStore(self.db)
-        self.accounts = AccountStore(self.db)
-        self.access_request_store = AccessRequestStore(self.db)
-        self.leaderboard_store = LeaderboardStore(self.db)
+        self.stores = Stores.over(self.db)
 
 
 def key_hash(key: str) -> str:

@@ -9,11 +9,9 @@ move a job an admin already reviewed back to `pending_review`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
 import structlog
-from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract.api.publication import GateCheck, ReviewState
 from aml_contract.messages import JobFinished
@@ -30,8 +28,7 @@ from aml_publisher.settings import PublisherSettings
 from aml_runtime.clock import now
 from aml_runtime.db import Document
 from aml_runtime.documents import FINISHED_JOB_STATES
-from aml_runtime.stores.jobs import JobStore
-from aml_runtime.stores.leaderboard import LeaderboardStore
+from aml_runtime.stores import Stores
 
 log = structlog.get_logger()
 
@@ -44,15 +41,9 @@ log = structlog.get_logger()
 @dataclass
 class GateFinishedJobs:
     settings: PublisherSettings
-    db: AsyncDatabase[Document]
-
-    @cached_property
-    def leaderboard(self) -> LeaderboardStore:
-        return LeaderboardStore(self.db)
-
-    @cached_property
-    def jobs(self) -> JobStore:
-        return JobStore(self.db)
+    # The jobs it gates (`jobs`) and the published entries it checks them against
+    # (`leaderboard`).
+    stores: Stores
 
     async def on_job_finished(self, event: JobFinished) -> None:
         await self.gate_job(event.job_id)
@@ -60,7 +51,7 @@ class GateFinishedJobs:
     async def reconcile(self) -> None:
         """Gate every finished job that has no outcome yet (an event that ran out of deliveries,
         or jobs that finished before the publisher was deployed)."""
-        async for job_id in self.jobs.ungated():
+        async for job_id in self.stores.jobs.ungated():
             try:
                 await self.gate_job(job_id)
             except Exception:
@@ -70,7 +61,7 @@ class GateFinishedJobs:
         """Gate one finished job; False when there was nothing to do (unknown, still running, or
         already gated: the stored outcome stands)."""
         # As stored: the gate's facts are read from the stored form (`job_facts`).
-        job = await self.jobs.document(job_id)
+        job = await self.stores.jobs.document(job_id)
         if job is None or job.get("state") not in FINISHED_JOB_STATES:
             log.warning("gate.skipped", job_id=job_id, state=(job or {}).get("state"))
             return False
@@ -87,7 +78,9 @@ class GateFinishedJobs:
         # A review state set some other way (never by a gate) is an admin's: it stands.
         unreviewed = job.get("review_state") is None
         # Of two concurrent gates exactly one is stored (`JobStore.record_gate`).
-        if not await self.jobs.record_gate(job_id, gate, review_state if unreviewed else None):
+        if not await self.stores.jobs.record_gate(
+            job_id, gate, review_state if unreviewed else None
+        ):
             return False
         log.info(
             "job.gated",
@@ -112,19 +105,19 @@ class GateFinishedJobs:
         any approved job whose entry is not written yet."""
         entries: list[PublishedFacts] = []
         seen_jobs: set[str] = set()
-        async for entry in self.leaderboard.entries():
+        async for entry in self.stores.leaderboard.entries():
             job_id = entry.get("job_id")
             job = await self._published_job(job_id) if job_id else {}
             entries.append(_published(str(entry["_id"]), entry, job or {}))
             if job_id:
                 seen_jobs.add(job_id)
-        async for job in self.jobs.approved_facts():
+        async for job in self.stores.jobs.approved_facts():
             if job["_id"] not in seen_jobs:
                 entries.append(_published(f"job:{job['_id']}", {"job_id": job["_id"]}, job))
         return entries
 
     async def _published_job(self, job_id: str) -> Document | None:
-        return await self.jobs.published_facts(job_id)
+        return await self.stores.jobs.published_facts(job_id)
 
 
 def _published(entry_id: str, entry: Document, job: Document) -> PublishedFacts:

@@ -24,7 +24,7 @@ DURABLE = "publisher"
 def create_app(settings: PublisherSettings | None = None) -> FastStream:
     settings = settings or PublisherSettings()
     rt = open_runtime("publisher", settings)
-    publisher = GateFinishedJobs(settings, rt.db)
+    publisher = GateFinishedJobs(settings, rt.stores)
     if settings.release_baseline is None:
         log.warning("publisher.no_release_baseline", effect="every job fails the baseline checks")
 

@@ -9,10 +9,8 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from functools import cached_property
 
 import structlog
-from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract.messages import (
     AddDone,
@@ -56,10 +54,7 @@ from aml_runtime.documents import (
     StageRecord,
 )
 from aml_runtime.secrets import SecretBox
-from aml_runtime.stores.accounts import AccountStore
-from aml_runtime.stores.jobs import JobStore
-from aml_runtime.stores.plans import PlanStore
-from aml_runtime.stores.stage_records import StageRecordStore
+from aml_runtime.stores import Stores
 from aml_runtime.telemetry import item_trace
 from aml_scheduler.planning import (
     PART_TURNS,
@@ -85,7 +80,10 @@ _WRITTEN_AT_ONCE = 5_000
 @dataclass
 class ScheduleJobs:
     settings: SchedulerSettings
-    db: AsyncDatabase[Document]
+    # The jobs and their error summaries (`jobs`); what it plans for each job: Adds, questions,
+    # release markers, written texts, specs (`plans`); the questions' search, answer and score
+    # records (`records`); the versions' declared capacity and run limits (`accounts`).
+    stores: Stores
     bus: Bus
     client: ParticipantClient
     box: SecretBox
@@ -113,31 +111,10 @@ class ScheduleJobs:
     part_turns: int = PART_TURNS
     written_pairs_held: int = WRITTEN_PAIRS_HELD
 
-    @cached_property
-    def accounts(self) -> AccountStore:
-        """The versions' declared capacity and run limits (`aml_runtime.stores.accounts`)."""
-        return AccountStore(self.db)
-
-    @cached_property
-    def jobs(self) -> JobStore:
-        """The jobs and their error summaries (`aml_runtime.stores.jobs`)."""
-        return JobStore(self.db)
-
-    @cached_property
-    def plans(self) -> PlanStore:
-        """What it plans for each job: Adds, questions, release markers, written texts, specs
-        (`aml_runtime.stores.plans`)."""
-        return PlanStore(self.db)
-
-    @cached_property
-    def records(self) -> StageRecordStore:
-        """The questions' search, answer and score records (`aml_runtime.stores.stage_records`)."""
-        return StageRecordStore(self.db)
-
     # -- events -----------------------------------------------------------------------------
 
     async def on_job_submitted(self, event: JobSubmitted) -> None:
-        job = await self.jobs.document(event.job_id)
+        job = await self.stores.jobs.document(event.job_id)
         if job is None or job["state"] not in ACTIVE_JOB_STATES:
             return
         if not job.get("planned"):
@@ -167,9 +144,11 @@ class ScheduleJobs:
             # queued for good. The platform's failure, so the team's quota is not charged.
             reason = f"dataset files missing or altered: {exc}"
             await record_error(
-                self.db, job["_id"], "add", FailureKind.DATASET_MISSING, None, reason
+                self.stores, job["_id"], "add", FailureKind.DATASET_MISSING, None, reason
             )
-            await fail_job(self.db, self.bus, job["_id"], "add", FailureKind.PLATFORM_ERROR, reason)
+            await fail_job(
+                self.stores, self.bus, job["_id"], "add", FailureKind.PLATFORM_ERROR, reason
+            )
             log.error("job.dataset_missing", job_id=job["_id"], reason=str(exc))
             return False
         return True
@@ -195,8 +174,8 @@ class ScheduleJobs:
                     log.info("job.waits_for_participant", job_id=job_id, since=pause.since)
                     return
                 reason = f"{failure}: {await self.outages.expire(pause, moment)}"
-        await record_error(self.db, job_id, "add", kind, None, reason)
-        await fail_job(self.db, self.bus, job_id, "add", kind, reason)
+        await record_error(self.stores, job_id, "add", kind, None, reason)
+        await fail_job(self.stores, self.bus, job_id, "add", kind, reason)
 
     async def on_add_done(self, event: AddDone) -> None:
         if event.outcome == "done" and event.user_id is not None and event.seq is not None:
@@ -208,14 +187,14 @@ class ScheduleJobs:
             await self.release(event.job_id, event.user_id, event.seq)
             return
         # Not the body (an Add's whole session): only what the release needs.
-        chunk = await self.plans.announced_chunk(event.request_id)
+        chunk = await self.stores.plans.announced_chunk(event.request_id)
         if chunk is None:
             return
         if event.outcome == "failed":
             reason = chunk.get("failure") or "an Add request failed"
             kind = FailureKind(chunk.get("failure_kind") or FailureKind.PLATFORM_ERROR)
             await fail_job(
-                self.db, self.bus, event.job_id, "add", kind, f"{event.request_id}: {reason}"
+                self.stores, self.bus, event.job_id, "add", kind, f"{event.request_id}: {reason}"
             )
             return
         await self.release(event.job_id, str(chunk["user_id"]), int(chunk["seq"]))
@@ -230,7 +209,7 @@ class ScheduleJobs:
     async def purge_expired(self) -> None:
         """Retention (R-7.5), run with the reconciliation."""
         retention = timedelta(days=self.settings.retention_days)
-        for job_id in await purge_expired(self.db, now(), retention):
+        for job_id in await purge_expired(self.stores, now(), retention):
             log.info("job.retention_purged", job_id=job_id)
 
     async def reconcile(self) -> None:
@@ -240,19 +219,19 @@ class ScheduleJobs:
         have been still for a few intervals: a lost increment shows as a job that stops moving,
         and a moving job is not re-read every interval."""
         # A pause whose waiting calls are gone (their workers died) lifts after its window.
-        for key in await close_abandoned(self.db, self.clock().timestamp()):
+        for key in await close_abandoned(self.stores, self.clock().timestamp()):
             log.warning("outage.abandoned_closed", key=key)
         stale_after = timedelta(seconds=3 * self.settings.reconcile_interval_seconds)
-        async for job in self.jobs.active_jobs():
+        async for job in self.stores.jobs.active_jobs():
             try:
-                version = await self.accounts.limits_of(job["version_id"])
+                version = await self.stores.accounts.limits_of(job["version_id"])
                 if await self._stop_if_overdue(job, version or {}):
                     continue
                 if await self._fail_if_stalled(job, version or {"_id": job["version_id"]}):
                     continue
                 await self.on_job_submitted(JobSubmitted(job_id=job["_id"]))
                 if job.get("planned") and repair_due(job, now(), stale_after):
-                    await repair_counters(self.db, job["_id"])
+                    await repair_counters(self.stores, job["_id"])
                 await self.complete_if_done(job["_id"])
             except Exception:
                 log.exception("reconcile.failed", job_id=job["_id"])
@@ -265,8 +244,8 @@ class ScheduleJobs:
         if reason is None:
             return False
         kind = FailureKind.RUN_LIMIT_REACHED
-        await record_error(self.db, job["_id"], "add", kind, None, reason)
-        await fail_job(self.db, self.bus, job["_id"], "add", kind, reason)
+        await record_error(self.stores, job["_id"], "add", kind, None, reason)
+        await fail_job(self.stores, self.bus, job["_id"], "add", kind, reason)
         return True
 
     async def _fail_if_stalled(self, job: Document, version: Document) -> bool:
@@ -277,18 +256,18 @@ class ScheduleJobs:
         limit = stall_limit_seconds(
             self.settings.job_stall_seconds, self.settings.participant_timeout_seconds, version
         )
-        stall = await diagnose(self.db, job, self.clock(), limit)
+        stall = await diagnose(self.stores, job, self.clock(), limit)
         if stall is None:
             return False
         log.warning("job.stalled", job_id=job["_id"], stage=stall.stage, cause=stall.cause,
                     reason=stall.reason)  # fmt: skip
         stalled = FailureKind.JOB_STALLED
-        await record_error(self.db, job["_id"], stall.stage, stalled, None, stall.reason)
-        await fail_job(self.db, self.bus, job["_id"], stall.stage, stall.kind, stall.reason)
+        await record_error(self.stores, job["_id"], stall.stage, stalled, None, stall.reason)
+        await fail_job(self.stores, self.bus, job["_id"], stall.stage, stall.kind, stall.reason)
         return True
 
     async def _participant_healthy(self, job: Document) -> bool:
-        endpoint = await load_endpoint(self.db, self.box, job["version_id"])
+        endpoint = await load_endpoint(self.stores, self.box, job["version_id"])
         return await self.client.health(endpoint)
 
     async def _plan(self, job: Document) -> None:
@@ -315,23 +294,23 @@ class ScheduleJobs:
             for part in parts_of(stream.pieces(), self.part_turns):
                 chunks = plan_chunks(job_id, part)
                 questions = plan_questions(job_id, part, top_k)
-                await self.plans.insert_chunks(chunks)
-                await self.plans.insert_questions(questions)
+                await self.stores.plans.insert_chunks(chunks)
+                await self.stores.plans.insert_questions(questions)
                 written.add(chunk.body for chunk in chunks if chunk.body is not None)
                 if written.pairs >= self.written_pairs_held:
-                    await self.plans.store_written(written.take(job_id, _WRITTEN_AT_ONCE))
+                    await self.stores.plans.store_written(written.take(job_id, _WRITTEN_AT_ONCE))
                 adds.update(chunk.user_id for chunk in chunks)
                 totals["add"] += len(chunks)
                 totals["questions"] += len(questions)
             if stream.parsed_whole is not None:
                 log.warning("dataset.parsed_whole", job_id=job_id, dataset_id=dataset_id,
                             reason=stream.parsed_whole)  # fmt: skip
-        await self.plans.store_written(written.take(job_id, _WRITTEN_AT_ONCE))
+        await self.stores.plans.store_written(written.take(job_id, _WRITTEN_AT_ONCE))
         # The whole evaluation spec is stored once per content hash (`specs`); the job records
         # its hash and summary (`spec_hash`, `spec`).
         spec_hash = self.evaluation_spec.content_hash
-        await self.plans.store_spec(spec_hash, self.evaluation_spec.model_dump(mode="json"))
-        await self.jobs.start(
+        await self.stores.plans.store_spec(spec_hash, self.evaluation_spec.model_dump(mode="json"))
+        await self.stores.jobs.start(
             job_id,
             started_at=now(),
             top_k=self.evaluation_spec.top_k,
@@ -361,7 +340,7 @@ class ScheduleJobs:
         streaming dataset's Add that questions are asked right before (`searched_before`) is
         published only once their searches are final: they are released first
         (`_held_searches_final`)."""
-        version_id = await self.jobs.running_version(job_id)
+        version_id = await self.stores.jobs.running_version(job_id)
         if version_id is None:
             return
         if user_id is not None:
@@ -377,7 +356,7 @@ class ScheduleJobs:
         reconciliation; otherwise a user this process already released an Add of counts as
         writing without a read."""
         # Read only here, as a user finishes: a job may have thousands of users.
-        users = await self.jobs.users_of(job_id)
+        users = await self.stores.jobs.users_of(job_id)
         window = active_window(await self._capacity(version_id))
         writing = 0
         for user in users:
@@ -403,7 +382,7 @@ class ScheduleJobs:
         start = confirmed_seq + 1 if confirmed_seq is not None else self._cursors.get(key, 1)
 
         async def lookup(seq: int) -> Document | None:
-            return await self.plans.chain_chunk(user, seq)
+            return await self.stores.plans.chain_chunk(user, seq)
 
         seq, pending = await first_not_done(lookup, start)
         if pending is None:
@@ -428,13 +407,13 @@ class ScheduleJobs:
         moment = time.monotonic()
         if cached is not None and moment - cached[1] < _CAPACITY_CACHE_SECONDS:
             return cached[0]
-        version = await self.accounts.capacity_of(version_id)
+        version = await self.stores.accounts.capacity_of(version_id)
         declared = version_capacity(version or {"_id": version_id})
         bounded_put(self._capacities, version_id, (declared, moment), _RELEASED_KEPT)
         return declared
 
     async def _questions_released(self, job_id: str, user_id: str) -> bool:
-        if not await self.plans.released(f"{job_id}/{user_id}"):
+        if not await self.stores.plans.released(f"{job_id}/{user_id}"):
             return False
         self._remember_released(job_id, user_id)
         return True
@@ -444,9 +423,11 @@ class ScheduleJobs:
         if await self._questions_released(job_id, user_id):
             return
         # A question that held an Add back was released before that Add, at its point.
-        await self._publish_questions(version_id, self.plans.user_questions(user_id), held=False)
+        await self._publish_questions(
+            version_id, self.stores.plans.user_questions(user_id), held=False
+        )
         # Written only after every publish went out: a crash before it re-publishes (harmless).
-        await self.plans.mark_released(marker, job_id)
+        await self.stores.plans.mark_released(marker, job_id)
         self._remember_released(job_id, user_id)
 
     async def _held_searches_final(
@@ -457,10 +438,12 @@ class ScheduleJobs:
         document is written once, terminal."""
         held = [str(item_id) for item_id in chunk["searched_before"]]
         marker = f"{job_id}/{user_id}@{int(chunk['seq']) - 1}"
-        if not await self.plans.released(marker):
-            await self._publish_questions(version_id, self.plans.questions_among(held), held=True)
-            await self.plans.mark_released(marker, job_id, held=len(held))
-        return await self.records.searches_final(held) >= len(held)
+        if not await self.stores.plans.released(marker):
+            await self._publish_questions(
+                version_id, self.stores.plans.questions_among(held), held=True
+            )
+            await self.stores.plans.mark_released(marker, job_id, held=len(held))
+        return await self.stores.records.searches_final(held) >= len(held)
 
     async def _publish_questions(
         self, version_id: str, questions: AsyncIterator[Document], held: bool
@@ -490,7 +473,7 @@ class ScheduleJobs:
         self._released.add((job_id, user_id))
 
     async def complete_if_done(self, job_id: str) -> None:
-        job = await self.jobs.get(job_id)
+        job = await self.stores.jobs.get(job_id)
         if job is None or job.state != "running" or not job.planned or job.totals is None:
             return
         # The counters as stored, read by their paths (`aml_pipeline.progress`).
@@ -504,7 +487,7 @@ class ScheduleJobs:
         # increment of an Add or an error entry does not hold completion back but would show
         # in the status and fail the publication gate). Other stages' batches are often still
         # in their window here, so a change is the normal case, not an anomaly.
-        await repair_counters(self.db, job_id, at_completion=True)
+        await repair_counters(self.stores, job_id, at_completion=True)
         outcomes = await self.outcomes(job_id)
         results = aggregate(job_id, "completed", outcomes, job.excluded_categories, job.f1_variants)
         # A failed Add fails its job at once (`on_add_done`), so a completed job normally has
@@ -512,10 +495,10 @@ class ScheduleJobs:
         # so that no platform failure goes unnoticed.
         adds = 0
         if stage_counts(counted, "add")[1]:
-            adds = await self.plans.platform_failed_chunks(job_id)
+            adds = await self.stores.plans.platform_failed_chunks(job_id)
         questions = platform_failed(outcomes)
         reason = platform_failure_reason(questions, adds)
-        completed = await self.jobs.complete(
+        completed = await self.stores.jobs.complete(
             job_id,
             finished_at=now(),
             results=results.model_dump(mode="json"),
@@ -533,9 +516,9 @@ class ScheduleJobs:
 
     async def outcomes(self, job_id: str) -> list[QuestionOutcome]:
         """Each question's final record: its score, or the stage where it failed and why."""
-        final = await self.records.final_records(job_id)
+        final = await self.stores.records.final_records(job_id)
         outcomes = []
-        async for question in self.plans.questions_of(job_id):
+        async for question in self.stores.plans.questions_of(job_id):
             outcomes.append(question_outcome(question, final.get(question["_id"])))
         return outcomes
 

@@ -37,7 +37,7 @@ def create_app(settings: SchedulerSettings | None = None) -> FastStream:
     box = SecretBox(settings.secret_keys)
     evaluation_spec = build_evaluation_spec(settings)
     scheduler = ScheduleJobs(
-        settings, rt.db, rt.bus, client, box, evaluation_spec, code_hash(),
+        settings, rt.stores, rt.bus, client, box, evaluation_spec, code_hash(),
         outages=lane_outages(rt),
     )  # fmt: skip
 
@@ -63,6 +63,6 @@ def create_app(settings: SchedulerSettings | None = None) -> FastStream:
             Periodic("reconcile", interval, scheduler.reconcile),
             Periodic("retention", interval, scheduler.purge_expired),
             # Pending work per stage and jobs by state: exported by this one service only.
-            Periodic("backlog", BACKLOG_INTERVAL, lambda: observe_backlog(rt.broker, rt.db)),
+            Periodic("backlog", BACKLOG_INTERVAL, lambda: observe_backlog(rt.broker, rt.stores)),
         ],
     )

@@ -44,8 +44,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from pymongo.asynchronous.database import AsyncDatabase
-
 from aml_contract.api.vocabulary import Stage
 from aml_pipeline.jobs import version_capacity
 from aml_pipeline.llm import LLM_CAPACITY_KEY
@@ -54,10 +52,7 @@ from aml_pipeline.progress import LAST_US, waiting_stage
 from aml_runtime.clock import micros
 from aml_runtime.db import Document, read_time
 from aml_runtime.documents import FailureKind
-from aml_runtime.stores.audit import AuditStore
-from aml_runtime.stores.jobs import JobStore
-from aml_runtime.stores.plans import PlanStore
-from aml_runtime.stores.stage_records import StageRecordStore
+from aml_runtime.stores import Stores
 
 # A stall is never shorter than this many of the version's declared request periods.
 STALL_PERIODS = 10
@@ -125,7 +120,7 @@ def stuck_stage(job: Document) -> tuple[Stage, str]:
 
 
 async def diagnose(
-    db: AsyncDatabase[Document], job: Document, moment: datetime, limit_seconds: float
+    stores: Stores, job: Document, moment: datetime, limit_seconds: float
 ) -> Stall | None:
     """The job's stall, or None while it moves."""
     if job.get("state") == "queued" and not job.get("planned"):
@@ -135,7 +130,7 @@ async def diagnose(
         created = read_time(job.get("created_at"))
         if created is None:
             return None
-        since = await _idle_since(db, job, micros(created), moment, limit_seconds)
+        since = await _idle_since(stores, job, micros(created), moment, limit_seconds)
         if since is None:
             return None
         idle = (micros(moment) - since) / 1e6
@@ -146,22 +141,22 @@ async def diagnose(
     moved = last_moved_us(job)
     if moved is None:
         return None
-    moved = await _idle_since(db, job, moved, moment, limit_seconds)
+    moved = await _idle_since(stores, job, moved, moment, limit_seconds)
     if moved is None:
         return None
     idle = (micros(moment) - moved) / 1e6
     stage, figures = stuck_stage(job)
-    if stage == "add" and (held := await searches_holding_adds(db, str(job["_id"]))):
+    if stage == "add" and (held := await searches_holding_adds(stores, str(job["_id"]))):
         stage, figures = "search", f"{figures}, held back by {held} searches not final"
     if stage not in ("add", "search"):
         llm = "the platform's LLM stage" if stage != "aggregate" else "the platform's completion"
         return Stall(stage, "platform", idle, limit_seconds, f"{figures}; {llm}")
-    cause, why = await _participant_or_platform(db, str(job["_id"]), stage, moved)
+    cause, why = await _participant_or_platform(stores, str(job["_id"]), stage, moved)
     return Stall(stage, cause, idle, limit_seconds, f"{figures}; {why}")
 
 
 async def _idle_since(
-    db: AsyncDatabase[Document], job: Document, moved: int, moment: datetime, limit: float
+    stores: Stores, job: Document, moved: int, moment: datetime, limit: float
 ) -> int | None:
     """When the job last moved (µs), counting the end of its participant's or the LLM's latest
     outage as movement, if it has been still for `limit` seconds since; None while it has not,
@@ -170,40 +165,40 @@ async def _idle_since(
     if micros(moment) - moved < limit * 1e6:
         return None
     keys = [str(job.get("version_id")), LLM_CAPACITY_KEY]
-    if any(pause.paused for pause in await open_pauses(db, keys)):
+    if any(pause.paused for pause in await open_pauses(stores, keys)):
         return None
-    ends = [end for key in keys if (end := await last_outage_end(db, key)) is not None]
+    ends = [end for key in keys if (end := await last_outage_end(stores, key)) is not None]
     if ends:
         moved = max(moved, round(max(ends) * 1e6))
     return moved if micros(moment) - moved >= limit * 1e6 else None
 
 
-async def searches_holding_adds(db: AsyncDatabase[Document], job_id: str) -> int:
+async def searches_holding_adds(stores: Stores, job_id: str) -> int:
     """How many searches the users' next Adds wait for (streaming datasets: an Add goes out
     only once the searches of the questions asked right before it are final). Once per stalled
     job: it reads the job's pending Adds."""
     first: dict[str, Document] = {}
-    async for chunk in PlanStore(db).pending_chunks(job_id):
+    async for chunk in stores.plans.pending_chunks(job_id):
         earliest = first.get(chunk["user_id"])
         if earliest is None or chunk["seq"] < earliest["seq"]:
             first[chunk["user_id"]] = chunk
     held = [item for chunk in first.values() for item in chunk.get("searched_before") or ()]
     if not held:
         return 0
-    return len(held) - await StageRecordStore(db).searches_final(held)
+    return len(held) - await stores.records.searches_final(held)
 
 
 async def _participant_or_platform(
-    db: AsyncDatabase[Document], job_id: str, stage: Stage, since_us: int
+    stores: Stores, job_id: str, stage: Stage, since_us: int
 ) -> tuple[Cause, str]:
     # Once per stalled job (it is failed right after): a sort over the job's entries is fine.
-    error = await JobStore(db).latest_error_since(job_id, since_us)
+    error = await stores.jobs.latest_error_since(job_id, since_us)
     if error is not None:
         cause: Cause = (
             "platform" if error.get("kind") == FailureKind.PLATFORM_ERROR else "participant"
         )
         return cause, f"last error {error.get('kind')}: {error.get('reason')}"
-    call = await AuditStore(db).latest_call(job_id, stage)
+    call = await stores.audit.latest_call(job_id, stage)
     started = read_time(call.get("started_at")) if call is not None else None
     if call is None or started is None or micros(started) < since_us:
         return "platform", "no participant call was sent since the job last moved"

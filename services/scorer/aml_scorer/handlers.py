@@ -17,10 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
 
 from openai import AsyncOpenAI
-from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract.messages import QuestionWork
 from aml_evaluation.judging import judge, judge_prompt_for, load_judge_rule_prompts
@@ -40,14 +38,15 @@ from aml_pipeline.stage_worker import StageCall
 from aml_runtime.broker import FinalFailure
 from aml_runtime.db import Document
 from aml_runtime.documents import FailureKind
-from aml_runtime.stores.stage_records import StageRecordStore
+from aml_runtime.stores import Stores
 from aml_scorer.settings import ScorerSettings
 
 
 @dataclass
 class ScoreAnswer:
     settings: ScorerSettings
-    db: AsyncDatabase[Document]
+    # The answers that did not travel with the work (`records`).
+    stores: Stores
     llm: AsyncOpenAI
     prompt: Prompt
     abstention_prompt: Prompt
@@ -56,15 +55,10 @@ class ScoreAnswer:
     # The LLM's outages: a call finding it down waits (None: it fails and is redelivered).
     outages: Outages | None = None
 
-    @cached_property
-    def records(self) -> StageRecordStore:
-        """The answers that did not travel with the work (`aml_runtime.stores.stage_records`)."""
-        return StageRecordStore(self.db)
-
     async def __call__(self, work: QuestionWork, question: Document, item: StageCall) -> Document:
         answer = work.answer
         if answer is None:
-            stored = await self.records.answer_of(work.item_id)
+            stored = await self.stores.records.answer_of(work.item_id)
             if stored is None or stored.state != "done" or stored.answer is None:
                 raise FinalFailure(FailureKind.PLATFORM_ERROR, f"no answer for {work.item_id}")
             answer = stored.answer

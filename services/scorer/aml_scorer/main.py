@@ -24,12 +24,12 @@ def create_app(settings: ScorerSettings | None = None) -> FastStream:
     outages = lane_outages(rt)
     compute = ScoreAnswer(
         settings,
-        rt.db,
+        rt.stores,
         llm,
         load_prompt(settings.judge_prompt),
         load_prompt(settings.judge_abstention_prompt),
         outages=outages,
     )
-    stage = QuestionStageWorker("score", settings, rt.db, rt.broker, rt.bus, compute)
-    worker = llm_stage_worker(rt, settings, "score", "scorer", stage.handle, outages)
-    return serve_stage(rt, worker, stage.close, llm.close)
+    stage = QuestionStageWorker("score", settings, rt.stores, rt.broker, rt.bus, compute)
+    worker = llm_stage_worker(rt, settings, "score", "scorer", stage, outages)
+    return serve_stage(rt, worker, llm.close)

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from functools import cached_property
 
 from pydantic import TypeAdapter
-from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract.messages import QuestionWork
 from aml_contract.participant import SearchItem
@@ -20,8 +18,7 @@ from aml_pipeline.stage_worker import StageCall
 from aml_runtime.broker import FinalFailure
 from aml_runtime.db import Document
 from aml_runtime.documents import FailureKind
-from aml_runtime.stores.jobs import JobStore
-from aml_runtime.stores.plans import PlanStore
+from aml_runtime.stores import Stores
 
 # The items as stored: one dump of the list (a dump per item cost three times as much).
 _SEARCH_ITEMS: TypeAdapter[list[SearchItem]] = TypeAdapter(list[SearchItem])
@@ -39,7 +36,8 @@ class WrittenTexts:
     id (`<job_id>/<digest>`), and remembers the answers, so a text returned again (the same
     memory found by several questions) is not read again."""
 
-    db: AsyncDatabase[Document]
+    # The job's written texts (`plans`).
+    stores: Stores
     kept: int = _OWNERS_KEPT
     # (job_id, digest) -> the users it was written for; () for a text written to none.
     _owners: OrderedDict[tuple[str, str], tuple[str, ...]] = field(default_factory=OrderedDict)
@@ -69,32 +67,23 @@ class WrittenTexts:
         while len(self._owners) > self.kept:
             self._owners.popitem(last=False)
 
-    @cached_property
-    def plans(self) -> PlanStore:
-        """The job's written texts (`aml_runtime.stores.plans`)."""
-        return PlanStore(self.db)
-
     async def _look_up(self, job_id: str, digests: list[str]) -> dict[str, list[str]]:
-        return await self.plans.written_owners(job_id, digests)
+        return await self.stores.plans.written_owners(job_id, digests)
 
 
 @dataclass
 class SearchQuestion:
-    db: AsyncDatabase[Document]
+    stores: Stores
     client: ParticipantClient
     endpoints: Endpoints
     written: WrittenTexts
 
-    @cached_property
-    def jobs(self) -> JobStore:
-        return JobStore(self.db)
-
     async def __call__(self, work: QuestionWork, question: Document, item: StageCall) -> Document:
-        job = item.job or await self.jobs.search_view(work.job_id)
+        job = item.job or await self.stores.jobs.search_view(work.job_id)
         if job is None:
             raise FinalFailure(FailureKind.PLATFORM_ERROR, f"job {work.job_id} is missing")
         async with CallRecorder(
-            self.db, work.job_id, "search", work.item_id, item.delivered, work.version_id
+            self.stores, work.job_id, "search", work.item_id, item.delivered, work.version_id
         ) as observe:
             candidates = await self.answered(work, question, job, item, observe)
         leaks = await self.leaks(work, question["user_id"], candidates)
@@ -140,7 +129,7 @@ class SearchQuestion:
                 f"{', '.join(leak.written_for)}"
             )
             await record_error(
-                self.db, work.job_id, "search", FailureKind.ISOLATION_VIOLATION,
+                self.stores, work.job_id, "search", FailureKind.ISOLATION_VIOLATION,
                 f"{work.item_id}#{leak.rank}", reason,
             )  # fmt: skip
         return len(found)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from faststream import FastStream
 
-from aml_contract.messages import QuestionWork
 from aml_pipeline.jobs import Endpoints
 from aml_pipeline.outages import lane_outages
 from aml_pipeline.participants import ParticipantClient
@@ -27,16 +26,15 @@ def create_app(settings: SearcherSettings | None = None) -> FastStream:
     limiter = capacity_limiter(rt, settings)
     outages = lane_outages(rt)
     client = ParticipantClient.from_settings(settings, limiter, outages)
-    endpoints = Endpoints(rt.db, SecretBox(settings.secret_keys))
-    search = SearchQuestion(rt.db, client, endpoints, WrittenTexts(rt.db))
-    stage = QuestionStageWorker("search", settings, rt.db, rt.broker, rt.bus, search)
+    endpoints = Endpoints(rt.stores, SecretBox(settings.secret_keys))
+    search = SearchQuestion(rt.stores, client, endpoints, WrittenTexts(rt.stores))
+    stage = QuestionStageWorker("search", settings, rt.stores, rt.broker, rt.bus, search)
     worker = StageWorker(
-        participant_lanes("search", "searcher", rt.db),
-        QuestionWork,
-        stage.handle,
+        participant_lanes("search", "searcher", rt.stores),
+        stage,
         limiter,
         settings,
         max_in_flight=settings.worker_concurrency,
         outages=outages,
     )
-    return serve_stage(rt, worker, stage.close, client.aclose)
+    return serve_stage(rt, worker, client.aclose)

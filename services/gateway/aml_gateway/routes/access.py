@@ -71,7 +71,7 @@ async def get_access_request(
     as_requester = await access_requests.for_requester(svc, request_id, token)
     if as_requester is not None:
         return as_requester
-    team = await svc.accounts.team_by_key_hash(key_hash(token))
+    team = await svc.stores.accounts.team_by_key_hash(key_hash(token))
     if team is None:
         raise auth_failed(request, 401, "unknown Leaderboard API Key or request token")
-    return await access_requests.for_team(svc.access_request_store, request_id, team["_id"])
+    return await access_requests.for_team(svc.stores.access_requests, request_id, team["_id"])

@@ -47,15 +47,17 @@ async def register_version(
         {name: str(getattr(body, name)) for name in ("add_url", "search_url", "health_url")},
         allow_loopback=svc.settings.allow_loopback_targets,
     )
-    team = await svc.accounts.team_by_name(body.team)
+    team = await svc.stores.accounts.team_by_name(body.team)
     # Everything that can refuse runs before anything is stored.
-    await check_system_name(svc.accounts, body.system_name, None if team is None else team["_id"])
+    await check_system_name(
+        svc.stores.accounts, body.system_name, None if team is None else team["_id"]
+    )
     new_key = None
     if team is None:
-        team_id, new_key = await create_team(svc.accounts, body.team, svc.clock)
+        team_id, new_key = await create_team(svc.stores.accounts, body.team, svc.clock)
     else:
         team_id = team["_id"]
-    secret_ref = await store_secret(svc.accounts, svc.box, body.memory_system_key)
+    secret_ref = await store_secret(svc.stores.accounts, svc.box, body.memory_system_key)
     version = VersionFields(
         system_name=body.system_name,
         version_label=body.version_label,
@@ -69,12 +71,12 @@ async def register_version(
         capacity=body.capacity.model_dump(),
     )
     try:
-        version_id = await insert_version(svc.accounts, team_id, version, svc.clock)
+        version_id = await insert_version(svc.stores.accounts, team_id, version, svc.clock)
     except BaseException:
         # A name taken meanwhile: nothing of this registration stays.
-        await drop_secret(svc.accounts, secret_ref)
+        await drop_secret(svc.stores.accounts, secret_ref)
         if new_key is not None:
-            await svc.accounts.drop_team(team_id)
+            await svc.stores.accounts.drop_team(team_id)
         raise
     return VersionRegistered(version_id=version_id, team_id=team_id, leaderboard_api_key=new_key)
 
@@ -83,7 +85,7 @@ async def register_version(
 async def list_access_requests(
     svc: ServicesDep, _: AdminDep, state: AccessState | None = None
 ) -> list[AccessRequestView]:
-    return await access_requests.list_requests(svc.access_request_store, state)
+    return await access_requests.list_requests(svc.stores.access_requests, state)
 
 
 @router.post("/access-requests/{request_id}/approve", responses=error_responses(404, 409))
@@ -107,7 +109,7 @@ async def extend_retention(
     keep_until = body.keep_until if body.keep_until.tzinfo else body.keep_until.replace(tzinfo=UTC)
     if keep_until <= svc.clock():
         raise Invalid("keep_until must be in the future")
-    jobs = svc.job_store
+    jobs = svc.stores.jobs
     purged = await jobs.purged(job_id)
     if purged is None:
         raise NotFound(f"job {echoed(job_id)} not found")

@@ -33,8 +33,6 @@ from aml_gateway.submissions import (
 from aml_runtime.broker import publish
 from aml_runtime.db import Document, read_time
 from aml_runtime.documents import JobDocument
-from aml_runtime.stores.audit import AuditStore
-from aml_runtime.stores.stage_records import StageRecordStore
 
 router = APIRouter(
     route_class=GuardedRoute, prefix="/v1/jobs", tags=["jobs"], responses=error_responses(429)
@@ -48,7 +46,7 @@ _SUBMISSION_ROUNDS = 5
 
 
 async def _own_job(svc: ServicesDep, team: Document, job_id: str) -> Document:
-    job = await svc.job_store.team_job(job_id, team["_id"])
+    job = await svc.stores.jobs.team_job(job_id, team["_id"])
     if job is None:
         # Another team's job answers exactly like a missing one: existence is not revealed.
         raise NotFound(f"job {echoed(job_id)} not found")
@@ -94,7 +92,7 @@ def _dataset_tracks(datasets: list[str], svc: Services) -> dict[str, Track]:
 
 async def _prior_runs(svc: Services, team_id: str) -> tuple[list[PriorRun], int]:
     """The team's jobs as the rules see them, and the highest submission number so far."""
-    store = svc.job_store
+    store = svc.stores.jobs
     jobs = await store.team_jobs(team_id)
     completed_smokes = [j.id for j in jobs if j.mode == "smoke" and j.state == "completed"]
     # A smoke passed when no item failed because of the participant: one query for all of them
@@ -134,7 +132,7 @@ async def submit_job(body: JobSubmission, svc: ServicesDep, team: TeamDep) -> Jo
     datasets are known and all of the job's track (422, R-2.1); then the rules of
     `aml_gateway.submissions` (Run Label, running job, season, passed smoke, quotas)."""
     team_id = team["_id"]
-    version = await svc.accounts.team_version(body.version_id, team_id)
+    version = await svc.stores.accounts.team_version(body.version_id, team_id)
     if version is None:
         raise NotFound(f"version {echoed(body.version_id)} not found")
     if body.track not in version.tracks:
@@ -176,7 +174,7 @@ async def submit_job(body: JobSubmission, svc: ServicesDep, team: TeamDep) -> Jo
             created_at=created_at,
         )
         try:
-            document = await svc.job_store.create(job)
+            document = await svc.stores.jobs.create(job)
         except DuplicateKeyError:
             continue
         await publish(
@@ -185,19 +183,19 @@ async def submit_job(body: JobSubmission, svc: ServicesDep, team: TeamDep) -> Jo
             JobSubmitted(job_id=job.id),
             message_id("submitted", job.id),
         )
-        return await job_status(svc.db, document)
+        return await job_status(svc.stores, document)
     raise Conflict("too many submissions at once; try again")
 
 
 @router.get("", responses=error_responses(401))
 async def list_jobs(svc: ServicesDep, team: TeamDep) -> list[JobStatus]:
-    jobs = svc.job_store.latest_of_team(team["_id"])
-    return [await job_status(svc.db, job) async for job in jobs]
+    jobs = svc.stores.jobs.latest_of_team(team["_id"])
+    return [await job_status(svc.stores, job) async for job in jobs]
 
 
 @router.get("/{job_id}", responses=error_responses(401, 404))
 async def get_job(job_id: str, svc: ServicesDep, team: TeamDep) -> JobStatus:
-    return await job_status(svc.db, await _own_job(svc, team, job_id))
+    return await job_status(svc.stores, await _own_job(svc, team, job_id))
 
 
 @router.get("/{job_id}/results", responses=_ERRORS)
@@ -241,7 +239,7 @@ async def get_audit(
             after = ObjectId(cursor)
         except InvalidId:
             raise Invalid("cursor is not one this API returned") from None
-    found = await AuditStore(svc.db).calls_page(
+    found = await svc.stores.audit.calls_page(
         job_id, stage=stage, item_id=item_id, add_request_id=request_id, after=after, limit=limit
     )
     records = [_audit_record(call) for call in found[:limit]]
@@ -282,7 +280,7 @@ async def get_search_audit(
     the question's item id, `<job_id>/<dataset_id>/<question_id>` as the audit records name
     it: its slashes go into the path as they are (or %2F-encoded)."""
     await _own_job(svc, team, job_id)
-    search = await StageRecordStore(svc.db).search_of(job_id, item_id)
+    search = await svc.stores.records.search_of(job_id, item_id)
     if search is None:
         raise NotFound(f"no search {echoed(item_id)} in job {echoed(job_id)}")
     return SearchAudit(

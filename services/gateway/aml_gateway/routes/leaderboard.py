@@ -23,7 +23,7 @@ async def get_leaderboard(
 ) -> Leaderboard:
     """One track's board (all boards when `board` is left out), best Overall first, with the
     per-dataset and per-category metrics of every entry."""
-    entries = await publication.board_entries(svc.db, track, board)
+    entries = await publication.board_entries(svc.stores, track, board)
     return Leaderboard(track=track, board=board, entries=entries)
 
 
@@ -33,7 +33,7 @@ async def get_system(
 ) -> SystemHistory:
     """One system's public entries across its versions, oldest publication first. A system
     with none answers 404, whether it exists privately or not."""
-    entries = await publication.system_entries(svc.db, system_name)
+    entries = await publication.system_entries(svc.stores, system_name)
     if not entries:
         raise NotFound("no published entry for this system")
     return SystemHistory(system_name=system_name, entries=entries)

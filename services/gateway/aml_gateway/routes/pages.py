@@ -54,9 +54,9 @@ async def leaderboard_page(
         board is not None and board not in pages.BOARDS
     ):
         return _not_found(request, "There is no such track or board.")
-    counts = await publication.board_counts(svc.db)
+    counts = await publication.board_counts(svc.stores)
     chosen_track, chosen_board = pages.choose_board(counts, track, board)
-    entries = await publication.board_entries(svc.db, chosen_track, chosen_board)
+    entries = await publication.board_entries(svc.stores, chosen_track, chosen_board)
     title = f"{pages.TRACK_NAMES[chosen_track]} track, {pages.BOARD_NAMES[chosen_board]} board"
     charts = pages.category_charts(entries)
     return _render(
@@ -79,7 +79,7 @@ async def system_page(
     svc: ServicesDep,
     system_name: Annotated[str, Path(min_length=1, max_length=200)],
 ) -> HTMLResponse:
-    entries = await publication.system_entries(svc.db, system_name)
+    entries = await publication.system_entries(svc.stores, system_name)
     if not entries:
         return _not_found(request, "No system of that name has a published entry.")
     histories = pages.system_histories(entries)

@@ -32,7 +32,7 @@ async def list_reviews(
 ) -> list[ReviewView]:
     """Gated jobs in one review state, oldest first: by default those waiting for a decision,
     each with its gate checks, system, version, team and Overall."""
-    return await publication.list_reviews(svc.db, state)
+    return await publication.list_reviews(svc.stores, state)
 
 
 @router.post("/reviews/{job_id}/approve", responses=error_responses(404, 409))
@@ -53,7 +53,7 @@ async def reject_publication(
 @router.get("/leaderboard")
 async def list_leaderboard_records(svc: ServicesDep, _: AdminDep) -> list[PublicationRecord]:
     """Every leaderboard submission record, disqualified ones included, newest first."""
-    return await publication.list_records(svc.leaderboard_store)
+    return await publication.list_records(svc.stores.leaderboard)
 
 
 @router.post("/leaderboard/{entry_id}/disqualify", responses=error_responses(404, 409))

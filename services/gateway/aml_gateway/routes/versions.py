@@ -37,12 +37,12 @@ def _view(version: VersionDocument) -> VersionView:
 
 @router.get("", responses=error_responses(401))
 async def list_versions(svc: ServicesDep, team: TeamDep) -> list[VersionView]:
-    return [_view(version) async for version in svc.accounts.team_versions(team["_id"])]
+    return [_view(version) async for version in svc.stores.accounts.team_versions(team["_id"])]
 
 
 @router.get("/{version_id}", responses=error_responses(401, 404))
 async def get_version(version_id: str, svc: ServicesDep, team: TeamDep) -> VersionView:
-    version = await svc.accounts.team_version(version_id, team["_id"])
+    version = await svc.stores.accounts.team_version(version_id, team["_id"])
     if version is None:
         raise NotFound(f"version {echoed(version_id)} not found")
     return _view(version)
