@@ -1,4 +1,4 @@
-"""The adder's handler against an in-memory database, a fake participant and FastStream's
+"""The adder's handler against in-memory stores, a fake participant and FastStream's
 in-memory NATS broker: a chunk already final is never sent again (only re-announced), a pending
 chunk of a job that is no longer active is not sent, and a confirmed Add is marked done and
 counted once however many deliveries race for it."""
@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import pytest
-from fakes import Document, FakeDatabase, TestBrokerBus
+from fake_stores import MemoryStores, memory_stores
+from fakes import Document, TestBrokerBus
 from faststream.nats import JStream, NatsBroker, NatsMessage, TestNatsBroker
 from faststream.nats.testing import PatchedMessage
 
@@ -25,7 +26,6 @@ from aml_pipeline.participants import CallFailed, Endpoint, Observer, Participan
 from aml_pipeline.stage_worker import WorkItem
 from aml_runtime.broker import FetchedDelivery
 from aml_runtime.documents import ACTIVE_JOB_STATES
-from aml_runtime.stores import Stores
 
 JOB = "job-1"
 VERSION = "ver-1"
@@ -63,13 +63,13 @@ class FakeParticipant:
 
 
 class ActiveJobs:
-    """`JobStates` over the fake database, read on every call."""
+    """`JobStates` over the fake job store, read on every call."""
 
-    def __init__(self, db: FakeDatabase) -> None:
-        self.db = db
+    def __init__(self, stores: MemoryStores) -> None:
+        self.stores = stores
 
     async def is_active(self, job_id: str) -> bool:
-        job = self.db.jobs.documents.get(job_id)
+        job = self.stores.jobs.jobs.get(job_id)
         return job is not None and job["state"] in ACTIVE_JOB_STATES
 
 
@@ -109,7 +109,7 @@ def settled(item: WorkItem) -> list[str]:
 
 @dataclass
 class Rig:
-    db: FakeDatabase
+    stores: MemoryStores
     participant: FakeParticipant
     handler: SendChunk
     announced: list[tuple[str, Document]]
@@ -118,18 +118,18 @@ class Rig:
 
 @pytest.fixture
 async def rig() -> AsyncIterator[Rig]:
-    db = FakeDatabase()
+    stores = memory_stores()
     broker = NatsBroker(logger=None)
     participant = FakeParticipant()
     client = cast(ParticipantClient, participant)
     endpoints = cast(Endpoints, FixedEndpoints())
     handler = SendChunk(
         AdderSettings(),
-        Stores.over(db.typed()),
+        stores.typed(),
         TestBrokerBus(broker),
         client,
         endpoints,
-        cast(JobStates, ActiveJobs(db)),
+        cast(JobStates, ActiveJobs(stores)),
     )
     announced: list[tuple[str, Document]] = []
 
@@ -144,20 +144,20 @@ async def rig() -> AsyncIterator[Rig]:
         released.append((msg.headers["Nats-Msg-Id"], body))
 
     async with TestNatsBroker(broker):
-        yield Rig(db, participant, handler, announced, released)
+        yield Rig(stores, participant, handler, announced, released)
 
 
 USER = "eval:job-1:synthetic:syn-1"
 
 
-def store(db: FakeDatabase, chunk_state: str = "pending", job_state: str = "running") -> None:
-    db.jobs.documents[JOB] = {
+def store(stores: MemoryStores, chunk_state: str = "pending", job_state: str = "running") -> None:
+    stores.jobs.jobs[JOB] = {
         "_id": JOB,
         "state": job_state,
         "version_id": VERSION,
         "totals": {"add": 1, "questions": 0},
     }
-    db.add_chunks.documents[CHUNK] = {
+    stores.plans.chunks[CHUNK] = {
         "_id": CHUNK,
         "job_id": JOB,
         "state": chunk_state,
@@ -179,76 +179,76 @@ def done(outcome: str, read: bool = True, next_released: bool = False) -> tuple[
 
 @pytest.mark.parametrize("state", ["done", "failed"])
 async def test_a_final_chunk_is_announced_again_never_sent(rig: Rig, state: str) -> None:
-    store(rig.db, chunk_state=state)
-    chunk = dict(rig.db.add_chunks.documents[CHUNK])
+    store(rig.stores, chunk_state=state)
+    chunk = dict(rig.stores.plans.chunks[CHUNK])
     item = delivery(2)
     await rig.handler.handle(WORK, item)
     assert rig.participant.sent == []
     assert rig.announced == [done(state)]
-    assert rig.db.add_chunks.documents[CHUNK] == chunk
-    assert "progress" not in rig.db.jobs.documents[JOB]
+    assert rig.stores.plans.chunks[CHUNK] == chunk
+    assert "progress" not in rig.stores.jobs.jobs[JOB]
     assert settled(item) == ["ack"]
 
 
 @pytest.mark.parametrize("job_state", ["failed", "completed"])
 async def test_a_pending_chunk_of_an_inactive_job_is_not_sent(rig: Rig, job_state: str) -> None:
-    store(rig.db, job_state=job_state)
+    store(rig.stores, job_state=job_state)
     item = delivery(1)
     await rig.handler.handle(WORK, item)
     assert rig.participant.sent == []
-    assert rig.db.add_chunks.documents[CHUNK]["state"] == "pending"
+    assert rig.stores.plans.chunks[CHUNK]["state"] == "pending"
     assert rig.announced == []
-    assert "progress" not in rig.db.jobs.documents[JOB]
+    assert "progress" not in rig.stores.jobs.jobs[JOB]
     # Dropped, not retried: the job's remaining work is purged anyway.
     assert settled(item) == ["ack"]
 
 
 async def test_a_confirmed_add_is_marked_done_and_counted_once(rig: Rig) -> None:
-    store(rig.db)
+    store(rig.stores)
     await rig.handler.handle(WORK, delivery(1))
     ids = (CHUNK, "eval:job-1:synthetic:syn-1", "s1")
     # The stored body, byte for byte, counted against this job's request limit.
     assert rig.participant.sent == [(JOB, BODY, ids)]
-    chunk = rig.db.add_chunks.documents[CHUNK]
+    chunk = rig.stores.plans.chunks[CHUNK]
     assert chunk["state"] == "done" and isinstance(chunk["at_us"], int)
-    assert rig.db.jobs.documents[JOB]["progress"]["add"] == {"done": 1}
-    assert rig.db.jobs.documents[JOB]["progress"]["last_us"] == chunk["at_us"]
+    assert rig.stores.jobs.jobs[JOB]["progress"]["add"] == {"done": 1}
+    assert rig.stores.jobs.jobs[JOB]["progress"]["last_us"] == chunk["at_us"]
     assert rig.announced == [done("done")]
 
     # Redelivered (the ACK was lost): announced again, neither sent nor counted again.
     await rig.handler.handle(WORK, delivery(2))
     assert len(rig.participant.sent) == 1
-    assert rig.db.jobs.documents[JOB]["progress"]["add"] == {"done": 1}
-    assert rig.db.add_chunks.documents[CHUNK] == chunk
+    assert rig.stores.jobs.jobs[JOB]["progress"]["add"] == {"done": 1}
+    assert rig.stores.plans.chunks[CHUNK] == chunk
     assert rig.announced == [done("done")] * 2
 
 
 async def test_racing_deliveries_count_the_add_once(rig: Rig) -> None:
-    store(rig.db)
+    store(rig.stores)
     # Both find the chunk pending and reach the participant (at-least-once delivery); only
     # the first to finish it marks and counts it.
     handle = rig.handler.handle
     await asyncio.gather(handle(WORK, delivery(1)), handle(WORK, delivery(2)))
     assert len(rig.participant.sent) == 2
-    assert rig.db.jobs.documents[JOB]["progress"]["add"] == {"done": 1}
-    assert rig.db.jobs.documents[JOB]["progress"]["events"] == 1
+    assert rig.stores.jobs.jobs[JOB]["progress"]["add"] == {"done": 1}
+    assert rig.stores.jobs.jobs[JOB]["progress"]["events"] == 1
     assert rig.announced == [done("done")] * 2
 
 
 async def test_a_refused_add_fails_the_chunk_once_with_its_reason(rig: Rig) -> None:
-    store(rig.db)
+    store(rig.stores)
     rig.participant.failure = CallFailed("contract_error", "add response: status missing")
     item = delivery(1)
     await rig.handler.handle(WORK, item)
-    chunk = rig.db.add_chunks.documents[CHUNK]
+    chunk = rig.stores.plans.chunks[CHUNK]
     assert (chunk["state"], chunk["failure_kind"], chunk["failure"]) == (
         "failed",
         "contract_error",
         "add response: status missing",
     )
-    progress = rig.db.jobs.documents[JOB]["progress"]
+    progress = rig.stores.jobs.jobs[JOB]["progress"]
     assert progress["add"] == {"failed": 1} and progress["errors"] == 1
-    assert [e["item"] for e in rig.db.job_errors.documents.values()] == [CHUNK]
+    assert [e["item"] for e in rig.stores.jobs.errors.values()] == [CHUNK]
     assert rig.announced == [done("failed", read=False)]
     assert settled(item) == ["ack"]
 
@@ -256,19 +256,19 @@ async def test_a_refused_add_fails_the_chunk_once_with_its_reason(rig: Rig) -> N
 async def test_a_transient_error_leaves_the_chunk_pending_until_the_last_delivery(
     rig: Rig,
 ) -> None:
-    store(rig.db)
+    store(rig.stores)
     rig.participant.failure = ConnectionResetError("connection reset")
     first = delivery(1)
     await rig.handler.handle(WORK, first)
     assert settled(first) == ["nak"]
-    assert rig.db.add_chunks.documents[CHUNK]["state"] == "pending"
-    assert rig.announced == [] and "progress" not in rig.db.jobs.documents[JOB]
+    assert rig.stores.plans.chunks[CHUNK]["state"] == "pending"
+    assert rig.announced == [] and "progress" not in rig.stores.jobs.jobs[JOB]
 
     last = delivery(AdderSettings().max_deliver)
     await rig.handler.handle(WORK, last)
     assert settled(last) == ["ack"]
-    assert rig.db.add_chunks.documents[CHUNK]["failure_kind"] == "platform_error"
-    assert rig.db.jobs.documents[JOB]["progress"]["add"] == {"failed": 1}
+    assert rig.stores.plans.chunks[CHUNK]["failure_kind"] == "platform_error"
+    assert rig.stores.jobs.jobs[JOB]["progress"]["add"] == {"failed": 1}
     assert rig.announced == [done("failed", read=False)]
 
 
@@ -286,10 +286,10 @@ async def test_a_transient_error_leaves_the_chunk_pending_until_the_last_deliver
 async def test_a_confirmed_add_hands_the_users_next_add_on_when_nothing_gates_it(
     rig: Rig, successor: Document | None, hands_on: bool
 ) -> None:
-    store(rig.db)
+    store(rig.stores)
     following = f"{USER}:chunk-2"
     if successor is not None:
-        rig.db.add_chunks.documents[following] = {
+        rig.stores.plans.chunks[following] = {
             "_id": following, "job_id": JOB, "user_id": USER, "seq": 2, **successor
         }  # fmt: skip
     await rig.handler.handle(WORK, delivery(1))

@@ -1,4 +1,4 @@
-"""The publisher's handler against an in-memory database, fed through FastStream's in-memory NATS
+"""The publisher's handler against in-memory stores, fed through FastStream's in-memory NATS
 broker: what it records for a job the scheduler completed, that an outcome or an admin's review
 state already stored stands, and which published entries a new job is compared against (approved
 jobs whose entry is not written yet; facts an entry does not record taken from its job)."""
@@ -12,7 +12,8 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 import pytest
-from fakes import Document, FakeDatabase, TestBrokerBus
+from fake_stores import MemoryStores, memory_stores
+from fakes import Document, TestBrokerBus
 from faststream.nats import JStream, NatsBroker, TestNatsBroker
 
 from aml_contract import subjects
@@ -25,7 +26,6 @@ from aml_publisher.gate import CHECK_NAMES
 from aml_publisher.handlers import GateFinishedJobs
 from aml_publisher.settings import PublisherSettings
 from aml_runtime.broker import publish
-from aml_runtime.stores import Stores
 from aml_scheduler.handlers import ScheduleJobs
 from aml_scheduler.settings import SchedulerSettings
 
@@ -41,7 +41,7 @@ BASELINE = ReleaseBaseline(
 
 @dataclass
 class Rig:
-    db: FakeDatabase
+    stores: MemoryStores
     broker: NatsBroker
     publisher: GateFinishedJobs
 
@@ -49,11 +49,9 @@ class Rig:
 @pytest.fixture
 async def rig() -> AsyncIterator[Rig]:
     """The publisher's subscriber wired as in `aml_publisher.main` (minus the delivery budget)."""
-    db = FakeDatabase()
+    stores = memory_stores()
     broker = NatsBroker(logger=None)
-    publisher = GateFinishedJobs(
-        PublisherSettings(release_baseline=BASELINE), Stores.over(db.typed())
-    )
+    publisher = GateFinishedJobs(PublisherSettings(release_baseline=BASELINE), stores.typed())
 
     finished = JStream(subjects.FINISHED_STREAM, declare=False)
 
@@ -62,7 +60,7 @@ async def rig() -> AsyncIterator[Rig]:
         await publisher.on_job_finished(event)
 
     async with TestNatsBroker(broker):
-        yield Rig(db, broker, publisher)
+        yield Rig(stores, broker, publisher)
 
 
 def results(job_id: str, f1: float) -> Document:
@@ -120,21 +118,21 @@ def failing(stored: Document) -> dict[str, str]:
 
 async def test_a_job_the_scheduler_completes_is_gated_once(rig: Rig) -> None:
     # Running, every question final, with the stage documents the completion recounts.
-    rig.db.jobs.documents["j1"] = job("j1", state="running")
+    rig.stores.jobs.jobs["j1"] = job("j1", state="running")
     for i in range(2):
-        rig.db.add_chunks.documents[f"a{i}"] = {"_id": f"a{i}", "job_id": "j1", "state": "done"}
+        rig.stores.plans.chunks[f"a{i}"] = {"_id": f"a{i}", "job_id": "j1", "state": "done"}
     for i in range(QUESTIONS):
         item = f"j1/synthetic/q{i}"
-        rig.db.questions.documents[item] = {
+        rig.stores.plans.questions[item] = {
             "_id": item,
             "job_id": "j1",
             "question_id": f"q{i}",
             "dataset_id": "synthetic",
             "category_name": "facts",
         }
-        for collection in ("searches", "answers"):
-            rig.db[collection].documents[item] = {"_id": item, "job_id": "j1", "state": "done"}
-        rig.db.scores.documents[item] = {
+        for records in (rig.stores.records.searches, rig.stores.records.answers):
+            records[item] = {"_id": item, "job_id": "j1", "state": "done"}
+        rig.stores.records.scores[item] = {
             "_id": item,
             "job_id": "j1",
             "state": "done",
@@ -149,7 +147,7 @@ async def test_a_job_the_scheduler_completes_is_gated_once(rig: Rig) -> None:
     evaluation_spec = build_evaluation_spec(settings)
     scheduler = ScheduleJobs(
         settings,
-        Stores.over(rig.db.typed()),
+        rig.stores.typed(),
         TestBrokerBus(rig.broker),
         unused,
         unused,
@@ -158,7 +156,7 @@ async def test_a_job_the_scheduler_completes_is_gated_once(rig: Rig) -> None:
     )
 
     await scheduler.complete_if_done("j1")
-    stored = rig.db.jobs.documents["j1"]
+    stored = rig.stores.jobs.jobs["j1"]
     assert stored["state"] == "completed"
     assert stored["review_state"] == "pending_review"
     assert stored["gate"]["passed"] is True
@@ -169,43 +167,41 @@ async def test_a_job_the_scheduler_completes_is_gated_once(rig: Rig) -> None:
     gate = stored["gate"]
     again = JobFinished(job_id="j1", state="completed")
     await publish(TestBrokerBus(rig.broker), subjects.JOB_FINISHED, again, "finished:j1:again")
-    assert rig.db.jobs.documents["j1"]["gate"] == gate
+    assert rig.stores.jobs.jobs["j1"]["gate"] == gate
 
 
 async def test_a_review_state_set_before_the_gate_stands(rig: Rig) -> None:
-    rig.db.jobs.documents["j1"] = job("j1", mode="smoke", review_state="disqualified")
+    rig.stores.jobs.jobs["j1"] = job("j1", mode="smoke", review_state="disqualified")
     await publish_finished(TestBrokerBus(rig.broker), "j1", "completed")
-    stored = rig.db.jobs.documents["j1"]
+    stored = rig.stores.jobs.jobs["j1"]
     assert list(failing(stored)) == ["mode_full"]
     assert stored["review_state"] == "disqualified"
 
 
 async def test_an_approved_job_counts_as_published_before_its_entry_exists(rig: Rig) -> None:
-    rig.db.jobs.documents["jpub"] = job("jpub", f1=0.9, review_state="approved")
-    rig.db.jobs.documents["jlisted"] = job(
-        "jlisted", f1=0.8, track="other", review_state="approved"
-    )
-    rig.db.leaderboard.documents["lb-1"] = {"_id": "lb-1", "job_id": "jlisted"}
-    rig.db.jobs.documents["j1"] = job("j1", f1=0.5)
+    rig.stores.jobs.jobs["jpub"] = job("jpub", f1=0.9, review_state="approved")
+    rig.stores.jobs.jobs["jlisted"] = job("jlisted", f1=0.8, track="other", review_state="approved")
+    rig.stores.leaderboard.leaderboard["lb-1"] = {"_id": "lb-1", "job_id": "jlisted"}
+    rig.stores.jobs.jobs["j1"] = job("j1", f1=0.5)
     await publish_finished(TestBrokerBus(rig.broker), "j1", "completed")
-    assert failing(rig.db.jobs.documents["j1"]) == {
+    assert failing(rig.stores.jobs.jobs["j1"]) == {
         "not_duplicate": "version ver-1 on track textual is already published (entry job:jpub)"
     }
 
     # Same results as the listed job: named once, by its entry.
-    rig.db.jobs.documents["j2"] = job("j2", f1=0.8, version_id="ver-2")
+    rig.stores.jobs.jobs["j2"] = job("j2", f1=0.8, version_id="ver-2")
     await publish_finished(TestBrokerBus(rig.broker), "j2", "completed")
-    reason = failing(rig.db.jobs.documents["j2"])["not_duplicate"]
+    reason = failing(rig.stores.jobs.jobs["j2"])["not_duplicate"]
     assert "published entry lb-1" in reason and "job:jlisted" not in reason
 
 
 async def test_an_entry_takes_what_it_does_not_record_from_its_job(rig: Rig) -> None:
     # Disqualified on its job only; its results identical to the new job's.
-    rig.db.jobs.documents["jold"] = job("jold", f1=0.5, disqualified=True)
-    rig.db.leaderboard.documents["lb-old"] = {"_id": "lb-old", "job_id": "jold"}
-    rig.db.jobs.documents["j1"] = job("j1", f1=0.5)
+    rig.stores.jobs.jobs["jold"] = job("jold", f1=0.5, disqualified=True)
+    rig.stores.leaderboard.leaderboard["lb-old"] = {"_id": "lb-old", "job_id": "jold"}
+    rig.stores.jobs.jobs["j1"] = job("j1", f1=0.5)
     await publish_finished(TestBrokerBus(rig.broker), "j1", "completed")
-    reason = failing(rig.db.jobs.documents["j1"])["not_duplicate"]
+    reason = failing(rig.stores.jobs.jobs["j1"])["not_duplicate"]
     # A disqualified entry frees its version and track, but copied results stay copies.
     assert "already published" not in reason
     assert reason.endswith("equals that of disqualified published entry lb-old")
@@ -214,17 +210,17 @@ async def test_an_entry_takes_what_it_does_not_record_from_its_job(rig: Rig) -> 
 @pytest.mark.parametrize("stored", [None, "running", "queued"])
 async def test_only_a_finished_job_is_gated(rig: Rig, stored: str | None) -> None:
     if stored is not None:
-        rig.db.jobs.documents["j1"] = job("j1", state=stored)
+        rig.stores.jobs.jobs["j1"] = job("j1", state=stored)
     await publish_finished(TestBrokerBus(rig.broker), "j1", "completed")
     assert await rig.publisher.gate_job("j1") is False
-    assert "gate" not in rig.db.jobs.documents.get("j1", {})
-    assert "review_state" not in rig.db.jobs.documents.get("j1", {})
+    assert "gate" not in rig.stores.jobs.jobs.get("j1", {})
+    assert "review_state" not in rig.stores.jobs.jobs.get("j1", {})
 
 
 async def test_of_two_concurrent_gates_one_outcome_is_stored(rig: Rig) -> None:
-    rig.db.jobs.documents["j1"] = job("j1")
+    rig.stores.jobs.jobs["j1"] = job("j1")
     stored = await asyncio.gather(rig.publisher.gate_job("j1"), rig.publisher.gate_job("j1"))
     assert sorted(stored) == [False, True]
-    gate = dict(rig.db.jobs.documents["j1"]["gate"])
+    gate = dict(rig.stores.jobs.jobs["j1"]["gate"])
     assert await rig.publisher.gate_job("j1") is False
-    assert rig.db.jobs.documents["j1"]["gate"] == gate
+    assert rig.stores.jobs.jobs["j1"]["gate"] == gate

@@ -1,5 +1,5 @@
 """The scheduler's release and completion rules, driven through FastStream's in-memory NATS
-broker (`TestNatsBroker`) against an in-memory database: each user's Adds go out one at a time in
+broker (`TestNatsBroker`) against in-memory stores: each user's Adds go out one at a time in
 `seq` order, a user's questions only once all of that user's Adds are done (once, behind a
 release marker), and a job completes only when every question is final, once, and never when it
 is no longer running."""
@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from fakes import Document, FakeDatabase, TestBrokerBus
+from fake_stores import MemoryStores, memory_stores
+from fakes import Document, TestBrokerBus
 from faststream.nats import JStream, NatsBroker, NatsMessage, TestNatsBroker
 
 from aml_contract import subjects
@@ -28,7 +29,6 @@ from aml_evaluation.registry import load_dataset
 from aml_pipeline.chains import add_order
 from aml_pipeline.evaluation_spec import build_evaluation_spec
 from aml_runtime.broker import publish
-from aml_runtime.stores import Stores
 from aml_scheduler.handlers import ScheduleJobs, platform_failed, platform_failure_reason
 from aml_scheduler.planning import plan_chunks, plan_questions
 from aml_scheduler.settings import SchedulerSettings
@@ -47,13 +47,13 @@ class Sent:
     subject: str
     msg_id: str
     body: Document
-    # What the database said when the message went out (checked after the run).
+    # What the stores held when the message went out (checked after the run).
     seen: Document = field(default_factory=dict)
 
 
 @dataclass
 class Rig:
-    db: FakeDatabase
+    stores: MemoryStores
     broker: NatsBroker
     scheduler: ScheduleJobs
     sent: list[Sent]
@@ -70,14 +70,14 @@ def _stream(name: str) -> JStream:
 async def rig() -> AsyncIterator[Rig]:
     """The scheduler with its event subscribers wired as in `aml_scheduler.main` (minus the
     delivery budget), and a recorder on the work and finished subjects."""
-    db = FakeDatabase()
+    stores = memory_stores()
     broker = NatsBroker(logger=None)
     settings = SchedulerSettings()
     # The participant client and the secrets serve planning only, which these tests skip.
     unused = cast(Any, None)
     scheduler = ScheduleJobs(
         settings,
-        Stores.over(db.typed()),
+        stores.typed(),
         TestBrokerBus(broker),
         unused,
         unused,
@@ -88,13 +88,13 @@ async def rig() -> AsyncIterator[Rig]:
 
     def snapshot(body: Document) -> Document:
         if "request_id" in body:
-            chunk = db.add_chunks.documents[body["request_id"]]
-            mine = [c for c in db.add_chunks.documents.values() if c["user_id"] == chunk["user_id"]]
+            chunk = stores.plans.chunks[body["request_id"]]
+            mine = [c for c in stores.plans.chunks.values() if c["user_id"] == chunk["user_id"]]
             return {"seq": chunk["seq"], "states": {c["seq"]: c["state"] for c in mine}}
         if "item_id" in body:
-            user = db.questions.documents[body["item_id"]]["user_id"]
-            mine = [c for c in db.add_chunks.documents.values() if c["user_id"] == user]
-            marker = db.question_releases.documents.get(f"{JOB}/{user}")
+            user = stores.plans.questions[body["item_id"]]["user_id"]
+            mine = [c for c in stores.plans.chunks.values() if c["user_id"] == user]
+            marker = stores.plans.releases.get(f"{JOB}/{user}")
             return {"add_states": {c["state"] for c in mine}, "marker": marker}
         return {}
 
@@ -119,7 +119,7 @@ async def rig() -> AsyncIterator[Rig]:
         await scheduler.on_search_done(event)
 
     async with TestNatsBroker(broker):
-        yield Rig(db, broker, scheduler, sent)
+        yield Rig(stores, broker, scheduler, sent)
 
 
 @pytest.fixture(scope="module")
@@ -129,15 +129,15 @@ def plan() -> tuple[list[Document], list[Document]]:
     return [c.stored() for c in chunks], [q.stored() for q in questions]
 
 
-def planned(db: FakeDatabase, plan: tuple[list[Document], list[Document]], state: str) -> None:
+def planned(stores: MemoryStores, plan: tuple[list[Document], list[Document]], state: str) -> None:
     chunks, questions = plan
     # Stored last-seq-first, so a release that took the first pending chunk it finds, rather
     # than the lowest `seq`, would send a user's Adds out of order.
     for chunk in sorted(chunks, key=lambda c: -int(c["seq"])):
-        db.add_chunks.documents[chunk["_id"]] = dict(chunk)
+        stores.plans.chunks[chunk["_id"]] = dict(chunk)
     for question in questions:
-        db.questions.documents[question["_id"]] = dict(question)
-    db.jobs.documents[JOB] = {
+        stores.plans.questions[question["_id"]] = dict(question)
+    stores.jobs.jobs[JOB] = {
         "_id": JOB,
         **SUBMITTED,
         "state": state,
@@ -156,7 +156,7 @@ async def test_adds_go_out_one_per_user_in_seq_order_then_that_users_questions(
     rig: Rig, plan: tuple[list[Document], list[Document]]
 ) -> None:
     chunks, questions = plan
-    planned(rig.db, plan, "running")
+    planned(rig.stores, plan, "running")
     await rig.scheduler.release(JOB)
     assert {s.body["request_id"] for s in rig.on(subjects.WORK_ADD)} == first_chunks(chunks)
     assert not rig.on(subjects.WORK_SEARCH)
@@ -170,7 +170,7 @@ async def test_adds_go_out_one_per_user_in_seq_order_then_that_users_questions(
         if s.body["request_id"] not in confirmed
     ]:
         request_id = pending[0]
-        rig.db.add_chunks.documents[request_id]["state"] = "done"
+        rig.stores.plans.chunks[request_id]["state"] = "done"
         confirmed.append(request_id)
         event = AddDone(job_id=JOB, request_id=request_id, outcome="done")
         await publish(
@@ -193,10 +193,10 @@ async def test_adds_go_out_one_per_user_in_seq_order_then_that_users_questions(
         assert search.seen == {"add_states": {"done"}, "marker": None}
         assert (
             search.body["search_body"]
-            == rig.db.questions.documents[search.body["item_id"]]["search_body"].decode()
+            == rig.stores.plans.questions[search.body["item_id"]]["search_body"].decode()
         )
     users = {c["user_id"] for c in chunks}
-    assert set(rig.db.question_releases.documents) == {f"{JOB}/{user}" for user in users}
+    assert set(rig.stores.plans.releases) == {f"{JOB}/{user}" for user in users}
 
     # A redelivered AddDone and the reconciliation's release send nothing again.
     before = len(rig.sent)
@@ -210,10 +210,10 @@ async def test_users_progress_independently(
     rig: Rig, plan: tuple[list[Document], list[Document]]
 ) -> None:
     chunks, questions = plan
-    planned(rig.db, plan, "running")
+    planned(rig.stores, plan, "running")
     users = sorted({c["user_id"] for c in chunks})
     ready, failed, *waiting = users
-    for chunk in rig.db.add_chunks.documents.values():
+    for chunk in rig.stores.plans.chunks.values():
         if chunk["user_id"] == ready:
             chunk["state"] = "done"
         elif chunk["user_id"] == failed and chunk["seq"] == 1:
@@ -221,7 +221,7 @@ async def test_users_progress_independently(
 
     await rig.scheduler.release(JOB)
     searched = {
-        rig.db.questions.documents[s.body["item_id"]]["user_id"]
+        rig.stores.plans.questions[s.body["item_id"]]["user_id"]
         for s in rig.sent
         if "item_id" in s.body
     }
@@ -237,7 +237,7 @@ async def test_users_progress_independently(
 async def test_a_repeated_release_reuses_each_message_id(
     rig: Rig, plan: tuple[list[Document], list[Document]]
 ) -> None:
-    planned(rig.db, plan, "running")
+    planned(rig.stores, plan, "running")
     await rig.scheduler.release(JOB)
     await rig.scheduler.release(JOB)
     adds = rig.on(subjects.WORK_ADD)
@@ -250,14 +250,14 @@ async def test_a_released_users_questions_are_not_sent_again(
     rig: Rig, plan: tuple[list[Document], list[Document]]
 ) -> None:
     chunks, _ = plan
-    planned(rig.db, plan, "running")
-    for chunk in rig.db.add_chunks.documents.values():
+    planned(rig.stores, plan, "running")
+    for chunk in rig.stores.plans.chunks.values():
         chunk["state"] = "done"
     released = sorted({c["user_id"] for c in chunks})[0]
-    rig.db.question_releases.documents[f"{JOB}/{released}"] = {"_id": f"{JOB}/{released}"}
+    rig.stores.plans.releases[f"{JOB}/{released}"] = {"_id": f"{JOB}/{released}"}
     await rig.scheduler.release(JOB)
     users = {
-        rig.db.questions.documents[s.body["item_id"]]["user_id"]
+        rig.stores.plans.questions[s.body["item_id"]]["user_id"]
         for s in rig.on(subjects.WORK_SEARCH)
     }
     assert users == {c["user_id"] for c in chunks} - {released}
@@ -267,8 +267,8 @@ async def test_the_re_drive_skips_users_it_released_without_a_read(
     rig: Rig, plan: tuple[list[Document], list[Document]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     chunks, _ = plan
-    planned(rig.db, plan, "running")
-    for chunk in rig.db.add_chunks.documents.values():
+    planned(rig.stores, plan, "running")
+    for chunk in rig.stores.plans.chunks.values():
         chunk["state"] = "done"
     await rig.scheduler.release(JOB)
     sent = len(rig.on(subjects.WORK_SEARCH))
@@ -277,8 +277,9 @@ async def test_the_re_drive_skips_users_it_released_without_a_read(
     async def no_read(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("a released user's chunks or marker were read again")
 
-    monkeypatch.setattr(rig.db.add_chunks, "find_one", no_read)
-    monkeypatch.setattr(rig.db.question_releases, "find_one", no_read)
+    # Every read of one chunk, and of a release marker.
+    for read in ("chunk", "chain_chunk", "announced_chunk", "released"):
+        monkeypatch.setattr(rig.stores.plans, read, no_read)
     await rig.scheduler.release(JOB)
     for user in {c["user_id"] for c in chunks}:
         await rig.scheduler.release(JOB, user)
@@ -289,13 +290,13 @@ async def test_the_re_drive_skips_users_it_released_without_a_read(
 async def test_nothing_is_released_for_a_job_that_is_not_running(
     rig: Rig, plan: tuple[list[Document], list[Document]], state: str
 ) -> None:
-    planned(rig.db, plan, state)
+    planned(rig.stores, plan, state)
     await rig.scheduler.release(JOB)
-    for chunk in rig.db.add_chunks.documents.values():
+    for chunk in rig.stores.plans.chunks.values():
         chunk["state"] = "done"
     await rig.scheduler.release(JOB)
     assert rig.sent == []
-    assert rig.db.question_releases.documents == {}
+    assert rig.stores.plans.releases == {}
 
 
 # -- completion -----------------------------------------------------------------------------
@@ -303,10 +304,10 @@ async def test_nothing_is_released_for_a_job_that_is_not_running(
 QUESTIONS = 3
 
 
-def finishing_job(db: FakeDatabase, final: int, state: str = "running") -> None:
+def finishing_job(stores: MemoryStores, final: int, state: str = "running") -> None:
     """A planned job of two Adds and `QUESTIONS` questions, `final` of them scored, with its
     counters as the stage workers leave them."""
-    db.jobs.documents[JOB] = {
+    stores.jobs.jobs[JOB] = {
         "_id": JOB,
         **SUBMITTED,
         "state": state,
@@ -316,14 +317,14 @@ def finishing_job(db: FakeDatabase, final: int, state: str = "running") -> None:
         "progress": {"add": {"done": 2}, "questions_final": final, "events": 2 + 3 * final},
     }
     if final:
-        db.jobs.documents[JOB]["progress"] |= {
+        stores.jobs.jobs[JOB]["progress"] |= {
             s: {"done": final} for s in ("search", "answer", "score")
         }
     for i in range(2):
-        db.add_chunks.documents[f"a{i}"] = {"_id": f"a{i}", "job_id": JOB, "state": "done"}
+        stores.plans.chunks[f"a{i}"] = {"_id": f"a{i}", "job_id": JOB, "state": "done"}
     for i in range(QUESTIONS):
         item = f"{JOB}/synthetic/q{i}"
-        db.questions.documents[item] = {
+        stores.plans.questions[item] = {
             "_id": item,
             "job_id": JOB,
             "dataset_id": "synthetic",
@@ -331,13 +332,13 @@ def finishing_job(db: FakeDatabase, final: int, state: str = "running") -> None:
             "question_id": f"q{i}",
         }
         if i < final:
-            score(db, item)
+            score(stores, item)
 
 
-def score(db: FakeDatabase, item: str) -> None:
-    for collection in ("searches", "answers"):
-        db[collection].documents[item] = {"_id": item, "job_id": JOB, "state": "done"}
-    db.scores.documents[item] = {
+def score(stores: MemoryStores, item: str) -> None:
+    for records in (stores.records.searches, stores.records.answers):
+        records[item] = {"_id": item, "job_id": JOB, "state": "done"}
+    stores.records.scores[item] = {
         "_id": item,
         "job_id": JOB,
         "state": "done",
@@ -358,20 +359,20 @@ async def question_done(rig: Rig, item: str) -> None:
 
 
 async def test_a_job_completes_only_when_every_question_is_final(rig: Rig) -> None:
-    finishing_job(rig.db, final=QUESTIONS - 1)
+    finishing_job(rig.stores, final=QUESTIONS - 1)
     await question_done(rig, f"{JOB}/synthetic/q1")
-    job = rig.db.jobs.documents[JOB]
+    job = rig.stores.jobs.jobs[JOB]
     assert job["state"] == "running" and "results" not in job
     assert rig.on(subjects.JOB_FINISHED) == []
 
     # The last score is stored and counted by its writer, which announces it.
-    score(rig.db, f"{JOB}/synthetic/q2")
-    progress = rig.db.jobs.documents[JOB]["progress"]
+    score(rig.stores, f"{JOB}/synthetic/q2")
+    progress = rig.stores.jobs.jobs[JOB]["progress"]
     for stage in ("search", "answer", "score"):
         progress[stage]["done"] += 1
     progress["questions_final"] += 1
     await question_done(rig, f"{JOB}/synthetic/q2")
-    job = rig.db.jobs.documents[JOB]
+    job = rig.stores.jobs.jobs[JOB]
     assert job["state"] == "completed"
     assert job["results"]["overall"]["judge_accuracy"] == 1.0
     assert job["results"]["datasets"]["synthetic"]["categories"]["facts"]["questions"] == QUESTIONS
@@ -382,37 +383,37 @@ async def test_a_job_completes_only_when_every_question_is_final(rig: Rig) -> No
 
 @pytest.mark.parametrize("state", ["failed", "completed", "queued"])
 async def test_a_job_no_longer_running_is_left_alone(rig: Rig, state: str) -> None:
-    finishing_job(rig.db, final=QUESTIONS, state=state)
-    before = copy.deepcopy(rig.db.jobs.documents[JOB])
+    finishing_job(rig.stores, final=QUESTIONS, state=state)
+    before = copy.deepcopy(rig.stores.jobs.jobs[JOB])
     await question_done(rig, f"{JOB}/synthetic/q0")
     await rig.scheduler.complete_if_done(JOB)
-    assert rig.db.jobs.documents[JOB] == before
+    assert rig.stores.jobs.jobs[JOB] == before
     assert rig.sent == []
 
 
 async def test_completion_is_stored_and_announced_once(rig: Rig) -> None:
-    finishing_job(rig.db, final=QUESTIONS)
+    finishing_job(rig.stores, final=QUESTIONS)
     # Two replicas (or the event and the reconciliation) at once: both find the job running.
     await asyncio.gather(rig.scheduler.complete_if_done(JOB), rig.scheduler.complete_if_done(JOB))
-    stored = dict(rig.db.jobs.documents[JOB])
+    stored = dict(rig.stores.jobs.jobs[JOB])
     assert stored["state"] == "completed"
     # ... and a redelivered event afterwards.
     await question_done(rig, f"{JOB}/synthetic/q2")
-    assert rig.db.jobs.documents[JOB]["finished_at"] == stored["finished_at"]
+    assert rig.stores.jobs.jobs[JOB]["finished_at"] == stored["finished_at"]
     assert len(rig.on(subjects.JOB_FINISHED)) == 1
 
 
 async def test_a_completion_records_the_questions_the_platform_failed(rig: Rig) -> None:
     """The answer model was down for one question: the job completes with its results, and
     records the platform's failure, so the run is shown as not publishable and not charged."""
-    finishing_job(rig.db, final=QUESTIONS - 1)
+    finishing_job(rig.stores, final=QUESTIONS - 1)
     down = f"{JOB}/synthetic/q2"
-    rig.db.searches.documents[down] = {"_id": down, "job_id": JOB, "state": "done"}
-    rig.db.answers.documents[down] = {"_id": down, "job_id": JOB, "state": "failed",
+    rig.stores.records.searches[down] = {"_id": down, "job_id": JOB, "state": "done"}
+    rig.stores.records.answers[down] = {"_id": down, "job_id": JOB, "state": "failed",
         "failure_kind": "platform_error", "failure": "the answer model did not answer"}  # fmt: skip
-    rig.db.jobs.documents[JOB]["progress"]["questions_final"] += 1
+    rig.stores.jobs.jobs[JOB]["progress"]["questions_final"] += 1
     await rig.scheduler.complete_if_done(JOB)
-    job = rig.db.jobs.documents[JOB]
+    job = rig.stores.jobs.jobs[JOB]
     assert job["state"] == "completed"
     assert job["results"]["overall"]["failures"] == {"platform_error": 1}
     assert job["platform_failures"] == 1
@@ -420,9 +421,9 @@ async def test_a_completion_records_the_questions_the_platform_failed(rig: Rig) 
 
 
 async def test_a_clean_completion_records_no_platform_failure(rig: Rig) -> None:
-    finishing_job(rig.db, final=QUESTIONS)
+    finishing_job(rig.stores, final=QUESTIONS)
     await rig.scheduler.complete_if_done(JOB)
-    job = rig.db.jobs.documents[JOB]
+    job = rig.stores.jobs.jobs[JOB]
     assert job["state"] == "completed" and job["platform_failures"] == 0
     assert "platform_failure_reason" not in job
 
@@ -468,7 +469,7 @@ async def _drive(rig: Rig, events: list[tuple[str, str]], fail: set[str]) -> Non
         if "request_id" in sent.body:
             request_id = sent.body["request_id"]
             events.append(("add", request_id))
-            rig.db.add_chunks.documents[request_id]["state"] = "done"
+            rig.stores.plans.chunks[request_id]["state"] = "done"
             event = AddDone(job_id=JOB, request_id=request_id, outcome="done")
             await publish(
                 TestBrokerBus(rig.broker), subjects.ADD_DONE, event, f"add-done:{request_id}"
@@ -477,9 +478,9 @@ async def _drive(rig: Rig, events: list[tuple[str, str]], fail: set[str]) -> Non
         item_id = sent.body["item_id"]
         events.append(("search", item_id))
         state = "failed" if item_id in fail else "done"
-        rig.db.searches.documents[item_id] = {"_id": item_id, "job_id": JOB, "state": state}
+        rig.stores.records.searches[item_id] = {"_id": item_id, "job_id": JOB, "state": state}
         if sent.body["holds_add"]:
-            user = rig.db.questions.documents[item_id]["user_id"]
+            user = rig.stores.plans.questions[item_id]["user_id"]
             done = SearchDone(job_id=JOB, item_id=item_id, user_id=user)
             await publish(
                 TestBrokerBus(rig.broker), subjects.SEARCH_DONE, done, f"search-done:{item_id}"
@@ -496,7 +497,7 @@ async def test_a_question_is_searched_at_each_point_before_any_later_add(
     rig: Rig, streaming_plan: tuple[list[Document], list[Document]], fail: set[str]
 ) -> None:
     chunks, questions = streaming_plan
-    planned(rig.db, streaming_plan, "running")
+    planned(rig.stores, streaming_plan, "running")
     await rig.scheduler.release(JOB)
     # str-2's question at point 0 goes out before its first Add, which is held back.
     first = {s.body.get("request_id") or s.body["item_id"] for s in rig.sent}
@@ -527,7 +528,7 @@ async def test_a_question_is_searched_at_each_point_before_any_later_add(
     held = {s.body["item_id"] for s in rig.on(subjects.WORK_SEARCH) if s.body["holds_add"]}
     assert held == {q["_id"] for q in questions if "holds_add" in q}
     users = {c["user_id"] for c in chunks}
-    assert set(rig.db.question_releases.documents) == {f"{JOB}/{u}" for u in users} | {
+    assert set(rig.stores.plans.releases) == {f"{JOB}/{u}" for u in users} | {
         f"{JOB}/eval:job-1:streaming:str-1@1",
         f"{JOB}/eval:job-1:streaming:str-1@3",
         f"{JOB}/eval:job-1:streaming:str-2@0",
@@ -537,7 +538,7 @@ async def test_a_question_is_searched_at_each_point_before_any_later_add(
     before = len(rig.sent)
     for item_id in held:
         done = SearchDone(
-            job_id=JOB, item_id=item_id, user_id=rig.db.questions.documents[item_id]["user_id"]
+            job_id=JOB, item_id=item_id, user_id=rig.stores.plans.questions[item_id]["user_id"]
         )
         await publish(TestBrokerBus(rig.broker), subjects.SEARCH_DONE, done, f"again:{item_id}")
     await rig.scheduler.release(JOB)
@@ -547,12 +548,12 @@ async def test_a_question_is_searched_at_each_point_before_any_later_add(
 async def test_a_lost_search_announcement_is_made_up_by_the_re_drive(
     rig: Rig, streaming_plan: tuple[list[Document], list[Document]]
 ) -> None:
-    planned(rig.db, streaming_plan, "running")
+    planned(rig.stores, streaming_plan, "running")
     await rig.scheduler.release(JOB)
     held = f"{JOB}/streaming/str-2:q0000@0"
     assert [s.body["item_id"] for s in rig.on(subjects.WORK_SEARCH)] == [held]
     # Searched, but its announcement never arrives; a release finds the search final.
-    rig.db.searches.documents[held] = {"_id": held, "job_id": JOB, "state": "done"}
+    rig.stores.records.searches[held] = {"_id": held, "job_id": JOB, "state": "done"}
     await rig.scheduler.release(JOB)
     assert "eval:job-1:streaming:str-2:chunk-1" in {
         s.body["request_id"] for s in rig.on(subjects.WORK_ADD)
@@ -564,7 +565,7 @@ async def test_a_lost_search_announcement_is_made_up_by_the_re_drive(
 async def test_an_add_stays_held_while_a_search_before_it_is_open(
     rig: Rig, streaming_plan: tuple[list[Document], list[Document]]
 ) -> None:
-    planned(rig.db, streaming_plan, "running")
+    planned(rig.stores, streaming_plan, "running")
     await rig.scheduler.release(JOB)
     for _ in range(3):
         await rig.scheduler.release(JOB)
@@ -583,12 +584,12 @@ async def test_users_write_in_a_window_longest_first_and_questions_flow_early(
     dataset = load_dataset("locomo", datasets_root)
     chunks = [c.stored() for c in plan_chunks(JOB, dataset)]
     questions = [q.stored() for q in plan_questions(JOB, dataset, top_k=10)]
-    planned(rig.db, (chunks, questions), "running")
-    rig.db.versions.documents[VERSION] = {
+    planned(rig.stores, (chunks, questions), "running")
+    rig.stores.accounts.versions[VERSION] = {
         "_id": VERSION, "capacity": {"max_concurrency": 2, "max_rps": 10.0}
     }  # fmt: skip
     order = add_order(c["user_id"] for c in chunks)
-    rig.db.jobs.documents[JOB]["users"] = order
+    rig.stores.jobs.jobs[JOB]["users"] = order
     await rig.scheduler.release(JOB)
     assert [s.body["request_id"] for s in rig.on(subjects.WORK_ADD)] == [
         user_chunk_id(user, 1) for user in order[:3]
@@ -605,7 +606,7 @@ async def test_users_write_in_a_window_longest_first_and_questions_flow_early(
     ]:
         writing_at_most = max(writing_at_most, len(pending))
         request_id = pending[0]
-        rig.db.add_chunks.documents[request_id]["state"] = "done"
+        rig.stores.plans.chunks[request_id]["state"] = "done"
         confirmed.add(request_id)
         if first_question_at is None and rig.on(subjects.WORK_SEARCH):
             first_question_at = len(confirmed)
@@ -624,7 +625,7 @@ async def test_users_write_in_a_window_longest_first_and_questions_flow_early(
     # written at most (the window's three longest conversations: 137 of 399; all ten users at
     # once, the first would wait for some 300).
     finished = [
-        rig.db.questions.documents[s.body["item_id"]]["user_id"]
+        rig.stores.plans.questions[s.body["item_id"]]["user_id"]
         for s in rig.on(subjects.WORK_SEARCH)
     ]
     assert list(dict.fromkeys(finished))[:3] == sorted(order[:3], key=order.index)

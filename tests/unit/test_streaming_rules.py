@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from fakes import FakeDatabase, TestBrokerBus
+from fake_stores import memory_stores
+from fakes import TestBrokerBus
 from faststream.nats import JStream, NatsBroker, NatsMessage, TestNatsBroker
 
 from aml_contract import subjects
@@ -21,7 +22,6 @@ from aml_evaluation.chunker import cut_at_points, plan_adds
 from aml_evaluation.datasets import Dataset, parse_locomo
 from aml_pipeline.question_stage import QuestionStageWorker
 from aml_runtime.settings import CommonSettings
-from aml_runtime.stores import Stores
 from aml_scheduler.planning import plan_chunks, plan_questions
 from aml_scheduler.watchdog import diagnose
 
@@ -273,10 +273,10 @@ async def test_the_search_stage_announces_a_held_search_final(holds_add: bool, s
 
 
 async def test_a_job_whose_next_add_waits_for_a_search_is_stuck_at_search() -> None:
-    db = FakeDatabase()
+    stores = memory_stores()
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     held = f"{JOB}/streaming/str-2:q0000@0"
-    db.jobs.documents[JOB] = {
+    stores.jobs.jobs[JOB] = {
         "_id": JOB, "state": "running", "planned": True, "started_at": t0, "created_at": t0,
         "totals": {"add": 2, "questions": 3}, "progress": {"add": {"done": 1}},
     }  # fmt: skip
@@ -285,20 +285,20 @@ async def test_a_job_whose_next_add_waits_for_a_search_is_stuck_at_search() -> N
         chunk = {"_id": f"{user}:{seq}", "job_id": JOB, "user_id": user, "seq": seq, "state": state}
         if searched_before:
             chunk["searched_before"] = searched_before
-        db.add_chunks.documents[chunk["_id"]] = chunk
-    db.calls.documents["c1"] = {
+        stores.plans.chunks[f"{user}:{seq}"] = chunk
+    stores.audit.calls["c1"] = {
         "_id": "c1", "job_id": JOB, "stage": "search", "operation": "search", "attempt": 1,
         "started_at": t0 + timedelta(seconds=5), "outcome": "retry", "status": 503,
     }  # fmt: skip
     later = t0 + timedelta(seconds=1000)
 
-    stall = await diagnose(Stores.over(db.typed()), db.jobs.documents[JOB], later, 600)
+    stall = await diagnose(stores.typed(), stores.jobs.jobs[JOB], later, 600)
     assert stall is not None
     assert (stall.stage, stall.cause) == ("search", "participant")
     assert "1 of 2 Add requests final, held back by 1 searches not final" in stall.reason
     assert "last call search attempt 1 failed: 503" in stall.reason
 
     # Its search is final: the Adds themselves are what is stuck.
-    db.searches.documents[held] = {"_id": held, "job_id": JOB, "state": "done"}
-    stall = await diagnose(Stores.over(db.typed()), db.jobs.documents[JOB], later, 600)
+    stores.records.searches[held] = {"_id": held, "job_id": JOB, "state": "done"}
+    stall = await diagnose(stores.typed(), stores.jobs.jobs[JOB], later, 600)
     assert stall is not None and stall.stage == "add"
