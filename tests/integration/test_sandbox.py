@@ -129,7 +129,7 @@ def test_a_command_sees_only_its_repository(
         '  test -e "$p" && echo "VISIBLE $p"; done; '
         "env | sort; echo uid=$(id -u); ls -A /tmp; "
         "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c AML_ ; "
-        "echo written > /repo/new.txt && echo more >> /repo/calc/core.py && echo wrote"
+        "echo written > /testbed/new.txt && echo more >> /testbed/calc/core.py && echo wrote"
     )
     result = sandbox.run(probe)
     assert "VISIBLE" not in result.output
@@ -151,13 +151,13 @@ def test_rm_rf_everything_damages_only_the_working_copy(sandbox: Sandbox, tmp_pa
     canary = tmp_path / "canary"
     canary.write_text("alive")
     first = sandbox.run("rm -rf / --no-preserve-root; echo status=$?")
-    second = sandbox.run("rm -rf ~ /repo/.. ; echo status=$?")
+    second = sandbox.run("rm -rf ~ /testbed/.. ; echo status=$?")
     assert "status=" in first.output and "status=" in second.output
     assert canary.read_text() == "alive"
     assert (sandbox.pristine / "calc/core.py").read_text() == CALC
     assert Path(sys.executable).exists() and Path("/usr/bin/python3").exists()
     assert (sandbox.root / "etc" / "passwd").exists()
-    after = sandbox.run("python3 -c 'print(6 * 7)'; ls -A /repo | wc -l")
+    after = sandbox.run("python3 -c 'print(6 * 7)'; ls -A /testbed | wc -l")
     assert after.ok and after.output.split() == ["42", "0"]
 
 
@@ -330,10 +330,10 @@ def test_an_unreadable_archive_is_a_platform_fault(tmp_path: Path) -> None:
 def test_cleanup_removes_what_the_command_locked(snapshot: Path) -> None:
     with Sandbox.from_archive(snapshot) as sandbox:
         locked = sandbox.run(
-            "mkdir -p deep/er && touch deep/er/f && chmod 000 deep/er/f deep/er deep calc /repo"
+            "mkdir -p deep/er && touch deep/er/f && chmod 000 deep/er/f deep/er deep calc /testbed"
         )
         assert locked.ok, locked.output
-        assert sandbox.run("ls /repo").exit_code != 0
+        assert sandbox.run("ls /testbed").exit_code != 0
         assert sandbox.patch().count("deleted file mode") == 0
         root = sandbox.root
     assert not root.exists()

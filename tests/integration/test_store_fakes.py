@@ -851,6 +851,44 @@ async def test_retention_empties_the_bodies_of_its_job_only(world: World) -> Non
         }
 
 
+async def test_retention_empties_a_coding_attempts_bodies(world: World) -> None:
+    """A coding attempt's answer is its patch and its answer record also holds the agent's
+    trajectory, its score the test log: all bodies (R-7.5), emptied; what they say stays."""
+    records = world.stores.records
+    job_id, other_job = fresh("job"), fresh("job")
+    answer = {
+        "state": "done",
+        "answer": "diff --git a/x b/x",
+        "end_reason": "submitted",
+        "trajectory": [{"role": "user", "content": "memories"}],
+        "steps": 3,
+    }
+    score = {
+        "state": "done",
+        "resolved": True,
+        "test_log": "Ran 3 tests\nOK",
+        "judge_replies": [],
+        "report": {"FAIL_TO_PASS": {"success": ["t"], "failure": []}},
+    }
+    ids = {job: fresh("q") for job in (job_id, other_job)}
+    for job, item in ids.items():
+        await world.seed("answers", {"_id": item, "job_id": job, **answer})
+        await world.seed("scores", {"_id": item, "job_id": job, **score})
+
+    for _ in range(2):  # repeatable
+        await records.purge_bodies(job_id)
+
+    mine, theirs = ids[job_id], ids[other_job]
+    assert await world.stored("answers", mine) == {
+        "_id": mine, "job_id": job_id, **answer, "answer": None, "trajectory": [],
+    }  # fmt: skip
+    assert await world.stored("scores", mine) == {
+        "_id": mine, "job_id": job_id, **score, "test_log": None,
+    }  # fmt: skip
+    assert await world.stored("answers", theirs) == {"_id": theirs, "job_id": other_job, **answer}
+    assert await world.stored("scores", theirs) == {"_id": theirs, "job_id": other_job, **score}
+
+
 # -- the question stages' records ------------------------------------------------------------------
 
 _COLLECTION = {"search": "searches", "answer": "answers", "score": "scores"}

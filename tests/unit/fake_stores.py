@@ -703,14 +703,17 @@ class MemoryStageRecordStore(_MemoryStore):
 
     async def purge_bodies(self, job_id: str) -> None:
         await _round_trip()
-        emptied: tuple[tuple[dict[str, Document], Document], ...] = (
-            (self.searches, {"candidates": []}),
-            (self.answers, {"answer": None}),
-            (self.scores, {"judge_replies": []}),
+        # (records, the field a record must hold to be emptied, the fields emptied)
+        emptied: tuple[tuple[dict[str, Document], str | None, Document], ...] = (
+            (self.searches, None, {"candidates": []}),
+            (self.answers, None, {"answer": None}),
+            (self.answers, "trajectory", {"trajectory": []}),
+            (self.scores, None, {"judge_replies": []}),
+            (self.scores, "test_log", {"test_log": None}),
         )
-        for records, fields in emptied:
+        for records, holding, fields in emptied:
             for record in records.values():
-                if record.get("job_id") == job_id:
+                if record.get("job_id") == job_id and (holding is None or holding in record):
                     _set(record, fields)
 
 

@@ -110,7 +110,14 @@ def test_an_added_locomo_file_is_registered_listed_and_loadable(
     assert manifest_path("synthetic", root).parent == MANIFESTS_DIR
 
     found = listed(root, capsys)
-    assert list(found) == ["locomo", "locomo_refined", "synthetic", "synthetic_multimodal", "mine"]
+    assert list(found) == [
+        "locomo",
+        "locomo_refined",
+        "synthetic-coding",
+        "synthetic",
+        "synthetic_multimodal",
+        "mine",
+    ]
     mine = found["mine"]
     assert (mine["source"], mine["files"], mine["track"], mine["format"]) == (
         "operator",
@@ -263,6 +270,7 @@ def test_the_registry_lists_shipped_then_operator_and_names_unreadable_ones(
     assert found == [
         ("locomo", "shipped"),
         ("locomo_refined", "shipped"),
+        ("synthetic-coding", "shipped"),
         ("synthetic", "shipped"),
         ("synthetic_multimodal", "shipped"),
         ("a", "operator"),

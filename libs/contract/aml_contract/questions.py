@@ -32,3 +32,12 @@ class PlannedQuestion(BaseModel):
     # model, read from the question's planned Search body).
     scorer: str | None = None
     question_images: int | None = None
+    # Set only for a coding dataset's attempts: the task attempted (the solve and verify
+    # stages read its repository snapshot and hidden tests from the registered bundle by it) and
+    # the task's type as the dataset declares it ("debug", "development").
+    coding_task: str | None = None
+    task_type: str | None = None
+    # Set only when the dataset declares its own Search top_k (the coding track's 100, R-2.5):
+    # the top_k of the question's planned Search body, which the search stage holds the answer
+    # to in place of the job's.
+    top_k: int | None = None

@@ -50,9 +50,11 @@ from aml_evaluation.registry import (
     open_dataset,
     registered,
 )
-from aml_evaluation.scoring import BLEU_VERSION, F1_VARIANTS
+from aml_evaluation.scoring import BLEU_VERSION, CODING_SCORER, F1_VARIANTS
+from aml_pipeline.coding_track import registered_tasks, verify_limits
 from aml_pipeline.evaluation_spec import build_evaluation_spec
 from aml_pipeline.llm import complete, make_llm_client
+from aml_pipeline.sandbox import SandboxUnavailable, require_sandbox
 from aml_runtime.settings import EvaluationSettings, LLMSettings
 
 DEFAULT_DATASETS_ROOT = Path(__file__).resolve().parents[4] / "shared" / "datasets"
@@ -330,6 +332,20 @@ async def _rescore(args: argparse.Namespace) -> int:
     # job scores it, even when --judge asks for one.
     ask_judge = args.judge and rescore.judge_asked(dataset)
     settings = LLMSettings() if ask_judge else EvaluationSettings()
+    # A coding dataset's predictions are patches, verified in the sandbox (no LLM).
+    coding = dataset.scorer == CODING_SCORER
+    verify_attempt = None
+    if coding:
+        try:
+            require_sandbox()
+        except SandboxUnavailable as unavailable:
+            print(f"aml rescore: {unavailable}", file=sys.stderr)
+            return 2
+        verify_attempt = rescore.sandbox_verifier(
+            dataset.dataset_id,
+            registered_tasks(args.datasets_root),
+            verify_limits(settings.coding_test_timeout_seconds),
+        )
     llm = None
     try:
         predictions = rescore.read_predictions(args.predictions, known)
@@ -361,7 +377,9 @@ async def _rescore(args: argparse.Namespace) -> int:
                 prompt=f"{prompt.name}@{prompt.sha256}",
                 abstention_prompt=f"{abstention.name}@{abstention.sha256}",
             )
-        rows = await rescore.score_questions(dataset, predictions, labels, judge, variant)
+        rows = await rescore.score_questions(
+            dataset, predictions, labels, judge, variant, verify_attempt
+        )
     except (rescore.RescoreInputError, OSError) as exc:
         print(f"aml rescore: {exc}", file=sys.stderr)
         return 2
@@ -370,7 +388,7 @@ async def _rescore(args: argparse.Namespace) -> int:
             await llm.close()
     results = rescore.results_of(dataset, rows, variant, manifest=manifest)
     bundle = bundle_hash(manifest)
-    spec_hash = build_evaluation_spec(settings).content_hash
+    spec_hash = build_evaluation_spec(settings, coding=coding).content_hash
     origin = rescore.provenance(dataset, bundle, spec_hash, args.predictions, variant, source)
     print(f"dataset {dataset.dataset_id} bundle {bundle}; evaluation spec {origin.spec_hash}")
     judged_by = {

@@ -4,6 +4,7 @@ every dataset.
     aml dataset add PATH [PATH ...] --format locomo|longmemeval|personamem|mem-gallery --id ID
                     [--track T] [--scorer S] [--version V] [--f1-variant F]
                     [--exclude-from-overall N ...] [--images DIR] [--replace]
+    aml dataset add DIR --format coding --id ID [--version V] [--replace]
     aml dataset list [--json]
 
 `add` takes the dataset's data files: one file, or every file of a bundle that spans several
@@ -23,10 +24,20 @@ them. The same manifest again is a no-op; different content under
 a registered id needs `--replace`; a shipped id is refused. Licensed benchmark files are never
 shipped with AML: the manifest pins them by sha256 and every load checks it.
 
+A coding bundle (`--format coding`) is named by its directory under the datasets root (its
+`tasks.jsonl`, `trajectories.jsonl`, `conditions.json` and the snapshots its tasks name; see
+docs/evaluation.md, "Coding track"). Besides the static checks (the files parse, ids, conditions,
+no trajectory dated after its task, snapshots present, pinned and safe) every task is run in the
+bubblewrap sandbox: with no patch it must be unresolved and with its gold patch resolved
+(`aml_devtools.coding_registration`); a task failing either is refused with its reason. Without
+bwrap the command refuses with the sandbox's one line. Track, scorer and Search top_k are the
+coding track's (`coding`, `swe_resolved`, 100).
+
 `list` shows every dataset, shipped and operator-registered: id, track, format, scorer,
 categories with question counts, source, and whether its files are present and verified under the
 datasets root. A registered dataset runs once its id is in AML_SMOKE_DATASETS or AML_FULL_SUITE.
-Exit codes: 0 done, 2 refused (nothing written) or a manifest is unreadable.
+Exit codes: 0 done, 2 refused (nothing written) or a manifest is unreadable, 1 the sandbox failed
+while checking a coding bundle (nothing written).
 """
 
 from __future__ import annotations
@@ -37,9 +48,10 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO, get_args
+from typing import Any, Final, TextIO, get_args
 
 from aml_contract.api.vocabulary import Track
+from aml_devtools.coding_registration import register_coding_bundle
 from aml_devtools.tables import render_table
 from aml_evaluation import media
 from aml_evaluation.registration import RegistrationError, register_dataset
@@ -55,8 +67,18 @@ from aml_evaluation.registry import (
     unreadable_manifests,
 )
 from aml_evaluation.scoring import F1_VARIANTS
+from aml_pipeline.sandbox import SandboxFault, SandboxUnavailable
 
-OK, REFUSED = 0, 2
+OK, FAILED, REFUSED = 0, 1, 2
+# Options of `add` a coding bundle does not take: its track, scorer and categories are the
+# coding track's, and it has no images.
+_NOT_FOR_CODING: Final = {
+    "track": "--track",
+    "scorer": "--scorer",
+    "f1_variant": "--f1-variant",
+    "exclude_from_overall": "--exclude-from-overall",
+    "images": "--images",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser, default_root: Path) -> None:
@@ -75,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser, default_root: Path) -> None:
         nargs="+",
         metavar="PATH",
         help="the data file, or every file of the bundle (personamem: the questions .csv and "
-        "the shared contexts .jsonl), inside the datasets root",
+        "the shared contexts .jsonl; coding: the bundle's directory), inside the datasets root",
     )
     add.add_argument("--format", required=True, choices=FORMATS, dest="format_name")
     add.add_argument("--id", required=True, dest="dataset_id", help="e.g. longmemeval_s")
@@ -116,6 +138,8 @@ def main_from_args(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 
 def _add(args: argparse.Namespace, out: TextIO) -> int:
+    if args.format_name == "coding":
+        return _add_coding(args, out)
     options: dict[str, Any] = {}
     if args.f1_variant is not None:
         options["f1_variant"] = args.f1_variant
@@ -146,6 +170,44 @@ def _add(args: argparse.Namespace, out: TextIO) -> int:
         + (f"{images} images pinned under {manifest.image_dir}\n" if images else "")
         + _fitted_line(done.fitted)
         + f"bundle {bundle_hash(manifest)}\n"
+        f"runs once {manifest.dataset_id} is in AML_SMOKE_DATASETS or AML_FULL_SUITE",
+        file=out,
+    )
+    return OK
+
+
+def _add_coding(args: argparse.Namespace, out: TextIO) -> int:
+    given = [option for name, option in _NOT_FOR_CODING.items() if getattr(args, name) is not None]
+    if given or len(args.paths) != 1:
+        why = f"{', '.join(given)} do not apply" if given else "name the bundle's directory, once"
+        print(f"aml dataset add: a coding bundle: {why}", file=sys.stderr)
+        return REFUSED
+    try:
+        done = register_coding_bundle(
+            args.paths[0],
+            args.dataset_id,
+            args.datasets_root,
+            version=args.version,
+            replace=args.replace,
+        )
+    except SandboxUnavailable as exc:
+        print(f"aml dataset add: {exc}", file=sys.stderr)
+        return REFUSED
+    except SandboxFault as exc:
+        print(f"aml dataset add: the sandbox failed, nothing written: {exc}", file=sys.stderr)
+        return FAILED
+    except (RegistrationError, OSError) as exc:
+        print(f"aml dataset add: {exc}", file=sys.stderr)
+        return REFUSED
+    manifest = done.manifest
+    counts = manifest.question_counts or {}
+    tasks = counts.get(1, 0)
+    print(
+        f"{done.outcome} {manifest.dataset_id} ({manifest.format}, {manifest.track}, {tasks} "
+        f"tasks, {sum(counts.values())} attempts): {done.path}\n"
+        + "".join(f"file {entry.path} sha256 {entry.sha256}\n" for entry in done.data_files)
+        + f"every task checked in the sandbox: unresolved with no patch, resolved with its gold "
+        f"patch\nbundle {bundle_hash(manifest)}\n"
         f"runs once {manifest.dataset_id} is in AML_SMOKE_DATASETS or AML_FULL_SUITE",
         file=out,
     )

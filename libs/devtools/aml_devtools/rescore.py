@@ -32,6 +32,13 @@ keeps its F1 and BLEU-1 and is counted as unjudged (not correct, not wrong, not 
 null is a judge failure. A question without a prediction is counted as failed (`no_prediction`),
 never as wrong.
 
+A coding dataset's attempts (scorer `swe_resolved`) are regraded from their patches, each
+prediction's `answer` being the attempt's patch (a job's answer documents hold them so): verified
+in a fresh sandbox against the task's hidden tests and graded as the scorer service does
+(`aml_pipeline.coding_track.verify`, `sandbox_verifier`), without any LLM. An attempt the
+platform could not verify (a sandbox fault, a task's files unavailable, hidden tests that do
+not apply) counts as failed (`platform_error`), never as unresolved.
+
 The rows go through the live pipeline's aggregate() with the same outcomes a job with the same
 answers records (a streaming item carries its point's ordinal, so the dataset's results are
 split by point as a job's are), so a rescored results file reports the numbers and headline
@@ -40,6 +47,7 @@ that job would.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import re
@@ -53,6 +61,7 @@ from pydantic import BaseModel, Field
 
 from aml_contract.api.results import JobResults
 from aml_evaluation.aggregate import QuestionOutcome, aggregate
+from aml_evaluation.coding.source import CodingTaskUnavailable
 from aml_evaluation.datasets import Dataset, Question, question_at_point, question_id
 from aml_evaluation.judging import (
     JUDGE_PARSER_VERSION,
@@ -76,10 +85,21 @@ from aml_evaluation.scoring import (
     score_choice,
     scoring_method,
 )
+from aml_pipeline.coding_track import (
+    HiddenTestsRejected,
+    OpenTask,
+    OpenWorkspace,
+    Verification,
+    verify,
+)
+from aml_pipeline.sandbox import Sandbox, SandboxFault, SandboxLimits
 
 NO_PREDICTION = "no_prediction"
+PLATFORM_ERROR = "platform_error"
 # Judge one open question: (question, predicted answer) → verdict.
 Judge = Callable[[Question, str], Awaitable[JudgeVerdict]]
+# Verify one coding attempt: (question, patch) → verdict, or None when the platform could not.
+Verify = Callable[[Question, str], Awaitable[Verification | None]]
 # An id written without the zero padding, e.g. "conv-26:q0" for "conv-26:q0000".
 _LOOSE_ID = re.compile(r"(?P<sample>.+):q(?P<index>[0-9]+)")
 # Why a question takes no judge verdict, by how it is scored.
@@ -87,6 +107,7 @@ _NOT_JUDGED: Final[Mapping[ScoringMethod, str]] = MappingProxyType(
     {
         "choice": "a multiple-choice question is scored by the option it names",
         "f1_alone": "the dataset is scored by token F1 alone",
+        "resolved": "a coding attempt is scored by its task's hidden tests",
     }
 )
 
@@ -141,6 +162,10 @@ class QuestionRow(BaseModel):
     f1: float | None = None
     bleu1: float | None = None
     choice_correct: bool | None = None
+    # A coding attempt: whether its patch resolved the task, why, and the task's type.
+    resolved: bool | None = None
+    resolution_reason: str | None = None
+    task_type: str | None = None
 
 
 class JudgeSource(BaseModel):
@@ -243,11 +268,14 @@ async def score_questions(
     labels: Mapping[str, list[JudgeLabel | None]] | None,
     judge: Judge | None,
     f1_variant: str | None = None,
+    verify_attempt: Verify | None = None,
 ) -> list[QuestionRow]:
     """One row per item of the dataset (asked_items), in dataset order; `predictions` and
     `labels` are keyed by item. Verdicts of judged questions come from `labels` if given, else
     from `judge` if given, else there are none. `f1_variant` defaults to the dataset's declared
-    one. Raises RescoreInputError for a label of a question no judge grades."""
+    one. A coding attempt's patch is verified by `verify_attempt` (`sandbox_verifier`). Raises
+    RescoreInputError for a label of a question no judge grades, and for a coding dataset
+    without `verify_attempt`."""
     variant = f1_variant or dataset.f1_variant
     rows = []
     for item in asked_items(dataset).values():
@@ -278,6 +306,27 @@ async def score_questions(
         if method == "f1_alone":
             f1 = F1_VARIANTS[variant](answer, question.answer, question.category)
             rows.append(row.model_copy(update={"f1": f1}))
+            continue
+        if method == "resolved":
+            if verify_attempt is None:
+                raise RescoreInputError(
+                    f"{dataset.dataset_id} is a coding dataset: its patches are verified in "
+                    "the sandbox (sandbox_verifier)"
+                )
+            verdict = await verify_attempt(question, answer)
+            coding = {"task_type": question.task_type}
+            if verdict is None:
+                rows.append(row.model_copy(update={"failure": PLATFORM_ERROR, **coding}))
+                continue
+            rows.append(
+                row.model_copy(
+                    update={
+                        "resolved": verdict.resolved,
+                        "resolution_reason": verdict.reason,
+                        **coding,
+                    }
+                )
+            )
             continue
         runs: list[JudgeLabel | None] | None = None
         if labels is not None:
@@ -314,6 +363,8 @@ def outcome_of(row: QuestionRow, multiple_choice: bool) -> QuestionOutcome:
         multiple_choice=multiple_choice,
         choice_correct=row.choice_correct,
         point_index=row.point_index,
+        resolved=row.resolved,
+        task_type=row.task_type,
     )
 
 
@@ -369,6 +420,29 @@ def llm_judge(
         return await judge(lambda: call(text), runs, retries)
 
     return verdict
+
+
+def sandbox_verifier(
+    dataset_id: str,
+    open_task: OpenTask,
+    limits: SandboxLimits,
+    open_workspace: OpenWorkspace = Sandbox.from_archive,
+) -> Verify:
+    """Regrade a coding attempt from its patch, as the scorer service does: the task's files
+    (`coding_track.registered_tasks`), a fresh sandbox, the hidden tests, SWE-bench's grading.
+    What the platform could not verify gives None (the row is a platform failure)."""
+
+    async def verified(question: Question, patch: str) -> Verification | None:
+        try:
+            files = await asyncio.to_thread(open_task, dataset_id, str(question.coding_task))
+            return await asyncio.to_thread(
+                verify, files.task, files.snapshot, patch, limits, open_workspace
+            )
+        except (CodingTaskUnavailable, SandboxFault, HiddenTestsRejected, ValueError):
+            # The task's files, the sandbox, the task's hidden tests or lists: the platform's.
+            return None
+
+    return verified
 
 
 def file_sha256(path: Path) -> str:

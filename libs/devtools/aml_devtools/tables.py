@@ -48,9 +48,16 @@ def render_results(
     (category_numbers), a dataset's categories are listed in their numeric order as
     "<number> <name>". A column MC (option accuracy) is added when a dataset has multiple-choice
     questions; the results' track, when named, heads the table (R-2.1). A streaming dataset's
-    overall is also split by the point where its questions were asked ("(point 1)", ...)."""
+    overall is also split by the point where its questions were asked ("(point 1)", ...). A
+    column Res (the share of resolved attempts) is added for coding attempts, and a coding
+    dataset's overall is split by task type ("(type debug)", ...)."""
     choices = any(
         cell.get("option_questions", 0)
+        for data in results["datasets"].values()
+        for cell in [data["overall"], *data["categories"].values()]
+    )
+    coding = any(
+        cell.get("attempts")
         for data in results["datasets"].values()
         for cell in [data["overall"], *data["categories"].values()]
     )
@@ -64,7 +71,9 @@ def render_results(
     cw = max([16, *(len(label) + 3 for cells in ordered.values() for _, label, _ in cells)])
     header = (
         f"{'dataset':<{dw}}{'category':<{cw}}{'questions':>10}{'scored':>8}{'failed':>8}"
-        f"{'J':>8}{'F1':>8}{'BLEU-1':>8}" + (f"{'MC':>8}" if choices else "")
+        f"{'J':>8}{'F1':>8}{'BLEU-1':>8}"
+        + (f"{'MC':>8}" if choices else "")
+        + (f"{'Res':>8}" if coding else "")
     )
     rows = [header, "-" * len(header)]
     if results.get("track"):
@@ -77,6 +86,8 @@ def render_results(
         figures = [m["judge_accuracy"], m["f1_mean"], m.get("bleu1_mean")]
         if choices:
             figures.append(m.get("option_accuracy"))
+        if coding:
+            figures.append(m.get("resolved_rate"))
         return (
             f"{dataset:<{dw}}{category:<{cw}}{m['questions']:>10}{m['scored']:>8}"
             f"{m['failed']:>8}" + ("".join(f"{percent(value):>8}" for value in figures))
@@ -92,6 +103,8 @@ def render_results(
         points = (data.get("points") or {}).items()
         for ordinal, metrics in sorted(points, key=lambda cell: int(cell[0])):
             rows.append(row(dataset_id, f"(point {ordinal})", metrics))
+        for task_type, metrics in sorted((data.get("task_types") or {}).items()):
+            rows.append(row(dataset_id, f"(type {task_type})", metrics))
     rows.append("-" * len(header))
     rows.append(row("Overall", "", results["overall"]))
     if unjudged:
@@ -103,6 +116,11 @@ def render_results(
         rows.append(
             "MC is option accuracy, over the multiple-choice questions alone (J over the judged "
             "open ones)"
+        )
+    if coding:
+        rows.append(
+            "Res is resolved / attempts over the verified coding attempts (attempts the "
+            "platform failed are counted in failed, never as unresolved)"
         )
     f1_datasets = [
         dataset_id

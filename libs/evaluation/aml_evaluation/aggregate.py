@@ -27,6 +27,13 @@ Rules, in the order they apply:
   point) is one item, counted in its category, the dataset's overall and Overall like any other,
   and the dataset also reports `points`: its overall split by the point's ordinal among its
   question's points ("1", "2", ...). Other datasets have no `points`.
+- A coding attempt (R-2.5) that was verified has a verdict, resolved or not: `attempts`,
+  `resolved` and `resolved_rate` = resolved / attempts (the cell's headline). An attempt the
+  platform failed (LLM outage, sandbox, infrastructure) counts in `failed` under its kind, never
+  as unresolved. The categories are the memory conditions; Overall is over every attempt; a
+  dataset whose attempts carry a task type also reports `task_types`, its overall split by it.
+  Cells without coding attempts have none of these fields, so their results, and fingerprints,
+  are as before.
 """
 
 from __future__ import annotations
@@ -72,6 +79,11 @@ class QuestionOutcome(BaseModel):
     question_id: str | None = None
     # Streaming datasets: the ordinal of the point the item was asked at (1-based).
     point_index: int | None = None
+    # A coding attempt (R-2.5): whether its patch resolved the task (None: not a coding attempt,
+    # or one that failed before it was verified), and its task's type where the dataset
+    # declares one.
+    resolved: bool | None = None
+    task_type: str | None = None
 
     @model_validator(mode="after")
     def _judged_when_a_judge_ran(self) -> QuestionOutcome:
@@ -103,6 +115,8 @@ class _Tally:
     bleu_values: list[float] = field(default_factory=list)
     # Per judge run: [correct, judged].
     runs: list[list[int]] = field(default_factory=list)
+    attempts: int = 0
+    resolved: int = 0
 
     def add(self, outcome: QuestionOutcome) -> None:
         self.questions += 1
@@ -111,6 +125,10 @@ class _Tally:
             self.failures[failure] += 1
             return
         self.scored += 1
+        if outcome.resolved is not None:
+            self.attempts += 1
+            self.resolved += outcome.resolved
+            return
         if outcome.multiple_choice:
             self.options += 1
             self.option_correct += bool(outcome.choice_correct)
@@ -136,6 +154,15 @@ class _Tally:
         correct = self.judge_correct + self.option_correct
         # Unjudged questions have no verdict, so they are outside the accuracy.
         verdicts = self.judged + self.options
+        coding = (
+            {
+                "attempts": self.attempts,
+                "resolved": self.resolved,
+                "resolved_rate": self.resolved / self.attempts,
+            }
+            if self.attempts
+            else {}
+        )
         return Metrics(
             questions=self.questions,
             scored=self.scored,
@@ -148,18 +175,22 @@ class _Tally:
             option_correct=self.option_correct,
             option_questions=self.options,
             option_accuracy=self.option_correct / self.options if self.options else None,
-            headline=_headline(verdicts, self.f1_values),
+            headline=_headline(verdicts, self.f1_values, self.attempts),
             f1_mean=_mean(self.f1_values),
             bleu1_mean=_mean(self.bleu_values),
             judge_runs=max(1, len(self.runs)),
             judge_run_accuracy_mean=_mean(per_run),
             judge_run_accuracy_spread=statistics.pstdev(per_run) if per_run else None,
+            **coding,
         )
 
 
-def _headline(verdicts: int, f1_values: list[float]) -> Headline:
-    """`accuracy` whenever some question has a verdict; `f1_mean` when the scored questions
-    were scored by F1 alone (a `token_f1` dataset such as Mem-Gallery)."""
+def _headline(verdicts: int, f1_values: list[float], attempts: int = 0) -> Headline:
+    """`resolved_rate` for coding attempts (a job is of one track, so a cell never mixes them
+    with questions); else `accuracy` whenever some question has a verdict; `f1_mean` when the
+    scored questions were scored by F1 alone (a `token_f1` dataset such as Mem-Gallery)."""
+    if attempts and not verdicts:
+        return "resolved_rate"
     return "f1_mean" if not verdicts and f1_values else "accuracy"
 
 
@@ -167,6 +198,12 @@ def _point_metrics(points: dict[int, _Tally] | None) -> dict[str, Metrics] | Non
     if not points:
         return None
     return {str(index): points[index].metrics() for index in sorted(points)}
+
+
+def _task_type_metrics(task_types: dict[str, _Tally] | None) -> dict[str, Metrics] | None:
+    if not task_types:
+        return None
+    return {name: task_types[name].metrics() for name in sorted(task_types)}
 
 
 def _mean(values: list[float]) -> float | None:
@@ -185,6 +222,7 @@ def aggregate(
     per_category: dict[str, dict[str, _Tally]] = {}
     per_dataset: dict[str, _Tally] = {}
     per_point: dict[str, dict[int, _Tally]] = {}
+    per_task_type: dict[str, dict[str, _Tally]] = {}
     overall = _Tally()
     for outcome in outcomes:
         categories = per_category.setdefault(outcome.dataset_id, {})
@@ -196,6 +234,9 @@ def aggregate(
         if outcome.point_index is not None:
             points = per_point.setdefault(outcome.dataset_id, {})
             points.setdefault(outcome.point_index, _Tally()).add(outcome)
+        if outcome.task_type is not None:
+            task_types = per_task_type.setdefault(outcome.dataset_id, {})
+            task_types.setdefault(outcome.task_type, _Tally()).add(outcome)
     variants = f1_variants or {}
     datasets = {
         dataset_id: DatasetResults(
@@ -204,6 +245,7 @@ def aggregate(
             categories={name: tally.metrics() for name, tally in sorted(categories.items())},
             excluded_from_overall=sorted(excluded.get(dataset_id, [])),
             points=_point_metrics(per_point.get(dataset_id)),
+            task_types=_task_type_metrics(per_task_type.get(dataset_id)),
             **({"f1_variant": variants[dataset_id]} if dataset_id in variants else {}),
         )
         for dataset_id, categories in sorted(per_category.items())

@@ -50,8 +50,14 @@ chunked exactly as before.
 - A question that shows images is searched with ``query`` = [the question's text part, its
   ``image_url`` parts] (:func:`search_query`); any other query stays the plain string.
 
+**Coding datasets** (a format with its own rule, :attr:`Dataset.chunk_rule`): ``coding-v1``
+(:data:`CODING_CHUNKER_VERSION`, :mod:`aml_evaluation.coding.chunking` states it). A session is
+one trajectory; each turn is sent under its own role (``user``, ``assistant``, ``tool``) with
+its text unchanged and its own time (the session's when undated), and a chunk never splits a
+step (:attr:`Turn.step`): steps are packed whole by :func:`pack_steps`, under the same limits.
+
 ``chunk-v1`` is what the evaluation spec records; jobs over text datasets are unchanged by the
-multimodal rule (:func:`chunker_version` names the rule a dataset's Adds follow).
+multimodal and coding rules (:func:`chunker_version` names the rule a dataset's Adds follow).
 
 **Add requests.** Per conversation, chunks are numbered ``seq`` = 1, 2, ... across its sessions
 in session order; ids come from the contract helpers. The request body is serialised once by
@@ -92,6 +98,7 @@ from aml_evaluation.wordcount import count_words
 
 CHUNKER_VERSION: Final = "chunk-v1"
 MULTIMODAL_CHUNKER_VERSION: Final = "chunk-mm-v1"
+CODING_CHUNKER_VERSION: Final = "coding-v1"
 MULTIMODAL_TRACK: Final = "multimodal"
 MAX_MESSAGES: Final = 20
 MAX_WORDS: Final = 2000
@@ -178,11 +185,54 @@ def chunk_messages(
     return chunks
 
 
+# --- coding (coding-v1) ------------------------------------------------------------------------
+
+
+def pack_steps(
+    steps: Sequence[Sequence[Message]],
+    max_messages: int = MAX_MESSAGES,
+    max_words: int = MAX_WORDS,
+) -> list[list[Message]]:
+    """Steps (runs of messages kept together) packed greedily into chunks, a new one only when
+    the next step would take the current one over a limit; a step over a limit alone is a chunk
+    of its own, never split (``coding-v1``)."""
+    chunks: list[list[Message]] = []
+    current: list[Message] = []
+    words = 0
+    for step in steps:
+        step_words = sum(message_words(message) for message in step)
+        if current and (len(current) + len(step) > max_messages or words + step_words > max_words):
+            chunks.append(current)
+            current, words = [], 0
+        current.extend(step)
+        words += step_words
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def coding_steps(session: Session) -> list[list[Message]]:
+    """A coding session's (one trajectory's) messages grouped by step, in order: each turn under
+    its own role with its text unchanged, at its own time or else the session's. A turn without
+    a step is a step of its own."""
+    steps: list[list[Message]] = []
+    previous: int | None = None
+    for turn in session.turns:
+        timestamp = session.timestamp_ms if turn.timestamp_ms is None else turn.timestamp_ms
+        if not steps or turn.step is None or turn.step != previous:
+            steps.append([])
+        steps[-1].append(Message(role=turn.speaker, content=turn.text, timestamp=timestamp))
+        previous = turn.step
+    return steps
+
+
 # --- multimodal (chunk-mm-v1) -----------------------------------------------------------------
 
 
 def chunker_version(dataset: Dataset) -> str:
     """The chunk rule the dataset's Add requests follow."""
+    if dataset.chunk_rule is not None:
+        return dataset.chunk_rule
     return MULTIMODAL_CHUNKER_VERSION if dataset.track == MULTIMODAL_TRACK else CHUNKER_VERSION
 
 
@@ -330,6 +380,8 @@ def search_query(dataset: Dataset, question: Question) -> Content:
 def _session_chunks(
     dataset: Dataset, conversation: Conversation, session: Session
 ) -> list[list[Message]]:
+    if dataset.chunk_rule == CODING_CHUNKER_VERSION:
+        return pack_steps(coding_steps(session))
     if dataset.track == MULTIMODAL_TRACK:
         return chunk_multimodal_messages(multimodal_messages(dataset, session, conversation))
     messages = conversation_messages(

@@ -36,7 +36,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any, Final, Protocol
+from typing import Any, Final, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
@@ -129,6 +129,11 @@ class Turn(_Frozen):
     # ids of those images, in the same order (Mem-Gallery's visual-search answers name them).
     images: tuple[str, ...] = ()
     image_ids: tuple[str, ...] = ()
+    # Coding datasets (aml_evaluation.coding.dataset): the trajectory step the turn is part of,
+    # which an Add never splits (rule coding-v1), and the turn's own time in Unix ms when the
+    # source dates it (None: the session's).
+    step: int | None = None
+    timestamp_ms: int | None = None
 
 
 class Session(_Frozen):
@@ -186,6 +191,11 @@ class Question(_Frozen):
     # conversation's turns written before it is searched, increasing; the question is searched
     # once at each. Empty: once, after the whole conversation.
     asked_at: tuple[int, ...] = ()
+    # Coding datasets (SPEC ): the task attempted, and its type as the dataset declares it
+    # ("debug", "development"); the planned question carries both to the solve and verify
+    # stages.
+    coding_task: str | None = None
+    task_type: str | None = None
 
     @field_validator("asked_at")
     @classmethod
@@ -218,6 +228,12 @@ class Dataset(_Frozen):
     # The manifest's track (the registry sets it): "multimodal" sends a turn's images to the
     # participant (aml_evaluation.chunker, chunk-mm-v1); otherwise turns are text only.
     track: str = "textual"
+    # A format's own chunk rule, set by its parser (coding: "coding-v1", steps kept whole and
+    # every turn under its own role and time); None: the track's rule (chunk-v1, chunk-mm-v1).
+    chunk_rule: Literal["coding-v1"] | None = None
+    # The Search top_k the manifest declares for the dataset's questions (the coding track's
+    # 100, R-2.5), in place of the job's; None: the job's (the registry sets it).
+    search_top_k: int | None = Field(default=None, ge=1)
     # Multimodal datasets: reference -> the image's bytes, read from the bundle and checked
     # against the manifest's sha256 (Add and Search bodies are built from these). Never dumped.
     image_files: dict[str, bytes] = Field(default_factory=dict, exclude=True, repr=False)

@@ -9,6 +9,11 @@ questions counted per category, become the manifest's. A format with images
 (:data:`IMAGE_FORMATS`) has every image its files reference pinned too. A shipped id is refused;
 the same manifest again is a no-op; different content under a registered id needs ``replace``.
 
+A coding bundle (:func:`register_coding_dataset`) is registered from its directory: its three
+files are pinned like any format's, and before anything is written its snapshots are checked
+(present, pinned by their tasks, safe) and every task is run (``check_tasks``, the sandbox's
+work, given by the caller): no patch must leave it unresolved and its gold patch resolve it.
+
 Only the dataset CLI (:mod:`aml_devtools.dataset_cli`) and tests write manifests; services only
 read them, through :mod:`aml_evaluation.registry`, which never imports this module.
 """
@@ -19,7 +24,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Final, Literal
@@ -27,7 +32,20 @@ from typing import Any, Final, Literal
 from pydantic import ValidationError
 
 from aml_evaluation.chunker import fitted_images
-from aml_evaluation.datasets import DEFAULT_F1_VARIANT, DEFAULT_SCORER, LOCOMO_ADVERSARIAL_CATEGORY
+from aml_evaluation.coding.bundle import (
+    BUNDLE_FILES,
+    CodingBundle,
+    CodingBundleError,
+    snapshot_problems,
+)
+from aml_evaluation.coding.dataset import CODING_TOP_K, CODING_TRACK, coding_bundle_of
+from aml_evaluation.coding.validation import TaskCheck
+from aml_evaluation.datasets import (
+    DEFAULT_F1_VARIANT,
+    DEFAULT_SCORER,
+    LOCOMO_ADVERSARIAL_CATEGORY,
+    Dataset,
+)
 from aml_evaluation.media import MAX_SOURCE_IMAGE_BYTES, ImageError, read_image, resolve_image
 from aml_evaluation.registry import (
     FORMATS,
@@ -44,6 +62,7 @@ from aml_evaluation.registry import (
     parse_contents,
     read_manifest,
 )
+from aml_evaluation.scoring import CODING_SCORER
 
 # The scorer a dataset of the format declares unless the operator names another.
 DEFAULT_SCORER_OF_FORMAT: Final[dict[str, str]] = {
@@ -53,12 +72,19 @@ DEFAULT_SCORER_OF_FORMAT: Final[dict[str, str]] = {
     # Mem-Gallery scores with token F1 alone (the scorer does not yet tell it apart: see
     # docs/architecture.md "Not yet").
     "mem-gallery": "token_f1",
+    # An attempt is resolved or not by the task's hidden tests (R-2.5).
+    "coding": CODING_SCORER,
 }
 # The token F1 a dataset of the format reports unless the operator names another: Mem-Gallery's
 # own (aml_evaluation.scoring.token_f1_memgallery).
 DEFAULT_F1_VARIANT_OF_FORMAT: Final[dict[str, str]] = {"mem-gallery": "f1-memgallery-v1"}
 # The track a dataset of the format is registered on unless the operator names another.
-DEFAULT_TRACK_OF_FORMAT: Final[dict[str, str]] = {"mem-gallery": "multimodal"}
+DEFAULT_TRACK_OF_FORMAT: Final[dict[str, str]] = {
+    "mem-gallery": "multimodal",
+    "coding": CODING_TRACK,
+}
+# The Search top_k a dataset of the format declares in place of the job's (R-2.5: coding, 100).
+DEFAULT_SEARCH_TOP_K_OF_FORMAT: Final[dict[str, int]] = {"coding": CODING_TOP_K}
 # Formats whose datasets reference image files (`aml dataset add --images DIR` pins them).
 IMAGE_FORMATS: Final = frozenset({"mem-gallery"})
 # Categories reported apart, not counted in Overall, unless the operator names others.
@@ -67,6 +93,7 @@ DEFAULT_EXCLUDED_OF_FORMAT: Final[dict[str, list[int]]] = {
     "longmemeval": [],
     "personamem": [],
     "mem-gallery": [],
+    "coding": [],
 }
 
 
@@ -156,6 +183,7 @@ def draft_manifest(
         "location": "datasets_root",
         "files": [entry.model_dump() for entry in files],
         "image_dir": image_dir,
+        "search_top_k": DEFAULT_SEARCH_TOP_K_OF_FORMAT.get(format_name),
     }
     try:
         return DatasetManifest.model_validate(payload)
@@ -166,7 +194,7 @@ def draft_manifest(
 def manifest_json(manifest: DatasetManifest) -> str:
     """A manifest file's text, as the shipped ones are written (absent defaults left out)."""
     payload = manifest.model_dump(mode="json")
-    for name in ("question_counts", "image_dir"):
+    for name in ("question_counts", "image_dir", "search_top_k"):
         if payload[name] is None:
             del payload[name]
     return json.dumps(payload, indent=2, ensure_ascii=False) + "\n"
@@ -273,17 +301,14 @@ def register_dataset(
     (under the datasets root): every image the files reference is pinned in the manifest
     (path and sha256) after its type and size are checked; a reference that is not there
     refuses the dataset, naming how many are missing and the first of them."""
-    try:
-        check_dataset_id(dataset_id)
-    except KeyError as error:
-        raise RegistrationError(
-            f"{error.args[0]}: lower-case letters, digits, '_', '.', '-', starting with a "
-            "letter or digit"
-        ) from None
-    if (MANIFESTS_DIR / f"{dataset_id}.json").is_file():
-        raise RegistrationError(f"{dataset_id!r} is a shipped dataset; choose another id")
+    _check_new_id(dataset_id)
     if format_name not in FORMATS:
         raise RegistrationError(f"unknown format {format_name!r}; known: {', '.join(FORMATS)}")
+    if format_name == "coding":
+        raise RegistrationError(
+            "a coding bundle is registered from its directory (register_coding_dataset; "
+            "`aml dataset add DIR --format coding`), with its tasks run in the sandbox"
+        )
     if images is not None and format_name not in IMAGE_FORMATS:
         raise RegistrationError(
             f"--images applies to formats with images ({', '.join(sorted(IMAGE_FORMATS))}), "
@@ -319,6 +344,33 @@ def register_dataset(
             dataset = parse_contents(contents, DatasetManifest.model_validate(draft.model_dump()))
     except DatasetFileError as error:
         raise RegistrationError(f"{refused} refused: {error}") from None
+    manifest = _completed(refused, draft, dataset)
+    draft_files = tuple(entry for entry, _ in data_files)
+    fitted = tuple(fitted_images(dataset))
+    target = operator_manifests_dir(datasets_root) / f"{dataset_id}.json"
+    outcome = _outcome(manifest, target, replace)
+    if outcome != "unchanged":
+        _write_atomically(target, manifest_json(manifest))
+    return Registration(
+        manifest=manifest, path=target, outcome=outcome, data_files=draft_files, fitted=fitted
+    )
+
+
+def _check_new_id(dataset_id: str) -> None:
+    try:
+        check_dataset_id(dataset_id)
+    except KeyError as error:
+        raise RegistrationError(
+            f"{error.args[0]}: lower-case letters, digits, '_', '.', '-', starting with a "
+            "letter or digit"
+        ) from None
+    if (MANIFESTS_DIR / f"{dataset_id}.json").is_file():
+        raise RegistrationError(f"{dataset_id!r} is a shipped dataset; choose another id")
+
+
+def _completed(refused: str, draft: DatasetManifest, dataset: Dataset) -> DatasetManifest:
+    """The draft with the parsed dataset's categories and question counts, validated whole once
+    more, so what is written reads back as the same manifest."""
     if not dataset.questions:
         raise RegistrationError(f"{refused} refused: the dataset holds no questions")
     categories = dict(sorted(dataset.categories.items()))
@@ -331,33 +383,90 @@ def register_dataset(
     manifest = draft.model_copy(
         update={"categories": categories, "question_counts": count_questions(dataset)}
     )
-    draft_files = tuple(entry for entry, _ in data_files)
-    fitted = tuple(fitted_images(dataset))
-    # Validated whole once more, so what is written reads back as the same manifest.
-    manifest = DatasetManifest.model_validate(manifest.model_dump())
+    return DatasetManifest.model_validate(manifest.model_dump())
+
+
+def _outcome(
+    manifest: DatasetManifest, target: Path, replace: bool
+) -> Literal["added", "replaced", "unchanged"]:
+    """What writing `manifest` to `target` would be; RegistrationError when another manifest
+    is registered there and `replace` is not given."""
+    if not target.exists():
+        return "added"
+    try:
+        existing: DatasetManifest | None = read_manifest(target)
+    except (OSError, ValueError):
+        existing = None
+    if existing == manifest:
+        return "unchanged"
+    if not replace:
+        was = "unreadable" if existing is None else f"bundle {bundle_hash(existing)}"
+        raise RegistrationError(
+            f"dataset {manifest.dataset_id!r} is already registered ({target}, {was}) with "
+            f"other content; --replace overwrites it (bundle {bundle_hash(manifest)})"
+        )
+    return "replaced"
+
+
+# Runs every task of a statically valid bundle whose directory is the Path (no patch, the gold
+# patch, ...), as `aml_evaluation.coding.validation.check_bundle` does with a real sandbox.
+CheckTasks = Callable[[CodingBundle, Path], Sequence[TaskCheck]]
+
+
+def register_coding_dataset(
+    directory: Path,
+    dataset_id: str,
+    datasets_root: Path,
+    *,
+    check_tasks: CheckTasks,
+    version: str | None = None,
+    replace: bool = False,
+) -> Registration:
+    """Verify a coding bundle under the datasets root and write its operator manifest: its
+    tasks, trajectories and conditions files pinned by sha256 (the snapshots are pinned by the
+    tasks file), format and track ``coding``, scorer ``swe_resolved``, Search top_k 100.
+
+    Refused, with nothing written, when the files do not parse or break a static rule
+    (:func:`aml_evaluation.coding.bundle.bundle_problems`: e.g. a trajectory dated after its
+    task), when a snapshot is missing, not as its task pins it or unsafe, or when a task fails
+    ``check_tasks`` (resolved with no patch, not resolved by its gold patch): the reason names
+    each task and what is wrong. An infrastructure fault raised by ``check_tasks`` propagates:
+    it says nothing of the bundle."""
+    _check_new_id(dataset_id)
+    relative = _inside(directory, datasets_root, directory=True)
+    refused = f"{directory} is"
+    bundle_dir = datasets_root / relative
+    missing = [name for name in BUNDLE_FILES if not (bundle_dir / name).is_file()]
+    if missing:
+        raise RegistrationError(
+            f"{refused} refused: it has no {', '.join(missing)} (a coding bundle is a directory "
+            f"holding {', '.join(BUNDLE_FILES)} and the snapshots its tasks name)"
+        )
+    data_files = _read_data_files([bundle_dir / name for name in BUNDLE_FILES], datasets_root)
+    draft = draft_manifest(
+        dataset_id, [entry for entry, _ in data_files], "coding", version=version
+    )
+    contents = [(entry.path, content) for entry, content in data_files]
+    try:
+        dataset = parse_contents(contents, draft)
+        bundle = coding_bundle_of(contents)
+    except (DatasetFileError, CodingBundleError) as error:
+        raise RegistrationError(f"{refused} refused: {error}") from None
+    manifest = _completed(refused, draft, dataset)
     target = operator_manifests_dir(datasets_root) / f"{dataset_id}.json"
-    outcome: Literal["added", "replaced", "unchanged"] = "added"
-    if target.exists():
-        try:
-            existing: DatasetManifest | None = read_manifest(target)
-        except (OSError, ValueError):
-            existing = None
-        if existing == manifest:
-            return Registration(
-                manifest=manifest,
-                path=target,
-                outcome="unchanged",
-                data_files=draft_files,
-                fitted=fitted,
-            )
-        if not replace:
-            was = "unreadable" if existing is None else f"bundle {bundle_hash(existing)}"
-            raise RegistrationError(
-                f"dataset {dataset_id!r} is already registered ({target}, {was}) with other "
-                f"content; --replace overwrites it (bundle {bundle_hash(manifest)})"
-            )
-        outcome = "replaced"
-    _write_atomically(target, manifest_json(manifest))
+    outcome = _outcome(manifest, target, replace)
+    problems = snapshot_problems(bundle_dir, bundle.tasks)
+    if not problems:
+        # Tasks are run only on snapshots known to be theirs and safe to unpack.
+        checks = check_tasks(bundle, bundle_dir)
+        problems = [problem for check in checks for problem in check.problems]
+    if problems:
+        raise RegistrationError(f"{refused} refused: {'; '.join(problems)}")
+    if outcome != "unchanged":
+        _write_atomically(target, manifest_json(manifest))
     return Registration(
-        manifest=manifest, path=target, outcome=outcome, data_files=draft_files, fitted=fitted
+        manifest=manifest,
+        path=target,
+        outcome=outcome,
+        data_files=tuple(entry for entry, _ in data_files),
     )

@@ -8,12 +8,13 @@ hands the verified bytes to the parser of the manifest's ``format`` (:func:`pars
 **Parsers.** Every format has one function ``parse(contents, manifest) -> Dataset`` where
 ``contents`` is ``(relative path, verified bytes)`` per manifest file, in manifest order: "locomo"
 is :func:`aml_evaluation.datasets.parse_locomo_bundle`, "longmemeval" and "personamem" are
-``aml_evaluation.longmemeval.parse`` and ``aml_evaluation.personamem.parse``, imported only when a
-bundle of that format is read. A parser raises ``ValueError`` naming what is wrong. When
-``aml dataset add`` (:mod:`aml_evaluation.registration`) checks new files (one, or every file of a
-bundle that spans several, parsed together), the parser gets a draft manifest whose
-``categories`` is empty: it returns the categories its format defines, and those become the
-manifest's.
+``aml_evaluation.longmemeval.parse`` and ``aml_evaluation.personamem.parse``, "coding" is
+``aml_evaluation.coding.dataset.parse`` (its repository snapshots are pinned by the tasks file,
+not listed: see that module), each imported only when a bundle of that format is read. A parser
+raises ``ValueError`` naming what is wrong. When ``aml dataset add``
+(:mod:`aml_evaluation.registration`) checks new files (one, or every file of a bundle that spans
+several, parsed together), the parser gets a draft manifest whose ``categories`` is empty: it
+returns the categories its format defines, and those become the manifest's.
 
 **Reading a piece at a time.** :func:`open_dataset_stream` (what the scheduler plans from) checks
 every file's sha256 reading it in blocks, then gives the dataset a few conversations at a time
@@ -33,7 +34,8 @@ shipped dataset (``add`` refuses a shipped id). Benchmark files that may not be 
 never shipped: their manifest pins them by sha256, and the operator places the files.
 
 **The canonical hash.** :func:`canonical_manifest_json` leaves out a field added after the first
-manifests (``track``, ``question_counts``) while it holds its default, so the bundle hash of a
+manifests (``track``, ``question_counts``, ``image_dir``, ``search_top_k``) while it holds its
+default, so the bundle hash of a
 manifest written before those fields existed, which jobs record, does not change.
 
 **The write side.** Registering an operator dataset (``aml dataset add``) is
@@ -54,7 +56,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any, Final, Literal, get_args
 
 import ijson  # type: ignore[import-untyped]
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from aml_contract.api.vocabulary import Track
 from aml_evaluation.chunker import check_media_limits
@@ -66,7 +68,7 @@ MANIFESTS_DIR: Final = PACKAGE_DATA_DIR / "manifests"
 # Operator manifests: <datasets root>/OPERATOR_MANIFESTS/<id>.json (see the module docstring).
 OPERATOR_MANIFESTS: Final = "manifests"
 
-Format = Literal["locomo", "longmemeval", "personamem", "mem-gallery"]
+Format = Literal["locomo", "longmemeval", "personamem", "mem-gallery", "coding"]
 FORMATS: Final[tuple[str, ...]] = get_args(Format)
 Source = Literal["shipped", "operator"]
 
@@ -76,6 +78,7 @@ _PARSERS: Final[dict[str, tuple[str, str]]] = {
     "longmemeval": ("aml_evaluation.longmemeval", "parse"),
     "personamem": ("aml_evaluation.personamem", "parse"),
     "mem-gallery": ("aml_evaluation.memgallery", "parse"),
+    "coding": ("aml_evaluation.coding.dataset", "parse"),
 }
 # Formats whose files are JSON lists of items, each one conversation with its questions, read an
 # item at a time by open_dataset_stream: format -> (module, its ItemFormat). The others (PersonaMem:
@@ -100,6 +103,7 @@ _ADDED_FIELD_DEFAULTS: Final[dict[str, object]] = {
     "track": "textual",
     "question_counts": None,
     "image_dir": None,
+    "search_top_k": None,
 }
 _DATASET_ID = re.compile(r"[a-z0-9][a-z0-9_.-]*")
 
@@ -142,6 +146,9 @@ class DatasetManifest(_Frozen):
     # Multimodal bundles: the bundle directory the listed images are under, each at
     # `<image_dir>/<reference>` (`aml dataset add --images`); None: the format's own layout.
     image_dir: str | None = None
+    # The Search top_k of the dataset's questions, in place of the job's (the coding track
+    # searches with 100, R-2.5); None: the job's.
+    search_top_k: int | None = Field(default=None, ge=1)
 
     @field_validator("image_dir")
     @classmethod
@@ -149,6 +156,14 @@ class DatasetManifest(_Frozen):
         if value is not None:
             ManifestFile._inside_the_root(value)
         return value
+
+    @model_validator(mode="after")
+    def _coding_runs_on_its_track(self) -> DatasetManifest:
+        # Its attempts are solved and verified, not answered and judged: only the coding track
+        # runs them.
+        if self.format == "coding" and self.track != "coding":
+            raise ValueError(f"a coding dataset is on the coding track, not {self.track!r}")
+        return self
 
 
 BundleParser = Callable[[Sequence[tuple[str, bytes]], DatasetManifest], Dataset]
@@ -274,10 +289,12 @@ def parse_contents(contents: Sequence[tuple[str, bytes]], manifest: DatasetManif
 
 
 def _as_the_manifest_says(dataset: Dataset, manifest: DatasetManifest) -> Dataset:
-    """The track is the manifest's; a multimodal dataset is checked against the media limits
-    here, so an image too many is refused when the dataset is loaded, never dropped."""
-    if dataset.track != manifest.track:
-        dataset = dataset.model_copy(update={"track": manifest.track})
+    """The track and the Search top_k are the manifest's; a multimodal dataset is checked
+    against the media limits here, so an image too many is refused when the dataset is loaded,
+    never dropped."""
+    if (dataset.track, dataset.search_top_k) != (manifest.track, manifest.search_top_k):
+        update = {"track": manifest.track, "search_top_k": manifest.search_top_k}
+        dataset = dataset.model_copy(update=update)
     if dataset.track == "multimodal":
         check_media_limits(dataset)
     return dataset

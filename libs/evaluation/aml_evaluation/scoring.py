@@ -38,6 +38,9 @@ MC_VERSION: Final = "mc-parse-v1"
 # A dataset's manifest scorer that scores open questions by token F1 alone, no judge asked
 # (Mem-Gallery's own evaluation reports F1; R-6.2 "multimodal Mem-Gallery -> F1").
 TOKEN_F1_SCORER: Final = "token_f1"
+# A coding dataset's scorer (R-2.5): an attempt is resolved when its patch makes every
+# FAIL_TO_PASS test pass and keeps every PASS_TO_PASS test passing (aml_evaluation.coding.grading).
+CODING_SCORER: Final = "swe_resolved"
 
 # LoCoMo's category numbers, as in its data files (and the dataset manifests).
 LOCOMO_MULTI_HOP: Final = 1
@@ -318,15 +321,18 @@ def bleu1(prediction: str, gold: str | int) -> float:
 
 
 # How one answer is scored; see scoring_method.
-ScoringMethod = Literal["choice", "f1_alone", "judge"]
+ScoringMethod = Literal["choice", "f1_alone", "judge", "resolved"]
 
 
 def scoring_method(options: Sequence[str] | None, dataset_scorer: str | None) -> ScoringMethod:
     """How the scorer service and `aml rescore` both score an answer: a question with options
     by the option it names (`score_choice`), whatever the dataset's scorer; an open question
     of a dataset whose manifest scorer is `token_f1` by token F1 alone (no judge asked, no
-    BLEU-1), as Mem-Gallery's own evaluation scores it; any other open question by the LLM
-    judge, token F1 and BLEU-1 (`open_answer_scores`)."""
+    BLEU-1), as Mem-Gallery's own evaluation scores it; a coding task's attempt by whether its
+    patch resolves the task (`resolved`: the hidden tests, no LLM); any other open question by
+    the LLM judge, token F1 and BLEU-1 (`open_answer_scores`)."""
+    if dataset_scorer == CODING_SCORER:
+        return "resolved"
     if options:
         return "choice"
     return "f1_alone" if dataset_scorer == TOKEN_F1_SCORER else "judge"

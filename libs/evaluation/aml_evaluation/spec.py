@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 # `judge_rules`, the judge calls of questions that carry a judge rule (LongMemEval's types).
 SPEC_SCHEMA: Final = "aml-eval-spec/3"
 # Fields added within the schema, with the default that a spec without them means.
-_ADDED_FIELD_DEFAULTS: Final[dict[str, object]] = {"answer_images": True}
+_ADDED_FIELD_DEFAULTS: Final[dict[str, object]] = {"answer_images": True, "coding": None}
 
 
 class _Frozen(BaseModel):
@@ -36,6 +36,28 @@ class ContextBudget(_Frozen):
 
     max_tokens: int = Field(ge=1, description="Tokens of memory text in the answer prompt.")
     counter: str = Field(description="How tokens are counted (see aml_evaluation.context).")
+
+
+class CodingSpec(_Frozen):
+    """How the coding track solves and verifies a task (R-2.5): part of the spec of coding jobs
+    only, so a change here never changes the hash of a textual or multimodal job's spec."""
+
+    agent: str = Field(description="The coding agent and its version, e.g. mini-swe-agent 2.4.6.")
+    agent_config_sha256: str = Field(description="sha256 of the agent config's canonical JSON.")
+    agent_config: dict[str, Any] = Field(
+        description="The whole agent config (aml_pipeline.coding_agent.AgentConfig): prompts, "
+        "step limit, per-command timeout, wall limit, memory budget and rule, reply cap, "
+        "temperature."
+    )
+    model: ModelCall = Field(description="The agent's model: the answer model, each step.")
+    solve_sandbox: dict[str, float] = Field(
+        description="The sandbox limits of each of the agent's commands."
+    )
+    verify: str = Field(description="The verify step's rule (aml_pipeline.coding_track).")
+    verify_sandbox: dict[str, float] = Field(
+        description="The sandbox limits of the verify step's test command."
+    )
+    grading: str = Field(description="The test log grading rules (aml_evaluation.coding.grading).")
 
 
 class EvaluationSpec(_Frozen):
@@ -64,6 +86,10 @@ class EvaluationSpec(_Frozen):
         default=True,
         description="Whether the answer model is given the images of multimodal candidates and "
         "questions (low-detail image parts); false: each image is shown as a placeholder.",
+    )
+    coding: CodingSpec | None = Field(
+        default=None,
+        description="The coding track's agent and verify rules; set in coding jobs' specs only.",
     )
 
     def canonical_json(self) -> bytes:
@@ -104,4 +130,24 @@ class EvaluationSpec(_Frozen):
             },
             "judge_runs": str(self.judge_runs),
             **{f"scorer.{name}": version for name, version in sorted(self.scorers.items())},
+            **(self.coding_summary() if self.coding is not None else {}),
+        }
+
+    def coding_summary(self) -> dict[str, str]:
+        coding = self.coding
+        if coding is None:
+            return {}
+        config = coding.agent_config
+        return {
+            "coding.agent": coding.agent,
+            "coding.agent_config": coding.agent_config_sha256,
+            "coding.model": coding.model.model,
+            "coding.limits": (
+                f"{config.get('step_limit')} steps, {config.get('command_timeout_seconds')} s "
+                f"per command, {config.get('wall_seconds')} s per attempt"
+            ),
+            "coding.memory_budget": f"{config.get('memory_tokens')} tokens "
+            f"({config.get('memory_rule')}/{config.get('token_counter')})",
+            "coding.verify": coding.verify,
+            "coding.grading": coding.grading,
         }

@@ -31,7 +31,7 @@ import math
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Literal
@@ -58,6 +58,12 @@ Notify = Callable[[str], Awaitable[None]]
 # worker then fetches the admission's next item, which gets ready while this request is in
 # flight (`aml_pipeline.stage_worker`, `StageWorker._process`).
 REQUEST_LEAVING: ContextVar[Callable[[], None] | None] = ContextVar("request_leaving", default=None)
+
+# The turn a task's context was lent (`Admission.lend_turn`): the admission and the task that
+# holds its turn and lent it.
+_LENT_TURN: ContextVar[tuple[Admission, asyncio.Task[object]] | None] = ContextVar(
+    "lent_turn", default=None
+)
 
 
 Pool = Literal["rate", "concurrency"]
@@ -170,12 +176,34 @@ class Admission:
         if task is not None and self._turn_holder is task:
             yield
             return
+        lent = _LENT_TURN.get()
+        if lent is not None and lent[0] is self and self._turn_holder is lent[1]:
+            # A call the holder makes through a task of its own, while it still holds the turn.
+            yield
+            return
         async with self._turn:
             self._turn_holder = task
             try:
                 yield
             finally:
                 self._turn_holder = None
+
+    @contextlib.contextmanager
+    def lend_turn(self) -> Iterator[None]:
+        """Within the block, tasks created in the current context (and copies of it) take part
+        in the turn the current task holds: their requests leave under it, one after another,
+        instead of waiting for the holder to finish. For a holder whose calls are made by tasks
+        of its own: the coding agent's model calls, each handed from the agent's thread to the
+        loop as a new task (`aml_pipeline.coding_agent.LoopBridge`). Only while the lender
+        still holds the turn: a task outliving it waits for the turn as any other would."""
+        task = asyncio.current_task()
+        if task is None or self._turn_holder is not task:
+            raise RuntimeError("only the task holding an admission's turn can lend it")
+        token = _LENT_TURN.set((self, task))
+        try:
+            yield
+        finally:
+            _LENT_TURN.reset(token)
 
     @contextlib.asynccontextmanager
     async def request(self) -> AsyncIterator[Departure]:
@@ -280,6 +308,16 @@ async def turn(admission: Admission | None) -> AsyncIterator[None]:
         yield
         return
     async with admission.turn():
+        yield
+
+
+@contextlib.contextmanager
+def lend_turn(admission: Admission | None) -> Iterator[None]:
+    """`Admission.lend_turn`, or nothing for a caller without an admission."""
+    if admission is None:
+        yield
+        return
+    with admission.lend_turn():
         yield
 
 

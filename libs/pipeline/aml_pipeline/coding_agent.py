@@ -31,7 +31,9 @@ A caller: `load_agent_config` once (into the spec); per task `memory_context(can
 config.memory_tokens, counter)`, then `attempt(...)`, then the patch from the sandbox (`git diff`
 of its work tree against the snapshot; upstream's workflow leaves a `patch.txt` and scratch
 scripts untracked there). Upstream's task prompt names the work tree `/testbed`, so the sandbox
-mounts the repository there. `PlatformFailure` is the platform's error, never an unresolved task.
+mounts the repository there (`aml_pipeline.sandbox.bwrap.REPO`), and the prompt stays upstream's.
+`PlatformFailure` is the platform's error, never an unresolved task. `aml_pipeline.coding_track`
+is that caller.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import contextvars
 import hashlib
 import importlib
 import importlib.metadata
@@ -306,7 +309,12 @@ class LoopBridge:
 
     `call` blocks its (worker) thread until the coroutine finishes on the loop. `stop` (from
     the loop's thread) cancels the call in flight, so a hanging model cannot hold an attempt
-    past its wall limit, and refuses later ones. Both raise `Stopped` in the worker."""
+    past its wall limit, and refuses later ones. Both raise `Stopped` in the worker.
+
+    Each call runs as a task in a copy of the context the bridge was made in (the attempt's
+    caller's), not of the agent's thread, which has none of it: the call's span is the work
+    item's, and the item's LLM admission sees the call as its own (the turn the caller lends
+    it, `aml_pipeline.capacity.Admission.lend_turn`)."""
 
     class Stopped(Exception):
         pass
@@ -315,6 +323,7 @@ class LoopBridge:
         """Made on the loop's thread (by `attempt`)."""
         self._loop = loop
         self._loop_thread = threading.get_ident()
+        self._context = contextvars.copy_context()
         self._complete = complete
         self._lock = threading.Lock()
         self._stopped = False
@@ -331,7 +340,11 @@ class LoopBridge:
         with self._lock:
             if self._stopped:
                 raise LoopBridge.Stopped
-            future = asyncio.run_coroutine_threadsafe(self._complete(messages), self._loop)
+            # The task is created by a callback that runs in a copy of the context it was
+            # scheduled from: this one, entered here (a fresh copy: one thread at a time).
+            future = self._context.copy().run(
+                asyncio.run_coroutine_threadsafe, self._complete(messages), self._loop
+            )
             self._in_flight = future
         try:
             return future.result()

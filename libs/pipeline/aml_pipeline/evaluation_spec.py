@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import nltk  # type: ignore[import-untyped]
 
 from aml_evaluation.chunker import CHUNKER_VERSION
+from aml_evaluation.coding.grading import GRADING_VERSION
 from aml_evaluation.context import CONTEXT_RULE, ESTIMATE_COUNTER
 from aml_evaluation.judging import JUDGE_PARSER_VERSION, load_judge_rule_prompts
 from aml_evaluation.prompts import load_prompt
@@ -17,8 +21,10 @@ from aml_evaluation.scoring import (
     F1_VERSION,
     MC_VERSION,
 )
-from aml_evaluation.spec import ContextBudget, EvaluationSpec, ModelCall
+from aml_evaluation.spec import CodingSpec, ContextBudget, EvaluationSpec, ModelCall
 from aml_evaluation.wordcount import WORD_COUNTER_VERSION
+from aml_pipeline.coding_agent import AgentConfig, load_agent_config
+from aml_pipeline.coding_track import VERIFY_RULE, limits_record, solve_limits, verify_limits
 from aml_runtime.settings import EvaluationSettings
 
 
@@ -28,7 +34,57 @@ def token_counter_name(settings: EvaluationSettings) -> str:
     return ESTIMATE_COUNTER
 
 
-def build_evaluation_spec(settings: EvaluationSettings) -> EvaluationSpec:
+def coding_agent_config(settings: EvaluationSettings) -> AgentConfig:
+    """The coding track's agent as this deployment runs it (the installed, pinned
+    mini-swe-agent's prompts with the settings' limits)."""
+    return load_agent_config(
+        step_limit=settings.coding_step_limit,
+        command_timeout_seconds=settings.coding_command_timeout_seconds,
+        wall_seconds=settings.coding_wall_seconds,
+        memory_tokens=settings.coding_memory_tokens,
+        token_counter=token_counter_name(settings),
+        reply_max_tokens=settings.coding_reply_max_tokens,
+    )
+
+
+def agent_prompts_sha256(agent: AgentConfig) -> str:
+    """sha256 of the agent's templates (system, instance, observation, format error) as one
+    canonical JSON list: what its model is told."""
+    templates = [
+        agent.system_template,
+        agent.instance_template,
+        agent.observation_template,
+        agent.format_error_template,
+    ]
+    return hashlib.sha256(json.dumps(templates, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def build_coding_spec(settings: EvaluationSettings, agent: AgentConfig | None = None) -> CodingSpec:
+    """The coding track's part of the spec: the agent's whole config and its fingerprint, its
+    model, both steps' sandbox limits, the verify rule and the grading rules."""
+    agent = agent or coding_agent_config(settings)
+    return CodingSpec(
+        agent=f"{agent.agent} {agent.agent_version}",
+        agent_config_sha256=agent.fingerprint(),
+        agent_config=agent.model_dump(mode="json"),
+        model=ModelCall(
+            model=settings.answer_model,
+            temperature=agent.temperature,
+            max_tokens=agent.reply_max_tokens,
+            prompt=agent.prompts,
+            prompt_sha256=agent_prompts_sha256(agent),
+        ),
+        solve_sandbox=limits_record(solve_limits(agent)),
+        verify=VERIFY_RULE,
+        verify_sandbox=limits_record(verify_limits(settings.coding_test_timeout_seconds)),
+        grading=GRADING_VERSION,
+    )
+
+
+def build_evaluation_spec(settings: EvaluationSettings, *, coding: bool = False) -> EvaluationSpec:
+    """The spec of this deployment's jobs; with `coding`, of its coding-track jobs (the same,
+    plus the coding agent and the verify rules), so a textual job's spec never depends on the
+    coding settings and two coding runs under different agent settings never compare equal."""
     answer = load_prompt(settings.answer_prompt)
     judge = load_prompt(settings.judge_prompt)
     judge_abstention = load_prompt(settings.judge_abstention_prompt)
@@ -82,4 +138,5 @@ def build_evaluation_spec(settings: EvaluationSettings) -> EvaluationSpec:
         chunker=CHUNKER_VERSION,
         word_counter=WORD_COUNTER_VERSION,
         answer_images=settings.answer_model_images,
+        coding=build_coding_spec(settings) if coding else None,
     )

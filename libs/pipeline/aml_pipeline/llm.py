@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
-from typing import cast
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import NamedTuple, TypeVar, cast
 
 import httpx
 import openai
@@ -24,6 +24,7 @@ from aml_runtime.telemetry import stage_span
 
 LLM_CAPACITY_KEY = "llm"
 _Parts = list[ChatCompletionContentPartParam]
+_Parsed = TypeVar("_Parsed")
 
 
 def make_llm_client(settings: LLMSettings) -> AsyncOpenAI:
@@ -118,8 +119,26 @@ async def _complete_once(
         "role": "user",
         "content": prompt if isinstance(prompt, str) else cast(_Parts, list(prompt)),
     }
+    body = {
+        "model": model,
+        "messages": [message],
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "seed": seed,
+    }
+    return await _chat(client, model, body, admission, reply_text)
+
+
+async def _chat(
+    client: AsyncOpenAI,
+    model: str,
+    body: Mapping[str, object],
+    admission: Admission | None,
+    parse: Callable[[object], _Parsed],
+) -> _Parsed:
+    """One chat completion request under the admission, with its span and metrics."""
     # openai's own HTTP stack is not the instrumented httpx: the call gets its span here.
-    with stage_span("llm.chat", model=model, max_tokens=max_tokens):
+    with stage_span("llm.chat", model=model, max_tokens=body.get("max_tokens")):
         async with _llm_request(admission) as departure:
             departure.at = time.time()
             # Timed from the call itself, not from the admission wait before it.
@@ -129,25 +148,124 @@ async def _complete_once(
                 # errors) with the body as built here: `chat.completions.create` would walk the
                 # messages through its type-driven transform and build a response model, which
                 # cost about 0.5 ms of CPU per call and add nothing to a body built from typed
-                # parts. The reply is read as plain JSON (`reply_text`).
-                reply = await client.post(
-                    "/chat/completions",
-                    cast_to=dict,
-                    body={
-                        "model": model,
-                        "messages": [message],
-                        "temperature": 0,
-                        "max_tokens": max_tokens,
-                        "seed": seed,
-                    },
-                )
-                text = reply_text(reply)
+                # parts. The reply is read as plain JSON (`parse`).
+                reply = await client.post("/chat/completions", cast_to=dict, body=body)
+                parsed = parse(reply)
             except Exception as exc:
                 LLM_CALLS.labels(model, "error").observe(time.monotonic() - started)
                 LLM_ERRORS.labels(model, type(exc).__name__).inc()
                 raise
             LLM_CALLS.labels(model, "ok").observe(time.monotonic() - started)
-    return text
+    return parsed
+
+
+class ChatReply(NamedTuple):
+    """A chat completion's text and the tokens the provider counted (0 where it reports none)."""
+
+    text: str
+    tokens_in: int
+    tokens_out: int
+
+
+class ContextLengthExceeded(Exception):
+    """The provider refused the conversation as longer than the model's context window."""
+
+
+class LLMUnavailable(Exception):
+    """The LLM is down (its outage declared, here or by any replica): the call was not waited
+    out. Transient: the work item is redelivered, and its lane stays paused until the LLM
+    answers again."""
+
+
+def context_exceeded(error: Exception) -> bool:
+    """Whether a failed call is the provider's refusal of an over-long conversation: a 400 with
+    OpenAI's `context_length_exceeded` code, llama.cpp's `exceed_context_size_error`, or either
+    one's message ("maximum context length", "exceeds the available context size")."""
+    if not isinstance(error, openai.BadRequestError):
+        return False
+    body: dict[str, object] = error.body if isinstance(error.body, dict) else {}
+    inner = body.get("error")
+    found = inner if isinstance(inner, dict) else body
+    words = " ".join(
+        str(value)
+        for value in (error.code, error.type, error.message, *found.values())
+        if value is not None
+    ).lower()
+    return any(
+        marker in words
+        for marker in (
+            "context_length_exceeded",
+            "exceed_context_size",
+            "maximum context length",
+            "exceeds the available context size",
+        )
+    )
+
+
+def chat_reply(reply: object) -> ChatReply:
+    """`reply_text` and the reply's `usage` (prompt and completion tokens)."""
+    text = reply_text(reply)
+    usage = reply.get("usage") if isinstance(reply, dict) else None
+    counts = usage if isinstance(usage, dict) else {}
+
+    def count(name: str) -> int:
+        value = counts.get(name)
+        return value if isinstance(value, int) and value >= 0 else 0
+
+    return ChatReply(text, count("prompt_tokens"), count("completion_tokens"))
+
+
+async def complete_chat(
+    client: AsyncOpenAI,
+    model: str,
+    messages: Sequence[Mapping[str, object]],
+    max_tokens: int,
+    admission: Admission | None = None,
+    *,
+    temperature: float = 0.0,
+    seed: int = 0,
+    outages: Outages | None = None,
+    outage_seconds: float = 1800.0,
+) -> ChatReply:
+    """One chat completion of a whole conversation (`role`/`content` text messages), for a
+    caller that makes many calls for one work item (the coding agent: each of its steps is one
+    call). Each call takes one of the LLM budget's rate slots under the item's `admission`,
+    whose concurrency slot the item holds throughout, so the budget's concurrency and rate hold
+    across every step and every replica.
+
+    An outage is not waited out here, unlike `complete`: the caller's own clock would run
+    meanwhile (an attempt has a wall limit). A call that finds the LLM paused, or finds it down
+    (and declares the outage, pausing every replica's LLM stages), raises `LLMUnavailable`: the
+    item is redelivered once the LLM answers. An outage past `outage_seconds` fails the item as
+    the platform's (`FinalFailure`, platform_error). A conversation over the model's context
+    window raises `ContextLengthExceeded`."""
+    if outages is not None and outages.is_paused(LLM_CAPACITY_KEY):
+        raise LLMUnavailable("the LLM is paused by an outage")
+    body = {
+        "model": model,
+        "messages": [{"role": str(m["role"]), "content": str(m["content"])} for m in messages],
+        "temperature": temperature,
+        "max_tokens": max_tokens,
+        "seed": seed,
+    }
+    started = time.time()
+    try:
+        reply = await _chat(client, model, body, admission, chat_reply)
+    except Exception as exc:
+        if context_exceeded(exc):
+            raise ContextLengthExceeded(str(exc)) from exc
+        if outages is None or not llm_down(exc):
+            raise
+        status = getattr(exc, "status_code", None)
+        reason = f"HTTP {status}" if status else type(exc).__name__
+        try:
+            await outages.declare(LLM_CAPACITY_KEY, "llm", started, reason, outage_seconds)
+        except OutageExpired as expired:
+            raise FinalFailure(FailureKind.PLATFORM_ERROR, expired.reason) from None
+        raise LLMUnavailable(f"the LLM is down ({reason})") from exc
+    if outages is not None:
+        await outages.succeeded(LLM_CAPACITY_KEY)
+    return reply
 
 
 class MalformedReply(ValueError):

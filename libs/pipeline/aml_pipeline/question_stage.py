@@ -59,6 +59,9 @@ _FATAL_KINDS = frozenset(
 # work, saving the answer stage a read of the search document; a larger one is read there. Well
 # under the broker's 1 MiB message limit, with the question's facts beside it.
 CARRIED_CANDIDATES_BYTES = 64 * 1024
+# The same for the answer handed to the score stage: a model's answer always travels (it is a
+# few hundred tokens at most); a coding attempt's answer is its patch, which may not.
+CARRIED_ANSWER_BYTES = 64 * 1024
 
 Compute = Callable[[QuestionWork, Document, StageCall], Awaitable[Document]]
 
@@ -69,6 +72,14 @@ def carried_candidates(candidates: list[Document]) -> list[Document] | None:
     # by a factor well inside the margin between this limit and the broker's).
     size = len(pydantic_core.to_json(candidates))
     return candidates if size <= CARRIED_CANDIDATES_BYTES else None
+
+
+def carried_answer(answer: str | None) -> str | None:
+    """`answer` if it is small enough to travel with the work, else None (the score stage then
+    reads the answer document)."""
+    if answer is None or len(pydantic_core.to_json(answer)) > CARRIED_ANSWER_BYTES:
+        return None
+    return answer
 
 
 class Stored(NamedTuple):
@@ -98,7 +109,9 @@ STAGES: dict[QuestionStage, StageShape] = {
     "search": StageShape(
         "answer", True, lambda fields: {"candidates": carried_candidates(fields["candidates"])}
     ),
-    "answer": StageShape("score", False, lambda fields: {"answer": fields.get("answer")}),
+    "answer": StageShape(
+        "score", False, lambda fields: {"answer": carried_answer(fields.get("answer"))}
+    ),
     "score": StageShape(None, False, lambda fields: {}),
 }
 

@@ -308,6 +308,16 @@ class AnswerDocument(StageRecord):
     images_sent: int | None = None
     images_withheld: int | None = None
     token_counter: str | None = None
+    # Written only for a coding task's attempt (R-2.5; aml_pipeline.coding_track.answer_fields,
+    # which names every field): `answer` is then the submitted patch, `trajectory` the agent's
+    # bounded messages (a body, emptied by retention like `answer`).
+    end_reason: str | None = None
+    steps: int | None = None
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    agent: str | None = None
+    agent_config_sha256: str | None = None
+    trajectory: list[dict[str, Any]] | None = None
 
 
 class ScoreDocument(StageRecord):
@@ -333,6 +343,14 @@ class ScoreDocument(StageRecord):
     chosen_option: int | str | None = None
     choice_correct: bool | None = None
     mc_version: str | None = None
+    # Written only for a coding task's attempt (R-2.5; aml_pipeline.coding_track.Verification
+    # names every field): whether its patch resolved the task, the task's type, and the test
+    # log (a body, emptied by retention).
+    resolved: bool | None = None
+    resolution: str | None = None
+    task_type: str | None = None
+    grading_version: str | None = None
+    test_log: str | None = None
 
 
 class VersionFields(VersionProfile):

@@ -91,6 +91,21 @@ class EvaluationSettings(CommonSettings):
     judge_runs: int = Field(default=1, ge=1, le=9)
     # Re-asks of a judge run whose reply is unreadable.
     judge_retries: int = Field(default=1, ge=0, le=5)
+    # The coding track's fixed agent (R-2.5, recorded in the evaluation spec of coding jobs):
+    # model calls one attempt may make (mini-swe-agent's SWE-bench config has 250).
+    coding_step_limit: int = Field(default=250, ge=1)
+    # Seconds one of the agent's commands may run in its sandbox (wall clock and CPU).
+    coding_command_timeout_seconds: float = Field(default=60.0, gt=0)
+    # Wall-clock seconds of one attempt, its model calls and commands together.
+    coding_wall_seconds: float = Field(default=1800.0, gt=0)
+    # Tokens of the participant's candidates in the agent's task prompt, in its order (rule
+    # coding-context-v1, counted as `token_counter` counts).
+    coding_memory_tokens: int = Field(default=2000, ge=1)
+    # Longest reply of the agent's model (the answer model), in tokens.
+    coding_reply_max_tokens: int = Field(default=4096, ge=1)
+    # Seconds the verify step's test command may run (wall clock and CPU; SWE-bench's harness
+    # allows 1,800): a run cut there leaves the attempt unresolved.
+    coding_test_timeout_seconds: float = Field(default=1800.0, gt=0)
 
 
 class LLMSettings(EvaluationSettings):

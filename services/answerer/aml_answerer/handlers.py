@@ -1,4 +1,6 @@
-"""Answer one question from the candidates the participant returned, in its order (R-6.1).
+"""Answer one question from the candidates the participant returned, in its order (R-6.1); a
+coding task's attempt is solved instead (R-2.5, `SolveTask`): the fixed coding agent works on the
+task with the candidates in its prompt, and its answer is its patch.
 
 Multimodal candidates and questions (R-4.4, R-4.8 content arrays): when the answer model takes
 images (`answer_model_images`), the prompt reaches it as OpenAI's content array, each memory's
@@ -9,7 +11,7 @@ question without images is asked exactly as before: the prompt as one string."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from openai import AsyncOpenAI
 
@@ -18,14 +20,111 @@ from aml_contract.messages import QuestionWork
 from aml_contract.participant import ImageUrlPart, SearchRequest
 from aml_evaluation.context import TokenCount, fit_candidates, model_image
 from aml_evaluation.prompts import IMAGE_PLACEHOLDER, Prompt, answer_content, question_with_options
+from aml_pipeline.capacity import REQUEST_LEAVING, lend_turn
+from aml_pipeline.coding_agent import AgentConfig, ChatMessage, ContextExhausted, PlatformFailure
+from aml_pipeline.coding_track import (
+    OpenTask,
+    OpenWorkspace,
+    SandboxCheck,
+    answer_fields,
+    open_task_files,
+    solve,
+)
 from aml_pipeline.evaluation_spec import token_counter_name
-from aml_pipeline.llm import complete
+from aml_pipeline.llm import ContextLengthExceeded, complete, complete_chat
 from aml_pipeline.outages import Outages
+from aml_pipeline.sandbox import Sandbox, SandboxUnavailable
 from aml_pipeline.stage_worker import StageCall
 from aml_runtime.broker import FinalFailure
 from aml_runtime.db import Document
 from aml_runtime.documents import FailureKind
 from aml_runtime.stores import Stores
+
+
+async def search_candidates(work: QuestionWork, stores: Stores) -> list[Document]:
+    """The candidates the search stored: handed on with the work, or read when they were not."""
+    if work.candidates is not None:
+        return work.candidates
+    candidates = await stores.records.candidates_of(work.item_id)
+    if candidates is None:
+        raise FinalFailure(FailureKind.PLATFORM_ERROR, f"no search result for {work.item_id}")
+    return candidates
+
+
+@dataclass
+class SolveTask:
+    """Solve a coding task's attempt (R-2.5; aml_pipeline.coding_track.solve): the fixed agent,
+    each of its steps one call of the answer model under the item's LLM admission (a rate slot
+    per call, the item's concurrency slot throughout), works in a fresh sandbox over the task's
+    snapshot. The answer document records the attempt; its `answer` is the submitted patch.
+
+    The platform's failures never become an unresolved attempt: an LLM that is down (the item
+    is redelivered once it answers; past its outage window the item fails as platform_error), a
+    sandbox that fails, a task whose files are unavailable raise and are retried, then fail the
+    item as platform_error; a machine without bubblewrap fails it at once with one line."""
+
+    settings: AnswererSettings
+    # The searches whose candidates did not travel with the work (`records`).
+    stores: Stores
+    llm: AsyncOpenAI
+    agent: AgentConfig
+    # The task's files by dataset and task id (aml_evaluation.coding.source).
+    open_task: OpenTask
+    count_tokens: TokenCount
+    # The LLM's outages: a call finding it down declares or sees the pause, and the attempt is
+    # redelivered (None: it fails and is redelivered all the same).
+    outages: Outages | None = None
+    open_workspace: OpenWorkspace = Sandbox.from_archive
+    sandbox_check: SandboxCheck = field(default_factory=SandboxCheck)
+
+    async def __call__(self, work: QuestionWork, question: Document, item: StageCall) -> Document:
+        candidates = await search_candidates(work, self.stores)
+        await self.sandbox_check()
+        files = await open_task_files(self.open_task, question)
+        settings, agent = self.settings, self.agent
+
+        async def complete(messages: list[ChatMessage]) -> tuple[str, int, int]:
+            try:
+                reply = await complete_chat(
+                    self.llm,
+                    settings.answer_model,
+                    messages,
+                    agent.reply_max_tokens,
+                    item.admission,
+                    temperature=agent.temperature,
+                    outages=self.outages,
+                    outage_seconds=settings.llm_outage_seconds,
+                )
+            except ContextLengthExceeded as exceeded:
+                raise ContextExhausted(str(exceeded)) from exceeded
+            return reply.text, reply.tokens_in, reply.tokens_out
+
+        # An attempt holds its slot for minutes: the slot's next item is fetched when it ends,
+        # not when its first call leaves, or it would wait out the whole attempt holding its
+        # message, which a free slot elsewhere could serve.
+        early_fetch = REQUEST_LEAVING.set(None)
+        try:
+            # The agent's calls are tasks of their own (made from its thread): they leave under
+            # the turn this item holds for its whole attempt.
+            with lend_turn(item.admission):
+                solution = await solve(
+                    files.task,
+                    files.snapshot,
+                    candidates,
+                    agent,
+                    complete,
+                    self.count_tokens,
+                    self.open_workspace,
+                )
+        except PlatformFailure as failure:
+            if isinstance(failure.__cause__, FinalFailure):
+                raise failure.__cause__ from None
+            raise
+        except SandboxUnavailable as unavailable:
+            raise FinalFailure(FailureKind.PLATFORM_ERROR, str(unavailable)) from None
+        finally:
+            REQUEST_LEAVING.reset(early_fetch)
+        return answer_fields(solution, agent, settings.answer_model)
 
 
 @dataclass
@@ -39,15 +138,18 @@ class AnswerQuestion:
     count_tokens: TokenCount
     # The LLM's outages: a call finding it down waits (None: it fails and is redelivered).
     outages: Outages | None = None
+    # A question that carries a coding task is solved by this (None: this answerer does not
+    # run the coding track, and such a question fails as the platform's).
+    solve: SolveTask | None = None
 
     async def __call__(self, work: QuestionWork, question: Document, item: StageCall) -> Document:
-        candidates = work.candidates
-        if candidates is None:
-            candidates = await self.stores.records.candidates_of(work.item_id)
-            if candidates is None:
+        if question.get("coding_task"):
+            if self.solve is None:
                 raise FinalFailure(
-                    FailureKind.PLATFORM_ERROR, f"no search result for {work.item_id}"
+                    FailureKind.PLATFORM_ERROR, "this answerer does not run the coding track"
                 )
+            return await self.solve(work, question, item)
+        candidates = await search_candidates(work, self.stores)
         takes_images = self.settings.answer_model_images
         context = await fit_candidates(
             candidates,

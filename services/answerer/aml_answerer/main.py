@@ -5,9 +5,11 @@ from __future__ import annotations
 import httpx
 from faststream import FastStream
 
-from aml_answerer.handlers import AnswerQuestion
+from aml_answerer.handlers import AnswerQuestion, SolveTask
 from aml_answerer.settings import AnswererSettings
 from aml_evaluation.prompts import load_prompt
+from aml_pipeline.coding_track import registered_tasks
+from aml_pipeline.evaluation_spec import coding_agent_config
 from aml_pipeline.llm import make_llm_client, make_token_counter
 from aml_pipeline.outages import lane_outages
 from aml_pipeline.question_stage import QuestionStageWorker
@@ -23,7 +25,10 @@ def create_app(settings: AnswererSettings | None = None) -> FastStream:
     count = make_token_counter(settings, http)
     outages = lane_outages(rt)
     prompt = load_prompt(settings.answer_prompt)
-    compute = AnswerQuestion(settings, rt.stores, llm, prompt, count, outages)
+    agent = coding_agent_config(settings)
+    tasks = registered_tasks(settings.datasets_root)
+    solve = SolveTask(settings, rt.stores, llm, agent, tasks, count, outages)
+    compute = AnswerQuestion(settings, rt.stores, llm, prompt, count, outages, solve)
     stage = QuestionStageWorker("answer", settings, rt.stores, rt.broker, rt.bus, compute)
     worker = llm_stage_worker(rt, settings, "answer", "answerer", stage, outages)
 

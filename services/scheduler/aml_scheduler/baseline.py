@@ -29,13 +29,16 @@ def release_baseline(settings: SchedulerSettings, datasets: Sequence[str]) -> Ba
     suite, AML_FULL_SUITE), reading the benchmark files under `settings.datasets_root`."""
     bundles: dict[str, str] = {}
     counts: dict[str, int] = {}
+    coding = False
     for dataset_id in datasets:
         manifest, dataset = open_dataset(dataset_id, settings.datasets_root)
         bundles[dataset_id] = bundle_hash(manifest)
         # Every planned question ends in the results (excluded categories included), which is
         # what the gate's `question_counts` check sums.
         counts[dataset_id] = len(dataset.questions)
-    evaluation_spec = build_evaluation_spec(settings)
+        coding = coding or manifest.track == "coding"
+    # A coding suite's jobs record the spec with the coding agent (`ScheduleJobs.spec_of`).
+    evaluation_spec = build_evaluation_spec(settings, coding=coding)
     release = ReleaseBaseline(
         answer_model=evaluation_spec.answer.model,
         spec_hash=evaluation_spec.content_hash,

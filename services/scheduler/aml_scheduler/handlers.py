@@ -95,6 +95,10 @@ class ScheduleJobs:
     # Participants' outages (R-4.13): one unreachable when its job starts is waited for, as
     # during the job (None: such a job fails at once).
     outages: Outages | None = None
+    # What coding-track jobs are evaluated with: `evaluation_spec` plus the coding agent and
+    # the verify rules (R-2.5), so the other tracks' spec never depends on the coding settings
+    # (None: coding jobs record `evaluation_spec`, as before the coding track).
+    coding_spec: EvaluationSpec | None = None
     # Users whose questions this process has seen released (their marker is written, and never
     # removed while the job lives): the reconciliation's re-drive skips them without a read.
     _released: set[tuple[str, str]] = field(default_factory=set, init=False)
@@ -270,6 +274,12 @@ class ScheduleJobs:
         endpoint = await load_endpoint(self.stores, self.box, job["version_id"])
         return await self.client.health(endpoint)
 
+    def spec_of(self, job: Document) -> EvaluationSpec:
+        """The evaluation spec a job is planned and recorded with: its track's."""
+        if job.get("track") == "coding" and self.coding_spec is not None:
+            return self.coding_spec
+        return self.evaluation_spec
+
     async def _plan(self, job: Document) -> None:
         job_id = job["_id"]
         totals = {"add": 0, "questions": 0}
@@ -308,13 +318,14 @@ class ScheduleJobs:
         await self.stores.plans.store_written(written.take(job_id, _WRITTEN_AT_ONCE))
         # The whole evaluation spec is stored once per content hash (`specs`); the job records
         # its hash and summary (`spec_hash`, `spec`).
-        spec_hash = self.evaluation_spec.content_hash
-        await self.stores.plans.store_spec(spec_hash, self.evaluation_spec.model_dump(mode="json"))
+        spec = self.spec_of(job)
+        spec_hash = spec.content_hash
+        await self.stores.plans.store_spec(spec_hash, spec.model_dump(mode="json"))
         await self.stores.jobs.start(
             job_id,
             started_at=now(),
-            top_k=self.evaluation_spec.top_k,
-            spec=self.evaluation_spec.summary(),
+            top_k=spec.top_k,
+            spec=spec.summary(),
             spec_hash=spec_hash,
             code_hash=self.code_hash,
             dataset_bundles=bundles,
@@ -557,6 +568,7 @@ def question_outcome(question: Document, record: StageRecord | None) -> Question
             scored=False,
             failure_kind=kind or FailureKind.PLATFORM_ERROR,
             multiple_choice=isinstance(record, ScoreDocument) and record.multiple_choice,
+            task_type=question.get("task_type"),
         )
     return QuestionOutcome(
         question_id=question.get("question_id"),
@@ -570,4 +582,7 @@ def question_outcome(question: Document, record: StageRecord | None) -> Question
         bleu1=score.bleu1,
         multiple_choice=score.multiple_choice,
         choice_correct=score.choice_correct,
+        # A coding attempt's verdict (R-2.5): resolved or not, never a failure.
+        resolved=score.resolved,
+        task_type=question.get("task_type"),
     )

@@ -38,7 +38,7 @@ def create_app(settings: SchedulerSettings | None = None) -> FastStream:
     evaluation_spec = build_evaluation_spec(settings)
     scheduler = ScheduleJobs(
         settings, rt.stores, rt.bus, client, box, evaluation_spec, code_hash(),
-        outages=lane_outages(rt),
+        outages=lane_outages(rt), coding_spec=build_evaluation_spec(settings, coding=True),
     )  # fmt: skip
 
     def events(

@@ -125,6 +125,8 @@ def plan_questions(job_id: str, dataset: Dataset, top_k: int) -> list[QuestionDo
     """One item per question, or, for a streaming question, one per point it is asked at (the
     same Search body at each: only the memory differs)."""
     points = asked_points(dataset, plan_adds(dataset, job_id)) if dataset.streaming else {}
+    # A dataset that declares its own Search top_k (the coding track's 100) asks with it.
+    search_top_k = dataset.search_top_k or top_k
     documents = []
     for question in dataset.questions:
         # Only when set, so a question without them (LoCoMo) is stored exactly as before.
@@ -136,6 +138,9 @@ def plan_questions(job_id: str, dataset: Dataset, top_k: int) -> list[QuestionDo
                 ("question_date", question.question_date),
                 ("scorer", None if dataset.scorer == DEFAULT_SCORER else dataset.scorer),
                 ("question_images", len(question.images) or None),
+                ("top_k", dataset.search_top_k),
+                ("coding_task", question.coding_task),
+                ("task_type", question.task_type),
             )
             if value is not None
         }
@@ -146,7 +151,7 @@ def plan_questions(job_id: str, dataset: Dataset, top_k: int) -> list[QuestionDo
         request = SearchRequest(
             query=search_query(dataset, question),
             user_id=user_id,
-            top_k=top_k,
+            top_k=search_top_k,
             options=question.options,
         )
         documents.append(

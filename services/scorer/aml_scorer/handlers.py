@@ -11,10 +11,15 @@ types) is judged with that rule's prompt instead (aml_evaluation.judging.JUDGE_R
 
 A question of a dataset whose scorer is `token_f1` (Mem-Gallery's format) is scored by token F1
 alone, as Mem-Gallery's own evaluation does: no judge is asked (no LLM budget spent), and the
-score has no judge fields, which the aggregation counts as `unjudged` (F1 is its headline)."""
+score has no judge fields, which the aggregation counts as `unjudged` (F1 is its headline).
+
+A coding task's attempt (scorer `swe_resolved`) is verified instead (R-2.5, `VerifyAttempt`): its
+patch and the task's hidden tests in a fresh sandbox, the test log graded with SWE-bench's rules;
+no LLM is asked."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -32,14 +37,61 @@ from aml_evaluation.scoring import (
     score_choice,
     scoring_method,
 )
+from aml_pipeline.coding_track import (
+    HiddenTestsRejected,
+    OpenTask,
+    OpenWorkspace,
+    SandboxCheck,
+    open_task_files,
+    score_fields,
+    verify,
+)
 from aml_pipeline.llm import complete
 from aml_pipeline.outages import Outages
+from aml_pipeline.sandbox import Sandbox, SandboxLimits, SandboxUnavailable
 from aml_pipeline.stage_worker import StageCall
 from aml_runtime.broker import FinalFailure
 from aml_runtime.db import Document
 from aml_runtime.documents import FailureKind
 from aml_runtime.stores import Stores
 from aml_scorer.settings import ScorerSettings
+
+
+@dataclass
+class VerifyAttempt:
+    """Verify a coding attempt's patch (aml_pipeline.coding_track.verify) against its task's
+    hidden tests. An unresolved attempt is a score like any other; the platform's faults raise:
+    a sandbox that fails or a task whose files are unavailable (retried, then platform_error),
+    hidden tests that do not apply to their snapshot or a task that cannot be graded, and a
+    machine without bubblewrap (platform_error at once)."""
+
+    # The task's files by dataset and task id (aml_evaluation.coding.source).
+    open_task: OpenTask
+    # The test command's sandbox (`coding_track.verify_limits`).
+    limits: SandboxLimits
+    open_workspace: OpenWorkspace = Sandbox.from_archive
+    sandbox_check: SandboxCheck = field(default_factory=SandboxCheck)
+
+    async def __call__(self, question: Document, patch: str) -> Document:
+        await self.sandbox_check()
+        files = await open_task_files(self.open_task, question)
+        task = files.task
+        try:
+            verification = await asyncio.to_thread(
+                verify, task, files.snapshot, patch, self.limits, self.open_workspace
+            )
+        except (HiddenTestsRejected, SandboxUnavailable) as fault:
+            raise FinalFailure(FailureKind.PLATFORM_ERROR, str(fault)) from None
+        except ValueError as broken:
+            # The task's lists or format cannot be graded (a dataset registered before a check).
+            raise FinalFailure(
+                FailureKind.PLATFORM_ERROR, f"task {task.task_id} cannot be graded: {broken}"
+            ) from None
+        return {
+            "coding_task": task.task_id,
+            "task_type": task.task_type,
+            **score_fields(verification),
+        }
 
 
 @dataclass
@@ -54,6 +106,9 @@ class ScoreAnswer:
     rule_prompts: Mapping[str, Prompt] = field(default_factory=load_judge_rule_prompts)
     # The LLM's outages: a call finding it down waits (None: it fails and is redelivered).
     outages: Outages | None = None
+    # A coding task's attempt is verified by this (None: this scorer does not run the coding
+    # track, and such an attempt fails as the platform's).
+    verify: VerifyAttempt | None = None
 
     async def __call__(self, work: QuestionWork, question: Document, item: StageCall) -> Document:
         answer = work.answer
@@ -68,6 +123,12 @@ class ScoreAnswer:
             "category_name": question["category_name"],
         }
         method = scoring_method(question.get("options"), question.get("scorer"))
+        if method == "resolved":
+            if self.verify is None:
+                raise FinalFailure(
+                    FailureKind.PLATFORM_ERROR, "this scorer does not run the coding track"
+                )
+            return found | await self.verify(question, answer)
         if method == "choice":
             return found | self.choice(answer, question["options"], question["gold_answer"])
         if method == "f1_alone":

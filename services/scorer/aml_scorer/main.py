@@ -6,12 +6,13 @@ from faststream import FastStream
 
 from aml_evaluation.prompts import load_prompt
 from aml_evaluation.punkt import require_punkt_tab
+from aml_pipeline.coding_track import registered_tasks, verify_limits
 from aml_pipeline.llm import make_llm_client
 from aml_pipeline.outages import lane_outages
 from aml_pipeline.question_stage import QuestionStageWorker
 from aml_pipeline.stage_worker import llm_stage_worker, serve_stage
 from aml_runtime.service import open_runtime
-from aml_scorer.handlers import ScoreAnswer
+from aml_scorer.handlers import ScoreAnswer, VerifyAttempt
 from aml_scorer.settings import ScorerSettings
 
 
@@ -29,6 +30,10 @@ def create_app(settings: ScorerSettings | None = None) -> FastStream:
         load_prompt(settings.judge_prompt),
         load_prompt(settings.judge_abstention_prompt),
         outages=outages,
+        verify=VerifyAttempt(
+            registered_tasks(settings.datasets_root),
+            verify_limits(settings.coding_test_timeout_seconds),
+        ),
     )
     stage = QuestionStageWorker("score", settings, rt.stores, rt.broker, rt.bus, compute)
     worker = llm_stage_worker(rt, settings, "score", "scorer", stage, outages)

@@ -99,9 +99,11 @@ class SearchQuestion:
     ) -> list[Document]:
         """The candidates of a valid Search answer, its validation on the audited attempt."""
         endpoint = await self.endpoints.get(work.version_id, work.job_id)
+        # The top_k the body asks for: the dataset's own where it declares one (coding).
+        top_k = question.get("top_k") or job["top_k"]
         try:
             items = await self.client.search(
-                endpoint, question["search_body"], job["top_k"], observe, item.admission
+                endpoint, question["search_body"], top_k, observe, item.admission
             )
         except CallFailed as exc:
             if exc.kind == FailureKind.CONTRACT_ERROR:

@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 from aml_contract.api.vocabulary import JobState, Track
 
 # The Metrics field that is a cell's headline score.
-Headline = Literal["accuracy", "f1_mean"]
+Headline = Literal["accuracy", "f1_mean", "resolved_rate"]
 
 
 class Metrics(BaseModel):
@@ -43,9 +43,29 @@ class Metrics(BaseModel):
     )
     headline: Headline = Field(
         default="accuracy",
-        description="Which field is this cell's headline: `accuracy`, or `f1_mean` when its "
+        description="Which field is this cell's headline: `accuracy`, `f1_mean` when its "
         "questions were scored by token F1 alone (a `token_f1` dataset such as Mem-Gallery, "
-        "whose questions are `unjudged` and whose accuracy is None).",
+        "whose questions are `unjudged` and whose accuracy is None), or `resolved_rate` for "
+        "the coding track's attempts.",
+    )
+    # The coding track's attempts; absent (not null) from a cell without any, so
+    # earlier results, and their fingerprints, are unchanged.
+    attempts: int | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description="Coding attempts verified (resolved or not); attempts the platform failed "
+        "are counted in `failed`, never here.",
+    )
+    resolved: int | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description="Coding attempts whose patch made every FAIL_TO_PASS test pass and kept "
+        "every PASS_TO_PASS test passing.",
+    )
+    resolved_rate: float | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description="resolved / attempts: the coding track's headline.",
     )
     f1_mean: float | None
     bleu1_mean: float | None = None
@@ -72,6 +92,13 @@ class DatasetResults(BaseModel):
         description="Streaming datasets only: the dataset's overall split by the point where "
         "each question was asked, keyed by the point's ordinal among its question's points "
         '("1" = its first point, "2" = its second, ...).',
+    )
+    # Absent (not null) for a dataset that declares no task types, as `points`.
+    task_types: dict[str, Metrics] | None = Field(
+        default=None,
+        exclude_if=lambda task_types: task_types is None,
+        description="Coding datasets only: the dataset's overall split by the task type the "
+        'dataset declares for each task ("debug", "development").',
     )
 
 

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from itertools import pairwise
 from pathlib import Path, PurePosixPath
-from typing import Annotated, Final, Literal, TypeVar, get_args
+from typing import IO, Annotated, Final, Literal, TypeVar, get_args
 
 from pydantic import (
     AwareDatetime,
@@ -73,6 +73,8 @@ TRAJECTORIES_FILE: Final = "trajectories.jsonl"
 CONDITIONS_FILE: Final = "conditions.json"
 SNAPSHOTS_DIR: Final = "snapshots"
 SNAPSHOT_SUFFIX: Final = ".tar.gz"
+# The files a bundle's manifest lists (the snapshots are pinned by the tasks, not listed).
+BUNDLE_FILES: Final = (TASKS_FILE, TRAJECTORIES_FILE, CONDITIONS_FILE)
 
 TaskType = Literal["debug", "development"]
 LogFormat = Literal["unittest", "pytest"]
@@ -660,23 +662,32 @@ def read_jsonl(
     """The records of a JSON Lines file, one model per non-blank line, read a line at a time with
     every line, the record count and the file bounded; CodingBundleError names file and line."""
     _bounded_size(path, max_file_bytes)
-    records = 0
     with path.open("rb") as handle:
-        number = 0
-        while line := handle.readline(max_line_bytes + 1):
-            number += 1
-            where = f"{path.name}:{number}"
-            if len(line) > max_line_bytes:
-                raise CodingBundleError([f"{where}: line longer than {max_line_bytes} bytes"])
-            if not line.strip():
-                continue
-            records += 1
-            if records > max_records:
-                raise CodingBundleError([f"{where}: more than {max_records} records"])
-            try:
-                yield model.model_validate_json(line)
-            except ValidationError as error:
-                raise CodingBundleError([f"{where}: {_validation_text(error)}"]) from None
+        yield from jsonl_records(
+            handle, path.name, model, max_records=max_records, max_line_bytes=max_line_bytes
+        )
+
+
+def jsonl_records(
+    handle: IO[bytes], name: str, model: type[_Model], *, max_records: int, max_line_bytes: int
+) -> Iterator[_Model]:
+    """:func:`read_jsonl` over an open binary stream (``name`` names it in errors)."""
+    records = 0
+    number = 0
+    while line := handle.readline(max_line_bytes + 1):
+        number += 1
+        where = f"{name}:{number}"
+        if len(line) > max_line_bytes:
+            raise CodingBundleError([f"{where}: line longer than {max_line_bytes} bytes"])
+        if not line.strip():
+            continue
+        records += 1
+        if records > max_records:
+            raise CodingBundleError([f"{where}: more than {max_records} records"])
+        try:
+            yield model.model_validate_json(line)
+        except ValidationError as error:
+            raise CodingBundleError([f"{where}: {_validation_text(error)}"]) from None
 
 
 def read_tasks(path: Path, limits: BundleLimits | None = None) -> list[CodingTask]:
@@ -714,6 +725,58 @@ def read_conditions(path: Path, limits: BundleLimits | None = None) -> Condition
     if len(conditions.root) > limits.max_tasks:
         raise CodingBundleError([f"{path.name}: more than {limits.max_tasks} tasks"])
     return conditions
+
+
+def _bounded_bytes(name: str, data: bytes, max_bytes: int) -> bytes:
+    if len(data) > max_bytes:
+        raise CodingBundleError([f"{name} is {len(data)} bytes, more than {max_bytes}"])
+    return data
+
+
+def parse_coding_files(
+    files: Mapping[str, bytes], limits: BundleLimits | None = None
+) -> CodingBundle:
+    """A bundle from the bytes of its three files, by name (:data:`BUNDLE_FILES`), read with the
+    same bounds as :func:`load_coding_bundle` and not validated yet (:func:`bundle_problems`):
+    the dataset registry hands its parser bytes it has checked against the manifest."""
+    limits = limits or BundleLimits()
+    missing = [name for name in BUNDLE_FILES if name not in files]
+    if missing:
+        raise CodingBundleError([f"the bundle has no {name}" for name in missing])
+    tasks = _bounded_bytes(TASKS_FILE, files[TASKS_FILE], limits.max_tasks_file_bytes)
+    trajectories = _bounded_bytes(
+        TRAJECTORIES_FILE, files[TRAJECTORIES_FILE], limits.max_trajectories_file_bytes
+    )
+    conditions = _bounded_bytes(
+        CONDITIONS_FILE, files[CONDITIONS_FILE], limits.max_conditions_file_bytes
+    )
+    try:
+        parsed = Conditions.model_validate_json(conditions)
+    except ValidationError as error:
+        raise CodingBundleError([f"{CONDITIONS_FILE}: {_validation_text(error)}"]) from None
+    if len(parsed.root) > limits.max_tasks:
+        raise CodingBundleError([f"{CONDITIONS_FILE}: more than {limits.max_tasks} tasks"])
+    return CodingBundle(
+        tasks=list(
+            jsonl_records(
+                io.BytesIO(tasks),
+                TASKS_FILE,
+                CodingTask,
+                max_records=limits.max_tasks,
+                max_line_bytes=limits.max_line_bytes,
+            )
+        ),
+        trajectories=list(
+            jsonl_records(
+                io.BytesIO(trajectories),
+                TRAJECTORIES_FILE,
+                Trajectory,
+                max_records=limits.max_trajectories,
+                max_line_bytes=limits.max_line_bytes,
+            )
+        ),
+        conditions=parsed,
+    )
 
 
 def load_coding_bundle(root: Path, limits: BundleLimits | None = None) -> CodingBundle:

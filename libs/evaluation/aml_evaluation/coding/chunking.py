@@ -21,6 +21,11 @@ a limit. A step is never split; it holds at most 20 turns (the bundle refuses mo
 step of more than 2,000 words is an Add of its own, as ``chunk-v1`` does with a long message.
 Adds never span trajectories. Per scope, Adds are numbered ``seq`` = 1, 2, ... across its
 trajectories, and ``request_id`` = ``<user_id>:chunk-<seq>``.
+
+**One rule, two readings.** This module writes a bundle's Adds from the bundle itself; a job
+writes them from the registry's dataset (:mod:`aml_evaluation.coding.dataset`, chunked by
+:mod:`aml_evaluation.chunker` under ``coding-v1``). Both pack with the chunker's
+:func:`~aml_evaluation.chunker.pack_steps`, and the tests hold the two to the same Adds.
 """
 
 from __future__ import annotations
@@ -36,10 +41,10 @@ from aml_contract.participant import (
     memory_user_id,
     user_chunk_id,
 )
-from aml_evaluation.chunker import MAX_MESSAGES, MAX_WORDS, AddChunk, message_words
+from aml_evaluation.chunker import CODING_CHUNKER_VERSION as CODING_CHUNKER_VERSION  # re-export
+from aml_evaluation.chunker import AddChunk, pack_steps
 from aml_evaluation.coding.bundle import CONDITIONS, CodingBundle, Condition, Step, Trajectory
 
-CODING_CHUNKER_VERSION: Final = "coding-v1"
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -66,27 +71,6 @@ def step_messages(step: Step, created_at: datetime) -> list[Message]:
         )
         for turn in step.turns
     ]
-
-
-def pack_steps(
-    steps: Sequence[Sequence[Message]],
-    max_messages: int = MAX_MESSAGES,
-    max_words: int = MAX_WORDS,
-) -> list[list[Message]]:
-    """Steps packed greedily into Adds, a new one only when the next step would not fit."""
-    chunks: list[list[Message]] = []
-    current: list[Message] = []
-    words = 0
-    for step in steps:
-        step_words = sum(message_words(message) for message in step)
-        if current and (len(current) + len(step) > max_messages or words + step_words > max_words):
-            chunks.append(current)
-            current, words = [], 0
-        current.extend(step)
-        words += step_words
-    if current:
-        chunks.append(current)
-    return chunks
 
 
 def trajectory_chunks(trajectory: Trajectory) -> list[list[Message]]:

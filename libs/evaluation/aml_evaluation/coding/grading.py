@@ -77,6 +77,9 @@ from typing import Final, Literal, get_args
 
 LogFormat = Literal["pytest", "unittest"]
 LOG_FORMATS: Final[tuple[str, ...]] = get_args(LogFormat)
+# The rules of this module (swebench 5.0.2's, with the deviations above), recorded with every
+# verdict and in the evaluation spec: a change to what any log grades as is a new version.
+GRADING_VERSION: Final = "swebench-5.0.2-grading-v1"
 
 # The largest log graded, in characters and in lines. Real -rA / -v logs of a task's selected
 # tests are well under a few MB and tens of thousands of lines. The parsers spend C time per

@@ -12,16 +12,17 @@ Running the tests needs the sandbox and reading their log needs the grader, both
 live elsewhere: they are parameters here. ``run_tests(snapshot, patches, test_command)``
 unpacks the snapshot into a fresh directory, applies the patches in order (raising
 :class:`PatchDoesNotApply` naming the first that fails), runs the command in the repository root
-and returns its log; ``grade(task, log)`` says whether the log resolves the task. Any other
-exception of ``run_tests`` is an infrastructure fault and is raised as is: it never counts as
-"unresolved" (R-2.5).
+and returns its log (or whatever the grader reads: the log with the command's exit status, for
+:func:`aml_evaluation.coding.grading.grade`); ``grade(task, log)`` says whether that run resolves
+the task. Any other exception of ``run_tests`` is an infrastructure fault and is raised as is: it
+never counts as "unresolved" (R-2.5).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -37,11 +38,16 @@ class PatchDoesNotApply(Exception):
         self.detail = detail
 
 
-class RunTests(Protocol):
-    def __call__(self, snapshot: Path, patches: Sequence[str], test_command: str) -> str: ...
+# What a test run gives the grader: its log, or the log with more (its exit status).
+_Run = TypeVar("_Run")
+_Run_co = TypeVar("_Run_co", covariant=True)
 
 
-Grade = Callable[[CodingTask, str], bool]
+class RunTests(Protocol[_Run_co]):
+    def __call__(self, snapshot: Path, patches: Sequence[str], test_command: str) -> _Run_co: ...
+
+
+Grade = Callable[[CodingTask, _Run], bool]
 
 
 class TaskCheck(BaseModel):
@@ -63,8 +69,8 @@ def _run(
     task: CodingTask,
     snapshot: Path,
     fix: tuple[str, str] | None,
-    run_tests: RunTests,
-    grade: Grade,
+    run_tests: RunTests[_Run],
+    grade: Grade[_Run],
 ) -> tuple[bool | None, str | None]:
     """(resolved, problem) of one run: the fix (name, patch) if any, then the hidden tests."""
     patches = [task.test_patch] if fix is None else [fix[1], task.test_patch]
@@ -77,7 +83,9 @@ def _run(
     return grade(task, log), None
 
 
-def check_task(task: CodingTask, snapshot: Path, run_tests: RunTests, grade: Grade) -> TaskCheck:
+def check_task(
+    task: CodingTask, snapshot: Path, run_tests: RunTests[_Run], grade: Grade[_Run]
+) -> TaskCheck:
     """Run a task's tests with no patch, the gold patch and (if any) the stand-in's wrong patch;
     the problems name what makes the task unusable."""
     problems: list[str] = []
@@ -117,7 +125,7 @@ def check_task(task: CodingTask, snapshot: Path, run_tests: RunTests, grade: Gra
 
 
 def check_bundle(
-    bundle: CodingBundle, root: Path, run_tests: RunTests, grade: Grade
+    bundle: CodingBundle, root: Path, run_tests: RunTests[_Run], grade: Grade[_Run]
 ) -> list[TaskCheck]:
     """:func:`check_task` for every task of a bundle whose directory is `root`, in order."""
     return [check_task(task, root / task.snapshot, run_tests, grade) for task in bundle.tasks]

@@ -1,7 +1,7 @@
 """The coding track's sandbox (SPEC R-2.5): a repository snapshot's working copy, and the
 commands a coding agent runs on it, isolated with bubblewrap.
 
-A command sees only its working copy (read-write at /repo), a private /tmp and the system's
+A command sees only its working copy (read-write at /testbed), a private /tmp and the system's
 read-only /usr; no network, no platform files, secrets or environment; it runs as a uid that is
 not root, within CPU, memory, process, file-size, output and wall-time limits, and its whole
 process tree dies at its time limit (`bwrap`, `SandboxLimits`). The agent's submission is the

@@ -11,14 +11,14 @@ File system, built from an empty tmpfs that is made read-only at the end:
   systems);
 - /etc: only generated passwd, group and hosts files, plus the dynamic linker's cache and the
   alternatives symlinks; no resolver configuration, no certificates, nothing else of the host's;
-- /repo: the working copy, read-write, the working directory;
+- /testbed (`REPO`): the working copy, read-write, the working directory;
 - /tmp and /dev/shm: private tmpfs of `tmp_bytes` each; /dev: bwrap's minimal device set;
   /proc: the sandbox's own pid namespace;
 - /run/aml: files handed in by the platform (a patch to apply), read-only.
 
 Environment: exactly `ENVIRONMENT`. Inside, the command runs as uid/gid `INSIDE_ID` with no
 capabilities, under `nice` and `prlimit` (`SandboxLimits`), through `sh`, which writes the
-READY handshake before it enters /repo and executes `bash -c COMMAND`.
+READY handshake before it enters /testbed and executes `bash -c COMMAND`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,10 @@ from pathlib import Path
 from .model import SandboxLimits
 from .process import READY
 
-REPO = "/repo"
+# Where the working copy is: mini-swe-agent's SWE-bench prompt, which the coding agent keeps
+# as upstream wrote it, tells the agent its work tree is /testbed (SWE-bench's own images put
+# the repository there too).
+REPO = "/testbed"
 INBOX = "/run/aml"
 INSIDE_ID = 1000
 ENVIRONMENT: tuple[tuple[str, str], ...] = (
@@ -48,7 +51,7 @@ SYSTEM_DIRECTORIES = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 HOST_ETC = ("/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime")
 GENERATED_ETC = ("passwd", "group", "hosts")
 # The working directory is entered after READY, not by bwrap (`--chdir`): a command that made
-# /repo unreadable must fail the next command itself, not look like a sandbox that cannot start.
+# /testbed unreadable must fail the next command itself, not look like a sandbox that cannot start.
 _HANDSHAKE = f'printf %s "$1" && cd {REPO} && exec /bin/bash -c "$2"'
 
 

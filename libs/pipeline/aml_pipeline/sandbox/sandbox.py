@@ -3,7 +3,7 @@ commands run on the working copy.
 
 On the host (`Sandbox.root`, 0711 so the sandbox's uid can reach what it binds and list nothing):
 - `pristine/` (0700): the snapshot as unpacked; never mounted;
-- `repo/`: the working copy, mounted read-write at /repo;
+- `repo/`: the working copy, mounted read-write at /testbed;
 - `etc/`, `inbox/`, `empty/`: what `bwrap.argv` binds read-only;
 - `git/` (0700): the object store `patch()` diffs in; never mounted.
 
@@ -164,7 +164,7 @@ class Sandbox:
             raise SandboxFault(f"the working copy could not be made: {error}") from error
 
     def run(self, command: str, timeout: float | None = None) -> CommandResult:
-        """Runs `command` with `bash -c` in /repo, in fresh namespaces, within the limits
+        """Runs `command` with `bash -c` in /testbed, in fresh namespaces, within the limits
         (`timeout` replaces `wall_seconds`). Raises `SandboxFault` only when the sandbox itself
         failed; the command's own failures are in the result."""
         if self._bwrap is None:

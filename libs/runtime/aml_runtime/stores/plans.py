@@ -48,7 +48,14 @@ NEXT_CHUNK_FIELDS = {"state": 1, "seq": 1, "searched_before": 1}
 # What the scheduler reads of an announced chunk: not the body, only what the release needs.
 _ANNOUNCED_FIELDS = {"user_id": 1, "seq": 1, "failure": 1, "failure_kind": 1}
 # What a question's outcome names (the completion's aggregation reads every question of a job).
-_OUTCOME_FIELDS = {"dataset_id": 1, "category_name": 1, "question_id": 1, "point_index": 1}
+_OUTCOME_FIELDS = {
+    "dataset_id": 1,
+    "category_name": 1,
+    "question_id": 1,
+    "point_index": 1,
+    # A coding attempt's task type (absent elsewhere): results split by it.
+    "task_type": 1,
+}
 # What the stall watchdog reads of a pending chunk: where it is in its chain, what it waits for.
 _PENDING_FIELDS = {"user_id": 1, "seq": 1, "searched_before": 1}
 
@@ -201,7 +208,8 @@ class PlanStore:
 
     async def questions_of(self, job_id: str) -> AsyncIterator[Document]:
         """Every question of the job, only what its outcome names (`dataset_id`,
-        `category_name`, `question_id`, `point_index`): once per job, the `job_id` index."""
+        `category_name`, `question_id`, `point_index`, `task_type`): once per job, the `job_id`
+        index."""
         async for question in self._db.questions.find({"job_id": job_id}, _OUTCOME_FIELDS):
             yield question
 

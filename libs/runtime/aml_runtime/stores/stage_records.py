@@ -44,11 +44,16 @@ from aml_runtime.documents import (
 # Each question stage's collection (`STAGE_COLLECTIONS` without the Adds': not this store's).
 _COLLECTIONS: dict[QuestionStage, str] = {"search": SEARCHES, "answer": ANSWERS, "score": SCORES}
 
-# What retention empties of each record (the records stay: counts and outcomes survive).
-_BODIES: tuple[tuple[str, Document], ...] = (
-    (SEARCHES, {"candidates": []}),
-    (ANSWERS, {"answer": None}),
-    (SCORES, {"judge_replies": []}),
+# What retention empties of each record (the records stay: counts and outcomes survive): the
+# collection, which of its records (besides the job's), and the fields emptied. A coding
+# attempt's own bodies (its trajectory, its test log) are emptied only where they are, so no
+# other record gains a field.
+_BODIES: tuple[tuple[str, Document, Document], ...] = (
+    (SEARCHES, {}, {"candidates": []}),
+    (ANSWERS, {}, {"answer": None}),
+    (ANSWERS, {"trajectory": {"$exists": True}}, {"trajectory": []}),
+    (SCORES, {}, {"judge_replies": []}),
+    (SCORES, {"test_log": {"$exists": True}}, {"test_log": None}),
 )
 
 
@@ -150,6 +155,7 @@ class StageRecordStore:
 
     async def purge_bodies(self, job_id: str) -> None:
         """Empty what the job's records hold of the participant's memory and the models'
-        replies: the searches' candidates, the answers, the judge's replies. Repeatable."""
-        for collection, emptied in _BODIES:
-            await self._db[collection].update_many({"job_id": job_id}, {"$set": emptied})
+        replies: the searches' candidates, the answers (a coding attempt's: its patch), the
+        judge's replies, a coding attempt's trajectory and test log. Repeatable."""
+        for collection, which, emptied in _BODIES:
+            await self._db[collection].update_many({"job_id": job_id, **which}, {"$set": emptied})
