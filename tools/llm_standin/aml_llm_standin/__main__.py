@@ -1,6 +1,6 @@
-"""`python -m aml_llm_standin --port P [--latency 0.5] [--concurrency 8] [--host 127.0.0.1]`.
-Prints `listening on <base URL>` once bound (useful with --port 0); the OpenAI base URL is that
-plus `/v1`."""
+"""`python -m aml_llm_standin --port P [--latency 0.5] [--concurrency 8] [--host 127.0.0.1]
+[--coding-tasks tasks.jsonl ...]`. Prints `listening on <base URL>` once bound (useful with
+--port 0); the OpenAI base URL is that plus `/v1`."""
 
 from __future__ import annotations
 
@@ -9,10 +9,14 @@ import ipaddress
 import socket
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import uvicorn
 
+from aml_evaluation.coding.bundle import CodingBundleError
+
 from .app import create_app
+from .coding import SHIPPED_TASKS, load_coding_tasks
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,6 +29,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--latency", type=float, default=0.5, help="seconds per completion")
     parser.add_argument(
         "--concurrency", type=int, default=8, help="requests served at once; more get 429"
+    )
+    parser.add_argument(
+        "--coding-tasks",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a coding bundle's tasks.jsonl whose tasks (with stand-in hints) the scripted "
+        "coding agent knows besides the shipped synthetic-coding ones; repeatable",
     )
     parser.add_argument("--log-level", default="warning")
     return parser
@@ -49,12 +62,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.latency < 0 or args.concurrency < 1:
         parser.error("--latency must be >= 0 and --concurrency >= 1")
     try:
+        coding_tasks = load_coding_tasks([SHIPPED_TASKS, *args.coding_tasks])
+    except (CodingBundleError, OSError) as exc:
+        parser.error(f"--coding-tasks: {exc}")
+    try:
         sock = bind_loopback(args.host, args.port)
     except (ValueError, OSError) as exc:
         parser.error(str(exc))
     host, port = sock.getsockname()[:2]
     config = uvicorn.Config(
-        create_app(args.latency, args.concurrency),
+        create_app(args.latency, args.concurrency, coding_tasks),
         host=host,
         port=port,
         lifespan="off",

@@ -2,7 +2,10 @@
 
 - `POST /v1/chat/completions`: the OpenAI chat completion shape. A request arriving while
   `capacity` others are being served is answered 429 at once, in OpenAI's error shape; the
-  others are answered after `latency_s` with a deterministic reply (see replies.py);
+  others are answered after `latency_s` with a deterministic reply: a coding agent's
+  conversation by the scripted agent (coding.py, over the `coding_tasks` it knows), any other
+  prompt as replies.py says;
+- `GET /v1/models`: the one model, marked as the scripted stand-in it is (`SCRIPTED_MODEL`);
 - `GET /health`; `GET /stats` (a StatsReport); `GET /stats/intervals` (BusyIntervals: when each
   served request held its slot, on the `time.monotonic()` clock, which every process of the
   machine shares); `POST /stats/reset` (between a benchmark's scenarios, so that each reads its
@@ -26,6 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from .coding import SCRIPTED_MODEL, CodingTasks, coding_reply, load_coding_tasks, word_count
 from .replies import is_judge_prompt, reply_for
 from .stats import CallStats
 
@@ -61,7 +65,7 @@ class ChatRequest(BaseModel):
 
 
 def _estimate_tokens(text: str) -> int:
-    # Only for `usage`, which the platform does not read; the same estimate it uses itself.
+    # The answer and judge replies' `usage`, which the platform does not read: its own estimate.
     return math.ceil(len(text.encode("utf-8")) / 3)
 
 
@@ -70,8 +74,9 @@ def _error(status: int, message: str, kind: str, code: str | None) -> JSONRespon
     return JSONResponse(body, status_code=status)
 
 
-def _completion(number: int, request: ChatRequest, prompt: str, reply: str) -> dict[str, Any]:
-    prompt_tokens, reply_tokens = _estimate_tokens(prompt), _estimate_tokens(reply)
+def _completion(
+    number: int, request: ChatRequest, reply: str, prompt_tokens: int, reply_tokens: int
+) -> dict[str, Any]:
     return {
         "id": f"chatcmpl-standin-{number}",
         "object": "chat.completion",
@@ -94,7 +99,12 @@ def _completion(number: int, request: ChatRequest, prompt: str, reply: str) -> d
     }
 
 
-def create_app(latency_s: float, capacity: int) -> Starlette:
+def create_app(
+    latency_s: float, capacity: int, coding_tasks: CodingTasks | None = None
+) -> Starlette:
+    """`coding_tasks`: the tasks the scripted coding agent knows (default: the shipped
+    synthetic-coding tasks, `load_coding_tasks()`)."""
+    tasks = load_coding_tasks() if coding_tasks is None else coding_tasks
     stats = CallStats(latency_s, capacity)
     numbers = itertools.count(1)
     recent: deque[list[dict[str, Any]]] = deque(maxlen=RECENT_REQUESTS)
@@ -115,16 +125,33 @@ def create_app(latency_s: float, capacity: int) -> Starlette:
                 text = f"over capacity: at most {capacity} requests at once"
                 return _error(429, text, "rate_limit_error", "rate_limit_exceeded")
             await asyncio.sleep(latency_s)
-            prompt = chat_request.prompt()
-            max_tokens = chat_request.max_completion_tokens or chat_request.max_tokens
-            reply = reply_for(prompt, max_tokens)
-            stats.served("judge" if is_judge_prompt(prompt) else "answer")
-            return JSONResponse(_completion(next(numbers), chat_request, prompt, reply))
+            texts = [(message.role, message.text()) for message in chat_request.messages]
+            # First: an agent's observation may hold anything, a judge prompt's words included.
+            # Its reply is never cut to max_tokens, which would only break the command.
+            scripted = coding_reply(texts, tasks)
+            if scripted is not None:
+                reply, kind = scripted, "coding"
+                prompt_tokens = word_count(text for _, text in texts)
+                reply_tokens = word_count([reply])
+            else:
+                prompt = chat_request.prompt()
+                max_tokens = chat_request.max_completion_tokens or chat_request.max_tokens
+                reply = reply_for(prompt, max_tokens)
+                kind = "judge" if is_judge_prompt(prompt) else "answer"
+                prompt_tokens, reply_tokens = _estimate_tokens(prompt), _estimate_tokens(reply)
+            stats.served(kind)
+            body = _completion(next(numbers), chat_request, reply, prompt_tokens, reply_tokens)
+            return JSONResponse(body)
         finally:
             stats.leave(admitted, started)
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
+
+    async def models(request: Request) -> Response:
+        # OpenAI's list shape, plus what a client may show its users: this is no model.
+        model = {"id": MODEL_FINGERPRINT, "object": "model", "created": 0, "owned_by": "aml"}
+        return JSONResponse({"object": "list", "data": [{**model, "description": SCRIPTED_MODEL}]})
 
     async def report(request: Request) -> Response:
         return Response(stats.report().model_dump_json(), media_type="application/json")
@@ -143,6 +170,7 @@ def create_app(latency_s: float, capacity: int) -> Starlette:
     return Starlette(
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/stats", report, methods=["GET"]),
             Route("/stats/intervals", intervals, methods=["GET"]),

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, Field
 
+from .coding import SCRIPTED_MODEL
+
 
 def max_in_window(times: Sequence[float], window: float = 1.0) -> int:
     """The most arrivals in any half-open window [t, t + window) of `times` (any order).
@@ -28,13 +30,19 @@ def max_in_window(times: Sequence[float], window: float = 1.0) -> int:
 
 
 class StatsReport(BaseModel):
+    model: str = Field(
+        default=SCRIPTED_MODEL,
+        description="what answers: fixed scripts, no language model (for a demo to say so)",
+    )
     latency_s: float
     capacity: int
     calls: int = Field(description="chat completion requests, rejected ones included")
     served: int = Field(description="answered 200 after the latency")
     rejected_429: int = Field(description="answered 429 at once: over the declared capacity")
     invalid: int = Field(description="answered 400 (not a chat completion request); not calls")
-    by_kind: dict[str, int] = Field(description="served calls per prompt kind: answer, judge")
+    by_kind: dict[str, int] = Field(
+        description="served calls per prompt kind: answer, judge, coding (an agent's step)"
+    )
     max_concurrency: int = Field(
         description="most requests in flight at an arrival, that one included (what was sent)"
     )
