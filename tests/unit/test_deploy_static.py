@@ -5,8 +5,9 @@ checked against each other and against the code: services, healthchecks and thei
 build contexts, mounts and volumes, secrets only by substitution, AML_* variables that are real
 settings fields, commands that run modules that exist, the Grafana provisioning, login and
 dashboard (its PromQL names only metrics aml_runtime.metrics exports), Prometheus' scrape
-targets, the collector pipelines and the Tempo config. Every failure names the service or file
-at fault.
+targets, the collector pipelines and the Tempo config; the coding worker's image target, its
+compose services (datasets read-only, bwrap's security options) and the seccomp profile. Every
+failure names the service or file at fault.
 """
 
 from __future__ import annotations
@@ -525,6 +526,210 @@ def test_image_leaves_the_developer_tooling_out() -> None:
     if not any("rm /usr/local/bin/aml" in run for run in installs):
         found.append("Dockerfile: the `aml` script (aml_devtools.cli) is left in the image")
     assert not found, _problems(found)
+
+
+# -- The coding worker: its image target, compose service and seccomp profile ------------------
+# The answerer (Solve) and scorer (Verify) run the coding track's sandbox (aml_pipeline.sandbox):
+# bwrap, git and Debian's /usr/bin/python3 on the worker (the sandbox masks /usr/local, where
+# the python image's own interpreter is), the datasets root mounted, and what bwrap needs under
+# Docker to create user namespaces as the unprivileged user 10001.
+
+CODING_WORKERS = ("answerer", "scorer")
+CODING_PACKAGES = ("bubblewrap", "git", "python3")
+SECCOMP_PROFILE = DEPLOY / "seccomp" / "aml-bwrap.json"
+# What bwrap 0.8 calls that the runtimes' default profiles deny a container without capabilities.
+BWRAP_SYSCALLS = {"clone", "unshare", "mount", "umount2", "pivot_root", "sethostname"}
+# Never opened by the profile: the default profile denies them, and bwrap needs none of them.
+DENIED_SYSCALLS = {"bpf", "setns", "keyctl", "add_key", "request_key", "chroot", "kexec_load",
+                   "kexec_file_load", "init_module", "finit_module", "delete_module",
+                   "open_by_handle_at", "perf_event_open", "userfaultfd", "fsopen", "fsmount",
+                   "fsconfig", "move_mount", "open_tree", "mount_setattr", "syslog", "reboot",
+                   "swapon", "swapoff", "acct", "iopl", "ioperm", "settimeofday", "clock_settime",
+                   "quotactl", "lookup_dcookie", "setdomainname", "vhangup"}  # fmt: skip
+# The OCI runtime-spec's seccomp fields, all that containerd reads from a Localhost profile (it
+# ignores Docker's `includes`/`excludes`/`archMap`, which would silently widen a rule there).
+OCI_SECCOMP_KEYS = {"defaultAction", "defaultErrnoRet", "architectures", "flags", "syscalls"}
+OCI_SYSCALL_KEYS = {"names", "action", "errnoRet", "args"}
+DEBIAN_RELEASES = {"bookworm": 12, "trixie": 13}
+
+
+def _stages() -> list[tuple[str, str, list[tuple[str, str]]]]:
+    """(stage name, base, instructions) of each Dockerfile stage, in order; an unnamed stage is
+    named by its position."""
+    stages: list[tuple[str, str, list[tuple[str, str]]]] = []
+    for op, args in _instructions():
+        if op == "FROM":
+            words = args.split()
+            name = words[2] if len(words) > 2 and words[1].upper() == "AS" else str(len(stages))
+            stages.append((name, words[0], []))
+        elif stages:
+            stages[-1][2].append((op, args))
+    return stages
+
+
+def _build_target(service: dict[str, Any]) -> str | None:
+    build = service.get("build")
+    return build.get("target") if isinstance(build, dict) else None
+
+
+def _mount_flags(service: dict[str, Any], target: str) -> tuple[str, bool] | None:
+    """(source, read-only) of the mount at `target`, short or long syntax."""
+    for volume in service.get("volumes") or []:
+        if isinstance(volume, dict):
+            if volume["target"] == target:
+                return volume.get("source", ""), bool(volume.get("read_only"))
+            continue
+        parts = volume.split(":")
+        if len(parts) >= 2 and parts[1] == target:
+            return parts[0], len(parts) > 2 and "ro" in parts[2].split(",")
+    return None
+
+
+def test_dockerfile_builds_a_coding_target_with_the_sandbox_tools_as_non_root() -> None:
+    stages = _stages()
+    names = [name for name, _, _ in stages]
+    assert "service" in names and "coding" in names, f"Dockerfile: stages are {names}"
+    service_base = dict((name, base) for name, base, _ in stages)["service"]
+    # The Debian release is pinned (the apt pins below only hold within one release).
+    release = re.fullmatch(r"python:3\.11-slim-(\w+)", service_base)
+    assert release and release.group(1) in DEBIAN_RELEASES, (
+        f"Dockerfile: the service stage is FROM {service_base}, not a pinned Debian release"
+    )
+    debian = DEBIAN_RELEASES[release.group(1)]
+    ((_, coding_base, coding),) = [stage for stage in stages if stage[0] == "coding"]
+    assert coding_base == "service", f"Dockerfile: the coding stage is FROM {coding_base}"
+    found = []
+    runs = [args for op, args in coding if op == "RUN"]
+    installs = [run for run in runs if "apt-get install" in run]
+    if not installs:
+        found.append("Dockerfile: the coding stage installs nothing with apt-get")
+    for run in installs:
+        if "--no-install-recommends" not in run:
+            found.append("Dockerfile: apt-get install without --no-install-recommends")
+        if "rm -rf /var/lib/apt/lists" not in run:
+            found.append("Dockerfile: the coding stage keeps apt's lists in the image")
+    text = " ".join(installs)
+    for package in CODING_PACKAGES:
+        pin = re.search(rf"(?<![\w.+-]){re.escape(package)}=([^\s'\"]+)", text)
+        if pin is None:
+            found.append(f"Dockerfile: the coding stage does not install {package}, pinned")
+            continue
+        other = re.search(r"\+deb(\d+)u", pin.group(1))
+        if other and int(other.group(1)) != debian:
+            found.append(f"Dockerfile: {package}={pin.group(1)} is not of Debian {debian}")
+    # Root only to install; the stage ends as the service's non-root user and runs its command.
+    users = [args for op, args in coding if op == "USER"]
+    if not users or users[-1].split(":")[0] in ("root", "0"):
+        found.append(f"Dockerfile: the coding stage must end as a non-root USER, has {users}")
+    service_users = [args for name, _, ops in stages if name == "service"
+                     for op, args in ops if op == "USER"]  # fmt: skip
+    if users and service_users and users[-1] != service_users[-1]:
+        found.append(f"Dockerfile: the coding stage runs as {users[-1]}, not {service_users[-1]}")
+    if any(op in ("CMD", "ENTRYPOINT") for op, _ in coding):
+        found.append("Dockerfile: the coding stage changes the command (compose and the "
+                     "manifests choose the service, as for the service image)")  # fmt: skip
+    # A plain `docker build .` (the last stage) still makes the service image.
+    last_name, last_base, last_ops = stages[-1]
+    if last_name != "service" and (last_base != "service" or last_ops):
+        found.append(f"Dockerfile: the default target is {last_name} (FROM {last_base})")
+    assert not found, _problems(found)
+
+
+def test_compose_runs_the_coding_workers_on_the_coding_image_with_the_datasets() -> None:
+    services = _services()
+    targets = {name for name, _, _ in _stages()}
+    found = []
+    for name in AML_SETTINGS:
+        target = _build_target(services[name])
+        expected = "coding" if name in CODING_WORKERS else "service"
+        if target != expected:
+            found.append(f"compose.yaml: `{name}` builds target {target!r}, not {expected!r}")
+        elif target not in targets:
+            found.append(f"compose.yaml: `{name}` builds target {target}, not in the Dockerfile")
+    scheduler_root = _environment(services["scheduler"]).get("AML_DATASETS_ROOT")
+    scheduler_mount = _mount_flags(services["scheduler"], scheduler_root or "")
+    for name in CODING_WORKERS:
+        root = _environment(services[name]).get("AML_DATASETS_ROOT")
+        if not root:
+            found.append(f"compose.yaml: `{name}` has no AML_DATASETS_ROOT")
+            continue
+        mount = _mount_flags(services[name], root)
+        if mount is None or not mount[1]:
+            found.append(f"compose.yaml: `{name}` does not mount {root} read-only ({mount})")
+        elif scheduler_mount is None or mount[0] != scheduler_mount[0]:
+            found.append(f"compose.yaml: `{name}` mounts {mount[0]}, not the scheduler's volume")
+    assert not found, _problems(found)
+
+
+def _security_options(service: dict[str, Any]) -> dict[str, str]:
+    """`security_opt` as key -> value (`key=value`, or the older `key:value`)."""
+    options = {}
+    for option in service.get("security_opt") or []:
+        match = re.fullmatch(r"([^=:]+)[=:]?(.*)", option)
+        assert match, f"compose.yaml: security_opt {option!r}"
+        options[match.group(1)] = match.group(2)
+    return options
+
+
+def test_compose_gives_bwrap_the_narrowest_options_it_needs() -> None:
+    """seccomp: the profile in deploy/seccomp (Docker's default plus bwrap's calls), never
+    unconfined; AppArmor's docker-default (which denies mounts) off; /proc unmasked so the
+    kernel allows bwrap a fresh /proc; no capability, no privilege, no new privileges. The other
+    services keep Docker's defaults."""
+    found = []
+    for name, service in _services().items():
+        options = _security_options(service)
+        if name not in CODING_WORKERS:
+            relaxed = {key: value for key, value in options.items()
+                       if key in ("seccomp", "apparmor", "systempaths")}  # fmt: skip
+            if relaxed or service.get("privileged") or service.get("cap_add"):
+                found.append(f"compose.yaml: `{name}` relaxes {relaxed or 'its privileges'}")
+            continue
+        profile = options.get("seccomp")
+        if profile is None or profile == "unconfined":
+            found.append(f"compose.yaml: `{name}` seccomp is {profile!r}, not a profile file")
+        elif (ROOT / profile).resolve() != SECCOMP_PROFILE.resolve():
+            found.append(f"compose.yaml: `{name}` seccomp profile {profile} is not "
+                         f"{SECCOMP_PROFILE.relative_to(ROOT)}")  # fmt: skip
+        for key, value in (("apparmor", "unconfined"), ("systempaths", "unconfined"),
+                           ("no-new-privileges", "true")):  # fmt: skip
+            if options.get(key) != value:
+                found.append(f"compose.yaml: `{name}` needs security_opt {key}={value}")
+        if service.get("privileged") or service.get("cap_add"):
+            found.append(f"compose.yaml: `{name}` must be neither privileged nor given caps")
+        if service.get("cap_drop") != ["ALL"]:
+            found.append(f"compose.yaml: `{name}` must drop every capability (cap_drop: [ALL])")
+        for key in ("userns_mode", "pid", "ipc", "network_mode"):
+            if str(service.get(key, "")).startswith("host"):
+                found.append(f"compose.yaml: `{name}` shares the host's {key}")
+    assert not found, _problems(found)
+
+
+def test_seccomp_profile_is_the_default_plus_what_bwrap_needs() -> None:
+    profile = json.loads(SECCOMP_PROFILE.read_text(encoding="utf-8"))
+    where = SECCOMP_PROFILE.relative_to(ROOT)
+    # Plain OCI fields only: read the same by Docker, containerd and CRI-O.
+    assert set(profile) <= OCI_SECCOMP_KEYS, f"{where}: {set(profile) - OCI_SECCOMP_KEYS}"
+    assert profile["defaultAction"] == "SCMP_ACT_ERRNO", f"{where}: allows by default"
+    assert {"SCMP_ARCH_X86_64", "SCMP_ARCH_AARCH64"} <= set(profile["architectures"])
+    unconditional: set[str] = set()
+    conditional: set[str] = set()
+    for rule in profile["syscalls"]:
+        assert set(rule) <= OCI_SYSCALL_KEYS, f"{where}: {rule}"
+        if rule["action"] == "SCMP_ACT_ALLOW":
+            (conditional if rule.get("args") else unconditional).update(rule["names"])
+        else:
+            assert rule["action"] == "SCMP_ACT_ERRNO", f"{where}: {rule}"
+    missing = BWRAP_SYSCALLS - unconditional
+    assert not missing, f"{where}: bwrap needs {sorted(missing)}"
+    opened = DENIED_SYSCALLS & (unconditional | conditional)
+    assert not opened, f"{where}: allows {sorted(opened)}, which bwrap does not need"
+    # clone3 answers ENOSYS (as in the default profile), so that libc falls back to clone.
+    assert {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38} in profile["syscalls"]
+    # What the services themselves need is there too (a sample of the default's allow list).
+    assert {"read", "write", "openat", "execve", "socket", "prlimit64", "setpriority"} <= (
+        unconditional | conditional
+    )
 
 
 # -- Grafana ------------------------------------------------------------------------------------

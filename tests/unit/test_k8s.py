@@ -3,7 +3,10 @@ wheel), every object validates strictly against the Kubernetes schemas bundled w
 kubernetes-validate, checkov finds nothing in the built objects, and the manifests agree with the
 code — probes on the endpoints the services serve, settings the services read, secrets only by
 reference, Prometheus scraping every worker, and the stream, consumers and metric the
-autoscaling names are the ones the code declares."""
+autoscaling names are the ones the code declares. For the coding track: the answerer and scorer
+on the coding image with the datasets read-only and exactly what bwrap needs, and the sandbox
+namespace (prepared for a pod-per-attempt runner) with gVisor, deny-all traffic, no token,
+bounds, a deadline and RBAC that reaches nothing else."""
 
 from __future__ import annotations
 
@@ -474,3 +477,254 @@ def test_every_checkov_skip_names_a_check_and_says_why(overlay: str) -> None:
         # Each check skipped everywhere has its reason in a comment right above it.
         above = text[: text.index(f"- {check}")].rstrip().splitlines()[-1].strip()
         assert above.startswith("#"), f"{CHECKOV_CONFIG.relative_to(ROOT)}: {check} has no reason"
+
+
+# -- The coding track: its workers and the sandbox namespace ----------------------------------
+# The answerer and scorer run bwrap in their own pods (the coding image); the namespace
+# `aml-sandbox` is prepared for a pod-per-attempt runner that does not exist yet, and is checked
+# for what that runner is to get: gVisor, no network, no token, bounds and a deadline, and an RBAC
+# grant to the two workers that reaches nothing else.
+
+CODING_WORKERS = ("answerer", "scorer")
+SANDBOX_NAMESPACE = "aml-sandbox"
+SECCOMP_PROFILE = ROOT / "deploy" / "seccomp" / "aml-bwrap.json"
+# Objects without a namespace (kustomize must leave them without one).
+CLUSTER_SCOPED = {
+    "Namespace",
+    "RuntimeClass",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+    "ClusterRole",
+    "ClusterRoleBinding",
+}
+POD_VERBS = {"create", "get", "watch", "delete"}
+
+
+def _platform_namespace(overlay: str) -> str:
+    namespace: str = _of(overlay, "Deployment")["gateway"]["metadata"]["namespace"]
+    return namespace
+
+
+def _in_namespace(overlay: str, kind: str, namespace: str) -> dict[str, dict[str, Any]]:
+    return {name: doc for name, doc in _of(overlay, kind).items()
+            if doc["metadata"].get("namespace") == namespace}  # fmt: skip
+
+
+def _images(overlay: str) -> dict[str, str]:
+    """The overlay's `images:` entries: name -> newName."""
+    config = yaml.safe_load((K8S / "overlays" / overlay / "kustomization.yaml").read_text())
+    return {image["name"]: image.get("newName", image["name"]) for image in config["images"]}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_object_lands_in_its_namespace(overlay: str) -> None:
+    platform = _platform_namespace(overlay)
+    assert platform != SANDBOX_NAMESPACE
+    for doc in _build(overlay):
+        where = f"{overlay}: {doc['kind']}/{doc['metadata']['name']}"
+        namespace = doc["metadata"].get("namespace")
+        if doc["kind"] in CLUSTER_SCOPED:
+            assert namespace is None, f"{where} is cluster-scoped, yet has namespace {namespace}"
+        elif (doc["metadata"].get("labels") or {}).get("app.kubernetes.io/name") == "sandbox":
+            assert namespace == SANDBOX_NAMESPACE, where
+        else:
+            assert namespace == platform, where
+    assert SANDBOX_NAMESPACE in _of(overlay, "Namespace")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_coding_workers_run_the_coding_image_with_the_datasets_read_only(overlay: str) -> None:
+    deployments = _of(overlay, "Deployment")
+    images = _images(overlay)
+    coding_image, service_image = images["aml-coding"], images["aml"]
+    assert coding_image != service_image
+    claims = {}
+    for name in (*CODING_WORKERS, "scheduler"):
+        pod = deployments[name]["spec"]["template"]["spec"]
+        container = _container(deployments[name])
+        env = {item["name"]: item.get("value") for item in container["env"]}
+        root = env.get("AML_DATASETS_ROOT")
+        assert root, f"{overlay}: {name} has no AML_DATASETS_ROOT"
+        assert "datasets_root" in service_class(name).model_fields
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == root]
+        assert mount.get("readOnly") is True, f"{overlay}: {name} mounts {root} writable"
+        volume = {v["name"]: v for v in pod["volumes"]}[mount["name"]]
+        claim = volume["persistentVolumeClaim"]
+        assert claim.get("readOnly") is True, f"{overlay}: {name} claims the datasets writable"
+        claims[name] = claim["claimName"]
+    assert len(set(claims.values())) == 1, claims
+    assert set(claims.values()) <= set(_of(overlay, "PersistentVolumeClaim"))
+    for name in SERVICES:
+        image = _container(deployments[name])["image"].rsplit(":", 1)[0]
+        expected = coding_image if name in CODING_WORKERS else service_image
+        assert image == expected, f"{overlay}: {name} runs {image}, not {expected}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_coding_workers_get_what_bwrap_needs_and_nothing_more(overlay: str) -> None:
+    """bwrap (not setuid) creates user namespaces as uid 10001: a pod user namespace of its own
+    (hostUsers: false), an unmasked /proc (the kernel refuses a fresh /proc over a masked one),
+    the Localhost seccomp profile (the runtime default plus bwrap's calls) and no AppArmor mount
+    ban; never privileged, never a capability, never privilege escalation."""
+    deployments = _of(overlay, "Deployment")
+    for name, deployment in deployments.items():
+        pod = deployment["spec"]["template"]["spec"]
+        context = pod["securityContext"]
+        if name not in CODING_WORKERS:
+            # Nobody else gets any of it.
+            assert "hostUsers" not in pod, f"{overlay}: {name}"
+            assert context["seccompProfile"] == {"type": "RuntimeDefault"}, f"{overlay}: {name}"
+            assert "appArmorProfile" not in context, f"{overlay}: {name}"
+            for container in pod["containers"]:
+                assert "procMount" not in container["securityContext"], f"{overlay}: {name}"
+            continue
+        assert pod["hostUsers"] is False, f"{overlay}: {name}"
+        assert context["seccompProfile"] == {
+            "type": "Localhost",
+            "localhostProfile": SECCOMP_PROFILE.name,
+        }, f"{overlay}: {name}"
+        assert SECCOMP_PROFILE.is_file()
+        assert context["appArmorProfile"] == {"type": "Unconfined"}, f"{overlay}: {name}"
+        assert context["runAsUser"] != 0 and context["runAsNonRoot"] is True
+        container = _container(deployment)
+        security = container["securityContext"]
+        assert security["procMount"] == "Unmasked", f"{overlay}: {name}"
+        assert security.get("privileged", False) is False, f"{overlay}: {name}"
+        assert security["allowPrivilegeEscalation"] is False, f"{overlay}: {name}"
+        assert security["capabilities"] == {"drop": ["ALL"]}, f"{overlay}: {name}"
+        assert not any(key in pod for key in ("hostPID", "hostIPC", "hostNetwork")), name
+        # The sandboxes live under /tmp (the system's temporary directory): an emptyDir.
+        volumes = {volume["name"]: volume for volume in pod["volumes"]}
+        (tmp,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]
+        assert "emptyDir" in volumes[tmp["name"]], f"{overlay}: {name}"
+        # Its own ServiceAccount (the sandbox Role's subject), still without a token.
+        account = pod["serviceAccountName"]
+        assert account == name, f"{overlay}: {name} runs as {account}"
+        accounts = _in_namespace(overlay, "ServiceAccount", _platform_namespace(overlay))
+        assert accounts[account]["automountServiceAccountToken"] is False
+        assert pod["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_sandbox_namespace_denies_all_traffic_both_ways(overlay: str) -> None:
+    policies = _in_namespace(overlay, "NetworkPolicy", SANDBOX_NAMESPACE)
+    deny_all = [
+        policy["spec"]
+        for policy in policies.values()
+        if policy["spec"]["podSelector"] == {}
+        and set(policy["spec"].get("policyTypes") or []) == {"Ingress", "Egress"}
+        and not policy["spec"].get("ingress")
+        and not policy["spec"].get("egress")
+    ]
+    assert deny_all, f"{overlay}: no deny-all NetworkPolicy in {SANDBOX_NAMESPACE}"
+    # And nothing there opens a way back in or out.
+    for name, policy in policies.items():
+        spec = policy["spec"]
+        assert not spec.get("ingress") and not spec.get("egress"), f"{overlay}: {name} allows"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_sandbox_pods_run_under_gvisor_without_a_token_bounded_and_with_a_deadline(
+    overlay: str,
+) -> None:
+    (runtime,) = _of(overlay, "RuntimeClass").values()
+    assert runtime["metadata"]["name"] == "gvisor" and runtime["handler"] == "runsc"
+    namespace = _of(overlay, "Namespace")[SANDBOX_NAMESPACE]
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    accounts = _in_namespace(overlay, "ServiceAccount", SANDBOX_NAMESPACE)
+    assert accounts, f"{overlay}: no ServiceAccount for sandbox pods"
+    for name, account in accounts.items():
+        assert account["automountServiceAccountToken"] is False, f"{overlay}: {name}"
+    # Every container bounded, with defaults for those that ask for nothing.
+    (limit_range,) = _in_namespace(overlay, "LimitRange", SANDBOX_NAMESPACE).values()
+    (container,) = [r for r in limit_range["spec"]["limits"] if r["type"] == "Container"]
+    for key in ("default", "defaultRequest", "max"):
+        assert {"cpu", "memory"} <= set(container[key]), f"{overlay}: LimitRange {key}"
+    quotas = _in_namespace(overlay, "ResourceQuota", SANDBOX_NAMESPACE)
+    bounded = [q["spec"] for q in quotas.values() if not q["spec"].get("scopes")]
+    assert bounded, f"{overlay}: no ResourceQuota bounds the sandbox namespace"
+    for key in ("pods", "limits.cpu", "limits.memory", "requests.cpu", "requests.memory"):
+        assert any(key in spec["hard"] for spec in bounded), f"{overlay}: quota has no {key}"
+    # Every attempt holds an LLM slot while it runs: the pod quota leaves room for all of them.
+    pods = min(int(spec["hard"]["pods"]) for spec in bounded if "pods" in spec["hard"])
+    assert pods >= int(_config(overlay)["AML_LLM_CONCURRENCY"])
+    # The deadline: a pod without spec.activeDeadlineSeconds (NotTerminating) is never admitted.
+    assert any(
+        q["spec"].get("scopes") == ["NotTerminating"] and q["spec"]["hard"] == {"pods": "0"}
+        for q in quotas.values()
+    ), f"{overlay}: pods without a deadline are not refused"
+    # And an admission policy holds every sandbox pod to gVisor, the sandbox account, no token
+    # and a deadline, whoever creates it.
+    (policy,) = _of(overlay, "ValidatingAdmissionPolicy").values()
+    (binding,) = _of(overlay, "ValidatingAdmissionPolicyBinding").values()
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert binding["spec"]["matchResources"]["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": SANDBOX_NAMESPACE}
+    }
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["pods"] and "CREATE" in rule["operations"]
+    expressions = " ".join(v["expression"] for v in policy["spec"]["validations"])
+    (account,) = accounts
+    for fragment in (
+        f"object.spec.runtimeClassName == '{runtime['metadata']['name']}'",
+        f"object.spec.serviceAccountName == '{account}'",
+        "object.spec.automountServiceAccountToken == false",
+        "has(object.spec.activeDeadlineSeconds)",
+    ):
+        assert fragment in expressions, f"{overlay}: the admission policy misses {fragment}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_sandbox_role_grants_only_pod_verbs_in_the_sandbox_namespace(overlay: str) -> None:
+    assert not _of(overlay, "ClusterRole") and not _of(overlay, "ClusterRoleBinding"), overlay
+    roles = _of(overlay, "Role")
+    assert roles, f"{overlay}: no Role for the pod-per-attempt runner"
+    for name, role in roles.items():
+        assert role["metadata"]["namespace"] == SANDBOX_NAMESPACE, f"{overlay}: Role {name}"
+        for rule in role["rules"]:
+            assert rule["apiGroups"] == [""], f"{overlay}: Role {name} {rule}"
+            assert "resourceNames" not in rule and "nonResourceURLs" not in rule
+            for resource in rule["resources"]:
+                allowed = {"pods": POD_VERBS, "pods/log": {"get"}}.get(resource, set())
+                assert set(rule["verbs"]) <= allowed, f"{overlay}: Role {name} {rule}"
+    platform = _platform_namespace(overlay)
+    bindings = _of(overlay, "RoleBinding")
+    assert bindings, f"{overlay}: no RoleBinding"
+    subjects = set()
+    for name, binding in bindings.items():
+        assert binding["metadata"]["namespace"] == SANDBOX_NAMESPACE, f"{overlay}: {name}"
+        ref = binding["roleRef"]
+        assert ref["kind"] == "Role" and ref["name"] in roles, f"{overlay}: {name} {ref}"
+        for subject in binding["subjects"]:
+            assert subject["kind"] == "ServiceAccount", f"{overlay}: {name} {subject}"
+            subjects.add((subject["namespace"], subject["name"]))
+    # Exactly the answerer's and the scorer's accounts, where those Deployments run.
+    assert subjects == {(platform, name) for name in CODING_WORKERS}, subjects
+    accounts = _in_namespace(overlay, "ServiceAccount", platform)
+    deployments = _of(overlay, "Deployment")
+    for name in CODING_WORKERS:
+        assert name in accounts, f"{overlay}: no ServiceAccount {name} in {platform}"
+        assert deployments[name]["spec"]["template"]["spec"]["serviceAccountName"] == name
+    # No other workload runs as those accounts.
+    for name, deployment in deployments.items():
+        account = deployment["spec"]["template"]["spec"].get("serviceAccountName")
+        assert name in CODING_WORKERS or account not in CODING_WORKERS, f"{overlay}: {name}"
+    for name, workload in _of(overlay, "StatefulSet").items():
+        account = workload["spec"]["template"]["spec"].get("serviceAccountName")
+        assert account not in CODING_WORKERS, f"{overlay}: StatefulSet {name}"
+
+
+def test_sandbox_manifests_say_the_runner_is_not_there_yet() -> None:
+    """The namespace is prepared, not used: its manifest and the coding workers' say so, so
+    nobody takes the objects for a runner that exists."""
+    sandbox = (K8S / "sandbox" / "sandbox.yaml").read_text()
+    workers = (K8S / "base" / "coding-workers.yaml").read_text()
+    assert "PREPARED FOR A POD-PER-ATTEMPT RUNNER THAT DOES NOT EXIST YET" in sandbox
+    assert "INSIDE THEIR OWN POD" in workers and "does not exist yet" in workers
+    # And indeed no code creates pods: nothing the services import talks to Kubernetes.
+    for folder in ("libs", "services"):
+        for path in (ROOT / folder).rglob("*.py"):
+            text = path.read_text("utf-8")
+            assert not re.search(r"^\s*(from|import)\s+kubernetes\b", text, re.M), path
