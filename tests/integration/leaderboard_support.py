@@ -1,16 +1,21 @@
 """Seeding for the publication and leaderboard tests: a finished full run as the scheduler
-writes it, gated as the publisher leaves it, ready for admin review through the real API."""
+writes it, gated as the publisher leaves it, ready for admin review through the real API; a
+coding run's too, with its attempts' plan and stage records as the stages write them."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, get_args
+from typing import Any, NamedTuple, get_args
 
 from aml_contract.api.publication import GateCheckName
+from aml_contract.messages import QuestionStage
 from aml_evaluation.aggregate import QuestionOutcome, aggregate
+from aml_runtime.clock import now_us
 from aml_runtime.db import Document
+from aml_runtime.documents import QuestionDocument
+from aml_runtime.stores import Stores
 
 DATASET = "locomo_refined"
 CATEGORIES = ("single-hop", "multi-hop", "temporal", "open-domain")
@@ -121,3 +126,147 @@ def finished_job(
         job["review_state"] = review_state
         job["gate"] = gate(at, passed=review_state != "gate_failed")
     return job
+
+
+# -- the coding track --------------------------------------------------------------------------
+
+CODING_DATASET = "synthetic-coding"
+CODING_TASKS = 8
+CONDITIONS = ("relevant", "noisy")
+
+
+class SeedAttempt(NamedTuple):
+    """One coding attempt as its stages leave it: verified (`resolved`, with the verdict's
+    `reason`), or failed at `failed_at` (then `resolved` is None and `reason` the failure's)."""
+
+    task: str
+    condition: str
+    task_type: str
+    resolved: bool | None
+    reason: str
+    end_reason: str = "submitted"
+    steps: int = 9
+    failed_at: QuestionStage | None = None
+    failure_kind: str = "platform_error"
+
+    @property
+    def question_id(self) -> str:
+        return f"{self.task}:{self.condition}"
+
+
+def coding_attempts(resolved: Mapping[str, int]) -> list[SeedAttempt]:
+    """CODING_TASKS verified attempts per condition, `resolved[condition]` of them resolved;
+    the first half of the tasks are debug ones, the others development ones."""
+    return [
+        SeedAttempt(
+            task=f"task-{index:02d}",
+            condition=condition,
+            task_type="debug" if index < CODING_TASKS // 2 else "development",
+            resolved=index < resolved.get(condition, 0),
+            reason="every FAIL_TO_PASS test passes"
+            if index < resolved.get(condition, 0)
+            else "1 of 2 FAIL_TO_PASS tests still fail",
+        )
+        for index in range(CODING_TASKS)
+        for condition in CONDITIONS
+    ]
+
+
+def coding_results(job_id: str, attempts: Sequence[SeedAttempt]) -> dict[str, Any]:
+    """What the scheduler stores as a coding job's `results` for these attempts."""
+    outcomes = [
+        QuestionOutcome(
+            dataset_id=CODING_DATASET,
+            category_name=attempt.condition,
+            scored=attempt.failed_at is None,
+            failure_kind=attempt.failure_kind if attempt.failed_at else None,
+            resolved=attempt.resolved,
+            task_type=attempt.task_type,
+            question_id=attempt.question_id,
+        )
+        for attempt in attempts
+    ]
+    return aggregate(job_id, "completed", outcomes, {}).model_dump(mode="json")
+
+
+def finished_coding_job(
+    team_id: str,
+    version_id: str,
+    attempts: Sequence[SeedAttempt],
+    at: datetime,
+    **fields: Any,
+) -> Document:
+    """`finished_job` of a coding version: CODING_DATASET's attempts and their results."""
+    job = finished_job(team_id, version_id, {}, at, track="coding", **fields)
+    job["datasets"] = [CODING_DATASET]
+    job["dataset_bundles"] = {CODING_DATASET: RELEASE["dataset_bundle_hash"]}
+    job["totals"] = {"add": 2 * len(attempts), "questions": len(attempts)}
+    if "results" in job:
+        job["results"] = coding_results(job["_id"], attempts)
+    return job
+
+
+async def seed_attempts(
+    stores: Stores, job_id: str, attempts: Sequence[SeedAttempt], at: datetime
+) -> list[str]:
+    """Plan the attempts and write their stage records as the stages do (`store_outcome`);
+    return their item ids. A verified attempt's records carry bodies (a patch, a trajectory,
+    a test log) that no page of attempts may show."""
+    questions = [
+        QuestionDocument.model_validate(
+            {
+                "_id": f"{job_id}/{CODING_DATASET}/{attempt.question_id}",
+                "job_id": job_id,
+                "conversation_id": attempt.question_id,
+                "dataset_id": CODING_DATASET,
+                "question_id": attempt.question_id,
+                "user_id": f"eval:{job_id}:{CODING_DATASET}:{attempt.question_id}",
+                "question": f"Fix {attempt.task}.",
+                "category": CONDITIONS.index(attempt.condition) + 1,
+                "category_name": attempt.condition,
+                "gold_answer": attempt.task,
+                "f1_variant": "f1-locomo-v1",
+                "scorer": "swe_resolved",
+                "coding_task": attempt.task,
+                "task_type": attempt.task_type,
+                "top_k": 100,
+            }
+        )
+        for attempt in attempts
+    ]
+    await stores.plans.insert_questions(questions)
+    for question, attempt in zip(questions, attempts, strict=True):
+        stages: list[tuple[QuestionStage, Document]] = [
+            ("search", {"state": "done", "candidates": [], "n_candidates": 0}),
+            (
+                "answer",
+                {
+                    "state": "done",
+                    "answer": "diff --git a/SECRET-PATCH b/SECRET-PATCH\n",
+                    "end_reason": attempt.end_reason,
+                    "steps": attempt.steps,
+                    "trajectory": [{"role": "assistant", "content": "SECRET-TRAJECTORY"}],
+                },
+            ),
+            (
+                "score",
+                {
+                    "state": "done",
+                    "dataset_id": CODING_DATASET,
+                    "category_name": attempt.condition,
+                    "resolved": attempt.resolved,
+                    "reason": attempt.reason,
+                    "coding_task": attempt.task,
+                    "task_type": attempt.task_type,
+                    "test_log": "SECRET-TEST-LOG",
+                },
+            ),
+        ]
+        for stage, fields in stages:
+            if stage == attempt.failed_at:
+                failed = {"failure_kind": attempt.failure_kind, "failure": attempt.reason}
+                fields = {"state": "failed", **failed}
+            await stores.records.store_outcome(stage, question.id, job_id, at, now_us(), fields)
+            if stage == attempt.failed_at:
+                break
+    return [question.id for question in questions]

@@ -21,8 +21,8 @@ from aml_evaluation.registry import (
 
 pytestmark = pytest.mark.integration
 
-IDS = ["synthetic", "locomo", "locomo_refined", "synthetic_multimodal"]
-TRACKS = {"synthetic_multimodal": "multimodal"}
+IDS = ["synthetic", "locomo", "locomo_refined", "synthetic_multimodal", "synthetic-coding"]
+TRACKS = {"synthetic_multimodal": "multimodal", "synthetic-coding": "coding"}
 
 
 def _expected_counts(dataset_id: str, root: Path) -> dict[int, int] | None:
@@ -65,6 +65,8 @@ async def test_datasets_are_listed_with_tracks_categories_and_counts(
         # The synthetic datasets ship with the package: always counted.
         assert listed["synthetic"]["questions"]
         assert listed["synthetic_multimodal"]["questions"] == 11
+        # One attempt per task and memory condition: 8 tasks, relevant and noisy.
+        assert listed["synthetic-coding"]["questions"] == 16
         # The second read is served from what the first counted, with the same answer.
         assert (await gw.client.get("/v1/datasets")).json() == response.json()
 
@@ -102,7 +104,7 @@ async def test_an_unknown_dataset_is_refused_with_the_valid_ids(
         detail = unknown.json()["detail"]
         assert detail["reason"] == (
             "unknown dataset(s): locomo-typo; a smoke run may name synthetic, locomo, "
-            "locomo_refined, synthetic_multimodal (GET /v1/datasets)"
+            "locomo_refined, synthetic_multimodal, synthetic-coding (GET /v1/datasets)"
         )
         assert detail["valid_datasets"] == IDS
 

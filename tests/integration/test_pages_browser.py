@@ -1,6 +1,7 @@
 """The web pages in a real browser (Playwright driving Debian's Chromium): the public board with
 its tabs, sorting and charts, a system's history, a team's private job page with live progress,
-and the same pages at phone width. Screenshots go to `test-output/screenshots/`.
+the coding board and a coding job's attempts, and the same pages at phone width. Screenshots go
+to `test-output/screenshots/`.
 
 The gateway is the real app served by uvicorn on loopback, on a real nx-27017 and nats-server;
 entries are published through the real admin routes from finished, gated job documents written
@@ -25,11 +26,16 @@ from gateway_support import Clock, serve_in_thread
 from leaderboard_support import (
     ANSWER_MODEL,
     CATEGORIES,
+    CODING_DATASET,
     DATASET,
     PER_CATEGORY,
     RELEASE,
+    SeedAttempt,
+    coding_attempts,
+    finished_coding_job,
     finished_job,
     results,
+    seed_attempts,
     version_body,
 )
 from pydantic import SecretStr
@@ -120,14 +126,26 @@ SEEDS: list[tuple[str, str, str, str, str, dict[str, int]]] = [
         "textual",
         {"single-hop": 10, "multi-hop": 9, "temporal": 8, "open-domain": 7},
     ),
-    (
-        "Example Corp",
-        "zettel-code",
-        "1.0",
-        "industrial",
-        "coding",
-        {"single-hop": 7, "multi-hop": 7, "temporal": 7, "open-domain": 7},
-    ),
+    # A coding entry: resolved attempts per memory condition, of 8 tasks each.
+    ("Example Corp", "zettel-code", "1.0", "industrial", "coding", {"relevant": 6, "noisy": 3}),
+]
+# The team's own coding job (not published): more attempts than one page of its job page shows,
+# verified, at a limit and failed by the platform.
+CODING_ATTEMPTS = [
+    SeedAttempt(
+        task=f"task-{index:02d}",
+        condition=condition,
+        task_type="debug" if index % 2 else "development",
+        resolved=None if index == 3 and condition == "noisy" else index % 3 == 0,
+        reason="sandbox fault: the snapshot did not unpack"
+        if index == 3 and condition == "noisy"
+        else "the tests of tests/test_parse.py::test_quoted_field still fail on the patched tree",
+        end_reason="step_limit" if index == 4 else "submitted",
+        steps=250 if index == 4 else 10 + index,
+        failed_at="score" if index == 3 and condition == "noisy" else None,
+    )
+    for index in range(30)
+    for condition in ("relevant", "noisy")
 ]
 
 
@@ -136,6 +154,7 @@ class Site:
     base_url: str
     running_job: str
     pending_job: str
+    coding_job: str
     team_key: str
     mongo_url: str
     mongo_db: str
@@ -194,9 +213,11 @@ class Site:
                 await count_final(Stores.over(db), job_id, stage, outcome, at_us)
 
 
-def _seed(client: httpx.Client, mongo: Any, clock: Clock) -> tuple[str, str, str]:
+def _seed(
+    client: httpx.Client, mongo: Any, clock: Clock, mongo_url: str
+) -> tuple[str, str, str, str]:
     """Publish every SEEDS entry through the admin routes; return a running job, a job pending
-    review and their team's key."""
+    review, a completed coding job with its attempts and their team's key."""
     versions: dict[tuple[str, str], dict[str, Any]] = {}
     keys: dict[str, str] = {}
     for index, (team, system, label, board, track, correct) in enumerate(SEEDS):
@@ -211,8 +232,12 @@ def _seed(client: httpx.Client, mongo: Any, clock: Clock) -> tuple[str, str, str
         if version["leaderboard_api_key"]:
             keys[team] = version["leaderboard_api_key"]
         at = T0 + timedelta(days=20 * index)
-        job = finished_job(version["team_id"], version["version_id"], correct, at, track=track)
-        job["results"] = results(job["_id"], correct, EXCLUDED)
+        if track == "coding":
+            attempts = coding_attempts(correct)
+            job = finished_coding_job(version["team_id"], version["version_id"], attempts, at)
+        else:
+            job = finished_job(version["team_id"], version["version_id"], correct, at, track=track)
+            job["results"] = results(job["_id"], correct, EXCLUDED)
         mongo.jobs.insert_one(job)
         clock.at = at + timedelta(days=3)
         approved = client.post(f"/v1/admin/reviews/{job['_id']}/approve", headers=ADMIN)
@@ -226,7 +251,28 @@ def _seed(client: httpx.Client, mongo: Any, clock: Clock) -> tuple[str, str, str
     )
     running["started_at"] = datetime.now(UTC) - timedelta(seconds=75)
     mongo.jobs.insert_one(running)
-    return running["_id"], pending["_id"], keys["Northwind Labs"]
+    # The same team's coding version, and its completed job with every attempt recorded.
+    response = client.post(
+        "/v1/admin/versions",
+        json=version_body("Northwind Labs", "recall-code", "1.0", track="coding"),
+        headers=ADMIN,
+    )
+    assert response.status_code == 201, response.text
+    coder = response.json()
+    coding = finished_coding_job(
+        coder["team_id"], coder["version_id"], CODING_ATTEMPTS, T0, review_state=None
+    )
+    mongo.jobs.insert_one(coding)
+
+    async def attempts() -> None:
+        async with AsyncMongoClient(mongo_url) as writer:
+            stores = Stores.over(writer[mongo.name])
+            await seed_attempts(stores, coding["_id"], CODING_ATTEMPTS, T0)
+
+    # Its own thread: Playwright's sync API may keep an event loop running in this one.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(asyncio.run, attempts()).result()
+    return running["_id"], pending["_id"], coding["_id"], keys["Northwind Labs"]
 
 
 # LoCoMo's adversarial category: reported on its own, kept out of the dataset's overall and
@@ -249,8 +295,10 @@ def site(mongo_url: str, nats_url: str) -> Iterator[Site]:
     server, thread, base_url = serve_in_thread(create_app(settings, clock))
     try:
         with httpx.Client(base_url=base_url, timeout=30) as client, MongoClient(mongo_url) as mongo:
-            running, pending, key = _seed(client, mongo[settings.mongo_db], clock)
-        yield Site(base_url, running, pending, key, mongo_url, settings.mongo_db)
+            running, pending, coding, key = _seed(
+                client, mongo[settings.mongo_db], clock, mongo_url
+            )
+        yield Site(base_url, running, pending, coding, key, mongo_url, settings.mongo_db)
     finally:
         server.should_exit = True
         thread.join(timeout=30)
@@ -783,6 +831,161 @@ def test_pages_fit_a_phone(browser: Any, site: Site) -> None:
         shot(page, "phone-job-with-key")
     finally:
         context.close()
+
+
+def visible_text(page: Any, selector: str) -> list[str]:
+    """The text of each element, without what only screen readers get."""
+    texts: list[str] = page.eval_on_selector_all(
+        selector,
+        "els => els.map(e => { const c = e.cloneNode(true);"
+        " c.querySelectorAll('.visually-hidden, .sort-mark').forEach(x => x.remove());"
+        " return c.textContent.replace(/\\s+/g, ' ').trim(); })",
+    )
+    return texts
+
+
+def assert_fits(page: Any) -> None:
+    width = page.evaluate(
+        "() => [document.documentElement.scrollWidth, document.body.scrollWidth, window.innerWidth]"
+    )
+    assert width[0] <= width[2] and width[1] <= width[2], width
+
+
+def test_coding_board_and_attempts_at_phone_width(browser: Any, site: Site) -> None:
+    """The coding board (resolved shares per memory condition and task type, the metric
+    explained, Overall in view) and a coding job's page (per condition, then its attempts a
+    page at a time, the next page by keyboard), both at phone width."""
+    context = browser.new_context(
+        viewport=PHONE,
+        device_scale_factor=2,
+        is_mobile=True,
+        has_touch=True,
+        base_url=site.base_url,
+    )
+    page = context.new_page()
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    page.on(
+        "response",
+        lambda r: problems.append(f"{r.status} {r.url}") if r.status >= 400 else None,
+    )
+    try:
+        page.goto("/leaderboard?track=coding&board=industrial")
+        page.wait_for_load_state("networkidle")
+        assert page.title().startswith("Coding track, Industrial board")
+        assert_accessible_basics(page)
+        assert_fits(page)
+        legend = " ".join(page.inner_text("#board-metric").split())
+        assert "share of tasks the fixed coding agent resolved with the memories" in legend
+        assert "relevant" in legend and "noisy" in legend
+        table = "#board"
+        headers = visible_text(page, f"{table} thead th")
+        assert headers[:5] == ["Rank", "System", "Version", "Overall", "Resolved"]
+        assert "Overall F1" not in headers and "Attempts" in headers
+        # 6 relevant and 3 noisy of 8 each; the debug tasks (the first four) 4 + 3 of 8.
+        cells = visible_text(page, f"{table} tbody tr:first-child > *")
+        row = dict(zip(headers, cells, strict=True))
+        assert row["System"] == "zettel-code"
+        assert (row["Overall"], row["Resolved"], row["Attempts"]) == ("56.2%", "9 of 16", "16")
+        assert row[f"{CODING_DATASET}: relevant"] == "75.0%"
+        assert row[f"{CODING_DATASET}: noisy"] == "37.5%"
+        assert row[f"{CODING_DATASET}: debug tasks"] == "87.5%"
+        assert row[f"{CODING_DATASET}: development tasks"] == "25.0%"
+        assert headers.index(f"{CODING_DATASET}: relevant") < headers.index(
+            f"{CODING_DATASET}: noisy"
+        )
+        # Overall is in view without scrolling, inside the part of the wrapper that shows.
+        view = page.eval_on_selector(
+            ".table-wrap",
+            "w => { const b = w.getBoundingClientRect();"
+            " return [b.left + w.clientLeft, b.left + w.clientLeft + w.clientWidth]; }",
+        )
+        boxes = page.eval_on_selector_all(
+            f"{table} tr",
+            "(rows, i) => rows.map(r => { const b = r.cells[i].getBoundingClientRect();"
+            " return [b.left, b.right]; })",
+            header_index(page, table, "Overall"),
+        )
+        for left, right in boxes:
+            assert view[0] <= left and right <= view[1], (view, boxes)
+        # The chart compares the conditions, on a resolved axis.
+        page.wait_for_function("() => window.Chart && Object.keys(Chart.instances).length === 1")
+        chart = page.evaluate(
+            "() => { const c = Object.values(Chart.instances)[0];"
+            " return [c.options.scales.y.title.text, c.data.labels, c.data.datasets[0].data]; }"
+        )
+        assert chart == ["Resolved (%)", ["relevant", "noisy"], [75.0, 37.5]]
+        assert page.inner_text("#charts-heading") == "Resolved per memory condition"
+        shot(page, "phone-coding-board")
+
+        # The team's coding job: resolved per condition and task type, then its attempts.
+        page.goto(f"/jobs/{site.coding_job}")
+        page.get_by_label("Leaderboard API Key").fill(site.team_key)
+        page.get_by_role("button", name="Show the job").click()
+        page.locator("#coding-block").wait_for(state="visible", timeout=10_000)
+        assert page.locator("#results-generic").is_hidden()
+        assert page.inner_text("#job-track") == "coding"
+        shares = "#coding-table"
+        assert column(page, shares, 0) == [
+            "Overall",
+            CODING_DATASET,
+            f"{CODING_DATASET}: relevant",
+            f"{CODING_DATASET}: noisy",
+            f"{CODING_DATASET}: debug tasks",
+            f"{CODING_DATASET}: development tasks",
+        ]
+        # 60 attempts, one failed by the platform (never unresolved): 19 of the 59 verified.
+        first_row = visible_text(page, f"{shares} tbody tr:first-child > *")
+        assert first_row == ["Overall", "32.2%", "19", "60", "1"]
+        assert column(page, shares, 1)[2:] == ["33.3%", "31.0%", "31.0%", "33.3%"]
+        attempts = "#attempts-table"
+        page.wait_for_function(
+            "() => document.querySelectorAll('#attempts-table tbody tr').length === 50",
+            timeout=10_000,
+        )
+        assert page.inner_text("#attempts-status") == "Showing 50 of 60 attempts."
+        first = visible_text(page, f"{attempts} tbody tr:first-child > *")
+        assert first[:6] == ["task-00", "noisy", "resolved", "submitted", "10", "development"]
+        rows = page.locator(f"{attempts} tbody tr")
+        failed = visible_text(page, f"{attempts} tbody tr:nth-child(7) > *")
+        assert failed[:3] == ["task-03", "noisy", "failed at verify (platform_error)"]
+        assert failed[6] == "sandbox fault: the snapshot did not unpack"
+        at_limit = visible_text(page, f"{attempts} tbody tr:nth-child(9) > *")
+        assert at_limit[:5] == ["task-04", "noisy", "unresolved", "step limit", "250"]
+        assert_fits(page)
+        # The share of each condition and the verdict of each attempt are in view unscrolled.
+        for table_id, label in ((shares, "Resolved %"), (attempts, "Resolved")):
+            wrapper = page.locator(".table-wrap", has=page.locator(table_id))
+            right = wrapper.evaluate("w => w.getBoundingClientRect().right")
+            index = header_index(page, table_id, label) + 1
+            cell = f"{table_id} tbody tr:first-child > *:nth-child({index})"
+            assert page.eval_on_selector(cell, "c => c.getBoundingClientRect().right") <= right
+        # The next page, by keyboard: the button goes with the last page, focus to the count.
+        more = page.get_by_role("button", name="Show more attempts")
+        more.focus()
+        page.keyboard.press("Enter")
+        page.wait_for_function(
+            "() => document.querySelectorAll('#attempts-table tbody tr').length === 60",
+            timeout=10_000,
+        )
+        assert rows.count() == 60
+        assert visible_text(page, f"{attempts} tbody tr:last-child > *")[:2] == [
+            "task-29",
+            "relevant",
+        ]
+        assert more.is_hidden()
+        assert page.inner_text("#attempts-status") == "All 60 attempts shown."
+        assert page.evaluate("document.activeElement.id") == "attempts-status"
+        assert_accessible_basics(page)
+        assert_fits(page)
+        # The long reasons wrap inside the table's own scrolling wrapper, not the page.
+        wrap = page.locator(".table-wrap", has=page.locator(attempts))
+        assert wrap.evaluate("w => getComputedStyle(w).overflowX") == "auto"
+        shot(page, "phone-coding-job")
+    finally:
+        context.close()
+    assert problems == [], problems
 
 
 def test_no_secret_reaches_a_page(watched: Watched, site: Site) -> None:

@@ -28,6 +28,7 @@ from gateway_support import (
     request_body,
     serve_in_thread,
 )
+from leaderboard_support import CODING_DATASET, SeedAttempt, coding_attempts, finished_coding_job
 from pydantic import SecretStr
 from pymongo import AsyncMongoClient
 from test_gateway_jobs import end_job
@@ -286,6 +287,45 @@ async def test_submit_watch_results_errors_and_audit(
     code, out, _ = run(capsys, "errors", job_id)
     assert code == 0 and "[add/contract_error] conv-2" in out
     assert key not in capsys.readouterr().out
+
+
+async def test_results_of_a_coding_job(
+    live: Live, participant: str, env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`aml team results` of a coding job: resolved % per memory condition, per task type and
+    Overall, with the attempts the platform failed apart (never unresolved)."""
+    grant = new_team(live, participant, "cli-coding")
+    env.setenv("AML_API_KEY", grant["leaderboard_api_key"])
+    failed = SeedAttempt("task-08", "noisy", "debug", None, "sandbox fault", failed_at="score")
+    attempts = [*coding_attempts({"relevant": 6, "noisy": 3}), failed]
+    job = finished_coding_job(
+        grant["team_id"], grant["version_id"], attempts, T0, review_state=None
+    )
+    await live.db.jobs.insert_one(job)
+    code, out, err = run(capsys, "results", job["_id"])
+    assert code == 0, err
+    with capsys.disabled():  # shown with -s: what a team sees
+        print(out)
+    lines = out.splitlines()
+    assert lines[0] == "track coding: compare only with results of the same track"
+    assert lines[1].split()[2:] == ["attempts", "resolved", "failed", "resolved", "%"]
+    # (label, attempts, resolved, failed, resolved %): 9 of the 16 verified attempts resolved.
+    rows = {
+        " ".join(line.split()[1:-4]): line.split()[-4:]
+        for line in lines
+        if line.startswith(CODING_DATASET)
+    }
+    assert rows == {
+        "1 relevant": ["8", "6", "0", "75.0"],
+        "2 noisy": ["9", "3", "1", "37.5"],
+        "(dataset)": ["17", "9", "1", "56.2"],
+        "(type debug)": ["9", "7", "1", "87.5"],
+        "(type development)": ["8", "2", "0", "25.0"],
+    }
+    assert re.search(r"^Overall\s+17\s+9\s+1\s+56\.2$", out, re.M), out
+    assert "failed, by kind: platform_error 1" in out
+    assert "counted in no share (never unresolved)" in out
+    assert "J " not in lines[1] and "BLEU" not in out
 
 
 def test_errors_without_key_job_or_gateway(

@@ -32,3 +32,55 @@ def test_a_dataset_whose_files_are_missing_is_refused_naming_the_path(
     err = capsys.readouterr().err
     assert str(root / "locomo") in err
     assert not data.exists()
+
+
+def test_a_coding_demo_without_the_sandbox_is_refused_in_its_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aml_devtools import cli
+    from aml_pipeline.sandbox import SandboxUnavailable
+    from aml_pipeline.sandbox.sandbox import MISSING_BWRAP
+
+    def missing() -> None:
+        raise SandboxUnavailable(MISSING_BWRAP)
+
+    monkeypatch.setattr(cli, "require_sandbox", missing)
+    data = tmp_path / "demo"
+    assert main(["demo", "--dataset", "synthetic-coding", "--data-dir", str(data)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"aml demo: {MISSING_BWRAP}"]
+    assert not data.exists()  # nothing was started or created
+
+
+def test_the_coding_demo_prints_resolved_shares_per_condition_and_task_type() -> None:
+    from aml_devtools.coding_demo import is_coding, render_resolved
+
+    assert is_coding("synthetic-coding", Path("/nonexistent"))
+    assert not is_coding("synthetic", Path("/nonexistent"))
+
+    def cell(attempts: int, resolved: int, failed: int = 0) -> dict[str, object]:
+        rate = resolved / attempts if attempts else None
+        return {"attempts": attempts, "resolved": resolved, "resolved_rate": rate, "failed": failed}
+
+    results = {
+        "track": "coding",
+        "overall": cell(15, 9, failed=1),
+        "datasets": {
+            "synthetic-coding": {
+                # Aggregation lists the conditions by name: the manifest's order is given apart.
+                "categories": {"noisy": cell(7, 2, failed=1), "relevant": cell(8, 7)},
+                "overall": cell(15, 9, failed=1),
+                "task_types": {"development": cell(8, 5), "debug": cell(7, 4, failed=1)},
+            }
+        },
+    }
+    table = render_resolved(results, ["relevant", "noisy"]).splitlines()
+    assert table[0] == "track coding: compare only with results of the same track"
+    rows = [line.split() for line in table[3:] if not line.startswith("-")]
+    assert rows == [
+        ["synthetic-coding", "relevant", "8", "7", "87.5", "0"],
+        ["synthetic-coding", "noisy", "7", "2", "28.6", "1"],
+        ["synthetic-coding", "(dataset)", "15", "9", "60.0", "1"],
+        ["synthetic-coding", "(type", "debug)", "7", "4", "57.1", "1"],
+        ["synthetic-coding", "(type", "development)", "8", "5", "62.5", "0"],
+        ["Overall", "15", "9", "60.0", "1"],
+    ]

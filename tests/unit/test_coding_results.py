@@ -136,13 +136,32 @@ def test_earlier_results_keep_their_fields_and_fingerprint() -> None:
 
 def test_the_results_table_shows_the_resolved_share() -> None:
     results = aggregate("j1", "completed", OUTCOMES, excluded={"coding": []})
-    table = render_results(results.model_dump(mode="json"))
-    header = table.splitlines()[0]
-    assert header.rstrip().endswith("Res")
-    assert "(type debug)" in table and "(type development)" in table
-    assert "Res is resolved / attempts" in table
+    lines = render_results(results.model_dump(mode="json") | {"track": "coding"}).splitlines()
+    assert lines[0] == "track coding: compare only with results of the same track"
+    assert lines[1].split()[2:] == ["attempts", "resolved", "failed", "resolved", "%"]
+    # Per condition (numbered, relevant first, as every coding dataset numbers them), the
+    # dataset, each task type and Overall: attempts, resolved, failed by the platform, and
+    # resolved % of the verified ones.
+    rows = {" ".join(line.split()[:-4]): line.split()[-4:] for line in lines[3:8]}
+    assert list(rows)[:2] == ["coding 1 relevant", "coding 2 noisy"]
+    assert rows == {
+        "coding 1 relevant": ["3", "2", "0", "66.7"],
+        "coding 2 noisy": ["4", "1", "1", "33.3"],
+        "coding (dataset)": ["7", "3", "1", "50.0"],
+        "coding (type debug)": ["3", "2", "0", "66.7"],
+        "coding (type development)": ["4", "1", "1", "33.3"],
+    }
+    assert lines[9].split() == ["Overall", "7", "3", "1", "50.0"]
+    table = "\n".join(lines)
+    # No judge, F1 or BLEU-1 columns: a coding attempt has none.
+    assert " J " not in lines[1] and "F1" not in lines[1] and "BLEU" not in table
+    assert "resolved % = resolved / verified attempts" in table
+    assert "failed, by kind: platform_error 1" in table
+    # Without a track, the attempts alone tell a coding job's results (`aml rescore`).
+    assert "resolved %" in render_results(results.model_dump(mode="json"))
     plain = aggregate("j0", "completed", [], excluded={}).model_dump(mode="json")
-    assert "Res" not in render_results(plain)
+    assert "resolved" not in render_results(plain)
+    assert "resolved" not in render_results(plain | {"track": "textual"})
 
 
 # --- the scheduler's reading of the records -------------------------------------------------

@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import random
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from aml_contract.participant import MAX_RESPONSE_BYTES, AddRequest, SearchItem, SearchResponse
+from aml_contract.participant import (
+    MAX_RESPONSE_BYTES,
+    AddRequest,
+    SearchItem,
+    SearchRequest,
+    SearchResponse,
+)
 from aml_evaluation import media
 from aml_memory_server.store import SqliteMemoryStore, rows_from_add, within_answer_limit
 from aml_participant_simulator import memory as simulator_memory
@@ -145,6 +152,7 @@ class _ScanStore:
                     row.created_at,
                     simulator_memory.words(row.content),
                     row.stored_content(),
+                    row.session_id,
                 )
             )
         return True
@@ -280,3 +288,29 @@ def test_a_simulator_search_reads_the_asking_users_memories_only(
         read.clear()
         crowded.foreign(user, "red", 3, source)
         assert set(read) == {source}
+
+
+def test_a_ranking_given_to_the_simulator_orders_what_its_search_returns() -> None:
+    """A test's own retrieval (`Simulator(script, ranking)`): it sees the asking user's memories
+    in storage order, with the session each was written in, and what it returns is sent, cut to
+    top_k, with scores falling in its order."""
+    store = InProcessMemoryStore()
+    writes = (("u", "s1", ["a", "b"]), ("other", "s9", ["x"]), ("u", "s2", ["c"]))
+    for user, session, texts in writes:
+        messages = [{"role": "user", "content": text} for text in texts]
+        store.add(AddRequest.model_validate(
+            {"request_id": f"{user}-{session}", "user_id": user, "session_id": session,
+             "messages": messages}
+        ))  # fmt: skip
+    seen: list[list[tuple[str, str]]] = []
+
+    def newest_first(
+        request: SearchRequest, memories: Sequence[simulator_memory.Memory]
+    ) -> list[simulator_memory.Memory]:
+        seen.append([(memory.content, memory.session_id) for memory in memories])
+        return list(reversed(memories))
+
+    search = SearchRequest(query="anything", user_id="u", top_k=2)
+    found = store.ranked(search, newest_first)
+    assert seen == [[("a", "s1"), ("b", "s1"), ("c", "s2")]]
+    assert [(item["content"], item["score"]) for item in found] == [("c", 2.0), ("b", 1.0)]

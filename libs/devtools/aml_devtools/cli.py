@@ -2,7 +2,9 @@
 
 aml up     start NATS, MongoDB (wire server), the local LLM and every service; wait
 aml demo   the same plus the reference memory system; run one smoke job on the synthetic
-           dataset, show its progress and print the results table (exit 1 if it failed)
+           dataset, show its progress and print the results table (exit 1 if it failed);
+           `--dataset synthetic-coding` runs the coding track, its agent's model the LLM
+           stand-in's scripted agent (see aml_devtools.coding_demo), and prints the resolved table
 aml rescore  score a predictions file against a dataset offline (see aml_devtools.rescore)
 aml trace  print the span tree of every trace of one work item (from the stack's span files)
 aml check  check a memory system's Add/Search/Health endpoints against the participant contract
@@ -31,7 +33,7 @@ from typing import Any
 
 import httpx
 
-from aml_devtools import conformance, dataset_cli, rescore, team_cli, tracefiles
+from aml_devtools import coding_demo, conformance, dataset_cli, rescore, team_cli, tracefiles
 from aml_devtools.platform import (
     PlatformConfig,
     register_memory_server,
@@ -157,6 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return team_cli.main_from_args(args)
     if args.command == "dataset":
         return dataset_cli.main_from_args(args)
+    coding = False
     if args.command == "demo":
         # The dataset may be named with '-' for '_' (`synthetic-multimodal`).
         args.dataset = dataset_id_of(args.dataset, args.datasets_root)
@@ -164,7 +167,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if refused is not None:
             print(f"aml demo: {refused}", file=sys.stderr)
             return 2
-    stack = EmbeddedStack(StackConfig(data_dir=args.data_dir))
+        coding = coding_demo.is_coding(args.dataset, args.datasets_root)
+        if coding:
+            # Every attempt runs in the sandbox: a machine without it is told before anything
+            # starts, in the sandbox's one line, not by 16 failed attempts.
+            try:
+                require_sandbox()
+            except SandboxUnavailable as unavailable:
+                print(f"aml demo: {unavailable}", file=sys.stderr)
+                return 2
+    # The coding track asks no judge, and its agent's model is the stand-in: no llama.cpp.
+    stack = EmbeddedStack(StackConfig(data_dir=args.data_dir, start_llm=not coding))
     try:
         # Before anything is deleted or started: a data dir in use by a running stack is
         # refused (a second nats-server on its JetStream store would corrupt it).
@@ -179,12 +192,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             stack.clear_data()
         print(f"starting the embedded stack in {stack.data_dir} ...", flush=True)
         stack.start_infra()
+        agent_model = coding_demo.start_agent_model(stack) if coding else None
         # The stack's own release baseline, so its full runs can pass the publication gate.
-        config = PlatformConfig(datasets_root=args.datasets_root, own_release_baseline=True)
+        config = PlatformConfig(
+            datasets_root=args.datasets_root,
+            own_release_baseline=True,
+            extra_env=agent_model.env() if agent_model else {},
+        )
         platform = start_platform(stack, config)
         print(f"gateway   {platform.gateway_url}  (admin token in {stack.data_dir}/admin.token)")
         print(f"nats      {stack.nats_url}\nmongodb   {stack.mongo_url}")
-        print(f"llm       {stack.llm_base_url}", flush=True)
+        if agent_model is None:
+            print(f"llm       {stack.llm_base_url}", flush=True)
+        else:
+            print(f"llm       {agent_model.base_url}/v1\n{agent_model.note()}", flush=True)
         if args.command == "up":
             print("running; Ctrl-C stops everything", flush=True)
             while True:
@@ -245,12 +266,17 @@ def _demo(platform: Any, stack: EmbeddedStack, dataset: str, timeout: float) -> 
         first = api.get(f"/v1/jobs/{job_id}/audit", params={"stage": "add", "limit": 1}).json()
     print()
     numbers = category_numbers(results["datasets"], Path(platform.env["AML_DATASETS_ROOT"]))
-    print(render_results(results, numbers))
-    print(
-        f"\nthe answers and verdicts come from {platform.env['AML_JUDGE_MODEL']}, the local "
-        "stand-in for the deployment's models: a small model that often gives no readable "
-        "verdict; the figures show the pipeline at work, not a memory system's quality"
-    )
+    if track == "coding":
+        conditions = sorted(numbers.get(dataset, {}).items(), key=lambda named: named[1])
+        print(coding_demo.render_resolved(results, [name for name, _ in conditions]))
+        print(f"\n{coding_demo.closing_note(platform.env)}")
+    else:
+        print(render_results(results, numbers))
+        print(
+            f"\nthe answers and verdicts come from {platform.env['AML_JUDGE_MODEL']}, the local "
+            "stand-in for the deployment's models: a small model that often gives no readable "
+            "verdict; the figures show the pipeline at work, not a memory system's quality"
+        )
     for record in first["records"]:
         print(f"\nfollow one request: aml trace {record['item_id']} --data-dir {stack.data_dir}")
     return 0

@@ -1,5 +1,6 @@
 """The tables the `aml` commands print. `render_results` is the results table of `aml demo`,
-`aml rescore` and `aml team results`/`watch`, so every command shows a job's numbers alike;
+`aml rescore` and `aml team results`/`watch`, so every command shows a job's numbers alike (a
+coding job's in a layout of its own: attempts and resolved shares, `render_coding_results`);
 `render_table` lays out the plain column listings (`aml team versions|datasets|audit`,
 `aml dataset list`).
 """
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from aml_evaluation.aggregate import JUDGE_FAILURE
+from aml_evaluation.coding.dataset import CODING_CATEGORIES
 from aml_evaluation.registry import registered
 
 
@@ -41,6 +43,18 @@ def _ordered_categories(
     return ordered
 
 
+def is_coding(results: dict[str, Any]) -> bool:
+    """Whether these are a coding job's results (R-2.5): of the coding track, or, where the
+    results name no track (`aml rescore`), with coding attempts in them."""
+    if results.get("track") is not None:
+        return bool(results["track"] == "coding")
+    return any(
+        cell.get("attempts") is not None or cell.get("headline") == "resolved_rate"
+        for data in results["datasets"].values()
+        for cell in [data["overall"], *data["categories"].values()]
+    )
+
+
 def render_results(
     results: dict[str, Any], numbers: dict[str, dict[str, int]] | None = None
 ) -> str:
@@ -49,15 +63,11 @@ def render_results(
     "<number> <name>". A column MC (option accuracy) is added when a dataset has multiple-choice
     questions; the results' track, when named, heads the table (R-2.1). A streaming dataset's
     overall is also split by the point where its questions were asked ("(point 1)", ...). A
-    column Res (the share of resolved attempts) is added for coding attempts, and a coding
-    dataset's overall is split by task type ("(type debug)", ...)."""
+    coding job's results are laid out by `render_coding_results`."""
+    if is_coding(results):
+        return render_coding_results(results, numbers)
     choices = any(
         cell.get("option_questions", 0)
-        for data in results["datasets"].values()
-        for cell in [data["overall"], *data["categories"].values()]
-    )
-    coding = any(
-        cell.get("attempts")
         for data in results["datasets"].values()
         for cell in [data["overall"], *data["categories"].values()]
     )
@@ -71,9 +81,7 @@ def render_results(
     cw = max([16, *(len(label) + 3 for cells in ordered.values() for _, label, _ in cells)])
     header = (
         f"{'dataset':<{dw}}{'category':<{cw}}{'questions':>10}{'scored':>8}{'failed':>8}"
-        f"{'J':>8}{'F1':>8}{'BLEU-1':>8}"
-        + (f"{'MC':>8}" if choices else "")
-        + (f"{'Res':>8}" if coding else "")
+        f"{'J':>8}{'F1':>8}{'BLEU-1':>8}" + (f"{'MC':>8}" if choices else "")
     )
     rows = [header, "-" * len(header)]
     if results.get("track"):
@@ -86,8 +94,6 @@ def render_results(
         figures = [m["judge_accuracy"], m["f1_mean"], m.get("bleu1_mean")]
         if choices:
             figures.append(m.get("option_accuracy"))
-        if coding:
-            figures.append(m.get("resolved_rate"))
         return (
             f"{dataset:<{dw}}{category:<{cw}}{m['questions']:>10}{m['scored']:>8}"
             f"{m['failed']:>8}" + ("".join(f"{percent(value):>8}" for value in figures))
@@ -103,8 +109,6 @@ def render_results(
         points = (data.get("points") or {}).items()
         for ordinal, metrics in sorted(points, key=lambda cell: int(cell[0])):
             rows.append(row(dataset_id, f"(point {ordinal})", metrics))
-        for task_type, metrics in sorted((data.get("task_types") or {}).items()):
-            rows.append(row(dataset_id, f"(type {task_type})", metrics))
     rows.append("-" * len(header))
     rows.append(row("Overall", "", results["overall"]))
     if unjudged:
@@ -117,11 +121,6 @@ def render_results(
             "MC is option accuracy, over the multiple-choice questions alone (J over the judged "
             "open ones)"
         )
-    if coding:
-        rows.append(
-            "Res is resolved / attempts over the verified coding attempts (attempts the "
-            "platform failed are counted in failed, never as unresolved)"
-        )
     f1_datasets = [
         dataset_id
         for dataset_id, data in results["datasets"].items()
@@ -133,6 +132,75 @@ def render_results(
     if any(d["excluded_from_overall"] for d in results["datasets"].values()):
         rows.append("* reported apart, not counted in the dataset or Overall figures")
     rows.extend(_failure_lines(results))
+    return "\n".join(rows)
+
+
+def render_coding_results(
+    results: dict[str, Any], numbers: dict[str, dict[str, int]] | None = None
+) -> str:
+    """A coding job's table (R-2.5): per dataset its memory conditions (the categories, as
+    "<number> <name>" with `numbers`), its overall and its task types ("(type debug)", ...),
+    then Overall; each with its attempts, how many were resolved, how many the platform failed
+    and the resolved share over the verified ones. No judge, F1 or BLEU-1: a coding attempt has
+    none."""
+    # Without the manifest's numbers (an unregistered id), the conditions' own: every coding
+    # dataset numbers them alike.
+    conditions = {name: number for number, name in CODING_CATEGORIES.items()}
+    ordered = {
+        dataset_id: _ordered_categories(
+            data["categories"], (numbers or {}).get(dataset_id) or conditions
+        )
+        for dataset_id, data in results["datasets"].items()
+    }
+    labels = [
+        label
+        for dataset_id, data in results["datasets"].items()
+        for label in [
+            *(label for _, label, _ in ordered[dataset_id]),
+            *(f"(type {name})" for name in data.get("task_types") or {}),
+        ]
+    ]
+    dw = max([16, *(len(d) + 1 for d in results["datasets"])])
+    cw = max([16, *(len(label) + 3 for label in labels)])
+    header = (
+        f"{'dataset':<{dw}}{'condition':<{cw}}{'attempts':>10}{'resolved':>10}{'failed':>8}"
+        f"{'resolved %':>12}"
+    )
+
+    def row(dataset: str, label: str, m: dict[str, Any]) -> str:
+        resolved = "-" if m.get("resolved") is None else str(m["resolved"])
+        rate = m.get("resolved_rate")
+        share = "-" if rate is None else f"{100 * rate:.1f}"
+        return (
+            f"{dataset:<{dw}}{label:<{cw}}{m['questions']:>10}{resolved:>10}{m['failed']:>8}"
+            f"{share:>12}"
+        )
+
+    rows = [
+        f"track {results.get('track') or 'coding'}: compare only with results of the same track",
+        header,
+        "-" * len(header),
+    ]
+    for dataset_id, data in results["datasets"].items():
+        for name, label, metrics in ordered[dataset_id]:
+            note = " *" if name in data["excluded_from_overall"] else ""
+            rows.append(row(dataset_id, label + note, metrics))
+        rows.append(row(dataset_id, "(dataset)", data["overall"]))
+        for task_type, metrics in sorted((data.get("task_types") or {}).items()):
+            rows.append(row(dataset_id, f"(type {task_type})", metrics))
+    rows.append("-" * len(header))
+    rows.append(row("Overall", "", results["overall"]))
+    rows += [
+        "resolved % = resolved / verified attempts (attempts - failed); resolved: the patch made",
+        "  every FAIL_TO_PASS test pass and kept every PASS_TO_PASS test passing",
+        "conditions: relevant = memory holds past work that bears on the task; noisy = that work",
+        "  mixed with distracting trajectories",
+    ]
+    if any(d["excluded_from_overall"] for d in results["datasets"].values()):
+        rows.append("* reported apart, not counted in the dataset or Overall figures")
+    rows.extend(_failure_lines(results))
+    if any(line.startswith("failed, by kind") for line in rows):
+        rows.append("failed: attempts the platform failed, counted in no share (never unresolved)")
     return "\n".join(rows)
 
 

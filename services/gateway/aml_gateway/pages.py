@@ -12,6 +12,7 @@ from urllib.parse import quote, urlencode
 from aml_contract.api.leaderboard import LeaderboardEntry
 from aml_contract.api.results import Metrics
 from aml_contract.api.vocabulary import Board, Track
+from aml_evaluation.coding.bundle import CONDITIONS
 from aml_gateway.ranking import headline
 
 TRACKS: tuple[Track, ...] = get_args(Track)
@@ -27,6 +28,9 @@ CHART_ENTRIES = 8
 DASH = "—"
 # How a category kept out of Overall is named where a mark cannot be (chart labels).
 NOT_IN_OVERALL = "not in Overall"
+# The track whose headline is the share of resolved attempts (R-2.5): its boards show resolved
+# counts and attempts where the others show F1 and questions.
+CODING: Track = "coding"
 
 # Served with every page: no script, style or connection from anywhere but the gateway itself,
 # no framing, no referrer (a job page's URL names the job).
@@ -105,6 +109,8 @@ class Chart:
     description: str
     labels: list[str]
     series: list[dict[str, Any]]
+    # The value axis's title: what the percentages are a share of.
+    axis: str = "Accuracy (%)"
 
 
 def _metric(metrics: Metrics | None) -> Cell:
@@ -137,6 +143,27 @@ def _f1(metrics: Metrics) -> Cell:
     return Cell(DASH if value is None else f"{value:.3f}", "" if value is None else f"{value:.6f}")
 
 
+def _resolved(metrics: Metrics) -> Cell:
+    """A coding cell's resolved attempts out of its verified ones ("9 of 16")."""
+    if metrics.attempts is None or metrics.resolved is None:
+        return Cell(DASH)
+    return Cell(f"{metrics.resolved} of {metrics.attempts}", str(metrics.resolved))
+
+
+def _second(metrics: Metrics, coding: bool) -> Cell:
+    """The figure beside Overall: the resolved count on a coding board, else the mean F1."""
+    return _resolved(metrics) if coding else _f1(metrics)
+
+
+def _count(metrics: Metrics) -> Cell:
+    return Cell(str(metrics.questions), str(metrics.questions))
+
+
+def is_coding(entries: Iterable[LeaderboardEntry]) -> bool:
+    """Whether these are the coding track's entries (a board, or a history, is one track's)."""
+    return any(entry.track == CODING for entry in entries)
+
+
 def _published(at: datetime) -> Cell:
     return Cell(at.strftime("%Y-%m-%d"), at.isoformat())
 
@@ -149,19 +176,45 @@ def _models(entry: LeaderboardEntry) -> str:
     return ", ".join(part for part in parts if part) or DASH
 
 
+def _condition_rank(category: str) -> int:
+    """A coding dataset's memory conditions in the order its categories number them (relevant,
+    then noisy); any other category after them."""
+    return CONDITIONS.index(category) if category in CONDITIONS else len(CONDITIONS)
+
+
 def dataset_columns(entries: Sequence[LeaderboardEntry]) -> list[tuple[str, list[str]]]:
-    """Each dataset with its categories, in the order the entries first name them, those kept
-    out of Overall last."""
+    """Each dataset with its categories, in the order the entries first name them (a coding
+    dataset's conditions: relevant, then noisy), those kept out of Overall last."""
     found: dict[str, list[str]] = {}
     excluded = excluded_categories(entries)
+    coding = is_coding(entries)
     for entry in entries:
         for dataset_id, results in entry.datasets.items():
             categories = found.setdefault(dataset_id, [])
             categories.extend(c for c in results.categories if c not in categories)
     return [
-        (dataset_id, sorted(categories, key=lambda c: c in excluded.get(dataset_id, set())))
+        (
+            dataset_id,
+            sorted(
+                categories,
+                key=lambda c: (
+                    c in excluded.get(dataset_id, set()),
+                    _condition_rank(c) if coding else 0,
+                ),
+            ),
+        )
         for dataset_id, categories in found.items()
     ]
+
+
+def task_type_columns(entries: Iterable[LeaderboardEntry]) -> dict[str, list[str]]:
+    """Per coding dataset, the task types its results are split by (`task_types`), sorted."""
+    found: dict[str, set[str]] = {}
+    for entry in entries:
+        for dataset_id, results in entry.datasets.items():
+            if results.task_types:
+                found.setdefault(dataset_id, set()).update(results.task_types)
+    return {dataset_id: sorted(types) for dataset_id, types in found.items()}
 
 
 def excluded_categories(entries: Iterable[LeaderboardEntry]) -> dict[str, set[str]]:
@@ -174,15 +227,20 @@ def excluded_categories(entries: Iterable[LeaderboardEntry]) -> dict[str, set[st
 
 
 def board_table(entries: Sequence[LeaderboardEntry], caption: str) -> Table:
+    """The board's entries, ranked. On the coding track Overall and every dataset, condition
+    and task type cell is the share of resolved attempts; "Resolved" and "Attempts" stand where
+    the other tracks show the mean F1 and the questions."""
+    coding = is_coding(entries)
     datasets = dataset_columns(entries)
     excluded = excluded_categories(entries)
+    task_types = task_type_columns(entries)
     # The headline right after the name, so that it is in view at phone width too.
     columns = [
         Column("Rank", sortable=False),
         Column("System", "text"),
         Column("Version", "text", narrow=True),
         Column("Overall"),
-        Column("Overall F1"),
+        Column("Resolved" if coding else "Overall F1"),
         Column("Team", "text"),
         Column("Board", "text"),
         Column("Declared models", "text"),
@@ -196,7 +254,8 @@ def board_table(entries: Sequence[LeaderboardEntry], caption: str) -> Table:
             Column(f"{dataset_id}: {category}", excluded=category in excluded[dataset_id])
             for category in categories
         )
-    columns += [Column("Questions"), Column("Published")]
+        columns.extend(Column(f"{dataset_id}: {t} tasks") for t in task_types.get(dataset_id, []))
+    columns += [Column("Attempts" if coding else "Questions"), Column("Published")]
     table = Table(caption, columns, sorted_by=3, sorted_direction="descending")
     for rank, entry in enumerate(entries, start=1):
         row = [
@@ -204,7 +263,7 @@ def board_table(entries: Sequence[LeaderboardEntry], caption: str) -> Table:
             Cell(entry.system_name, entry.system_name, system_href(entry.system_name), True),
             Cell(entry.version_label, entry.version_label),
             _metric(entry.overall),
-            _f1(entry.overall),
+            _second(entry.overall, coding),
             Cell(entry.team_name, entry.team_name),
             Cell(BOARD_NAMES[entry.board], entry.board),
             Cell(_models(entry), _models(entry)),
@@ -218,8 +277,9 @@ def board_table(entries: Sequence[LeaderboardEntry], caption: str) -> Table:
                 _metric(results.categories.get(category) if results else None)
                 for category in categories
             )
-        row += [Cell(str(entry.overall.questions), str(entry.overall.questions))]
-        row.append(_published(entry.published_at))
+            split = (results.task_types if results else None) or {}
+            row.extend(_metric(split.get(t)) for t in task_types.get(dataset_id, []))
+        row += [_count(entry.overall), _published(entry.published_at)]
         table.rows.append(row)
     return table
 
@@ -230,9 +290,11 @@ def _chart_value(metrics: Metrics | None) -> float | None:
 
 
 def category_charts(entries: Sequence[LeaderboardEntry]) -> list[Chart]:
-    """Per dataset, each category's accuracy for the best entries of the board."""
+    """Per dataset, each category's accuracy (a coding dataset: each memory condition's
+    resolved share) for the best entries of the board."""
     shown = entries[:CHART_ENTRIES]
     excluded = excluded_categories(shown)
+    coding = is_coding(shown)
     charts = []
     for index, (dataset_id, categories) in enumerate(dataset_columns(shown)):
         series = []
@@ -242,23 +304,34 @@ def category_charts(entries: Sequence[LeaderboardEntry]) -> list[Chart]:
                 _chart_value(results.categories.get(c) if results else None) for c in categories
             ]
             series.append({"label": f"{entry.system_name} {entry.version_label}", "values": values})
+        what = "resolved share per memory condition" if coding else "accuracy per category"
         charts.append(
             Chart(
                 id=f"chart-categories-{index}",
                 type="bar",
-                title=f"{dataset_id}: accuracy per category",
+                title=f"{dataset_id}: {what}",
                 description=(
-                    f"Bar chart of the accuracy per category on {dataset_id} for the "
-                    f"{len(shown)} best entries; the table above has every number."
+                    f"Bar chart of the {what} on {dataset_id} for the {len(shown)} best "
+                    "entries; the table above has every number."
                 ),
                 labels=[
                     f"{c} ({NOT_IN_OVERALL})" if c in excluded[dataset_id] else c
                     for c in categories
                 ],
                 series=series,
+                axis=_axis(coding),
             )
         )
     return charts
+
+
+def _axis(coding: bool) -> str:
+    return "Resolved (%)" if coding else "Accuracy (%)"
+
+
+def charts_heading(track: Track) -> str:
+    """The heading of a board's charts."""
+    return "Resolved per memory condition" if track == CODING else "Accuracy per category"
 
 
 @dataclass(frozen=True)
@@ -278,15 +351,16 @@ def system_histories(entries: Sequence[LeaderboardEntry]) -> list[TrackHistory]:
         if not mine:
             continue
         title = f"{TRACK_NAMES[track]} track"
+        coding = track == CODING
         datasets = dataset_columns(mine)
         columns = [
             Column("Version", "text"),
             Column("Board", "text"),
             Column("Team", "text"),
             Column("Overall"),
-            Column("Overall F1"),
+            Column("Resolved" if coding else "Overall F1"),
             *(Column(dataset_id) for dataset_id, _ in datasets),
-            Column("Questions"),
+            Column("Attempts" if coding else "Questions"),
             Column("Published"),
         ]
         table = Table(
@@ -301,15 +375,12 @@ def system_histories(entries: Sequence[LeaderboardEntry]) -> list[TrackHistory]:
                 Cell(BOARD_NAMES[entry.board], entry.board),
                 Cell(entry.team_name, entry.team_name),
                 _metric(entry.overall),
-                _f1(entry.overall),
+                _second(entry.overall, coding),
             ]
             for dataset_id, _ in datasets:
                 results = entry.datasets.get(dataset_id)
                 row.append(_metric(results.overall if results else None))
-            row += [
-                Cell(str(entry.overall.questions), str(entry.overall.questions)),
-                _published(entry.published_at),
-            ]
+            row += [_count(entry.overall), _published(entry.published_at)]
             table.rows.append(row)
         labels = [
             f"{entry.version_label} ({entry.published_at.strftime('%Y-%m-%d')})" for entry in mine
@@ -329,11 +400,13 @@ def system_histories(entries: Sequence[LeaderboardEntry]) -> list[TrackHistory]:
             type="line",
             title=f"{title}: Overall over time",
             description=(
-                f"Line chart of the Overall accuracy of each published version on the {track} "
-                "track, oldest first; the table above has every number."
+                f"Line chart of the Overall {'resolved share' if coding else 'accuracy'} of "
+                f"each published version on the {track} track, oldest first; the table above "
+                "has every number."
             ),
             labels=labels,
             series=series,
+            axis=_axis(coding),
         )
         histories.append(TrackHistory(track, title, table, chart))
     return histories
@@ -347,6 +420,7 @@ def chart_data(charts: Iterable[Chart]) -> list[dict[str, Any]]:
             "title": chart.title,
             "labels": chart.labels,
             "series": chart.series,
+            "axis": chart.axis,
         }
         for chart in charts
     ]

@@ -28,7 +28,13 @@ class GatewaySettings(ParticipantCallSettings):
     smoke_suite: list[str] = Field(default=["synthetic"], min_length=1)
     # What a smoke run may name instead of the sample.
     smoke_datasets: list[str] = Field(
-        default=["synthetic", "locomo", "locomo_refined", "synthetic_multimodal"]
+        default=[
+            "synthetic",
+            "locomo",
+            "locomo_refined",
+            "synthetic_multimodal",
+            "synthetic-coding",
+        ]
     )
     # Where the gateway reads the operator's dataset manifests (`manifests/`, written by
     # `aml dataset add`) and the benchmark files to count the questions `GET /v1/datasets`

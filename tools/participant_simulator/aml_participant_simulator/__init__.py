@@ -3,7 +3,7 @@ section 4) whose behaviour - latency, capacity, answers attempt by attempt, malf
 dropped connections, asynchronous Adds, cross-user leakage - is scripted per run, and which
 records every request it receives. Used by the tests and by the performance benchmark."""
 
-from .memory import Memory
+from .memory import Memory, Ranking
 from .recording import TOTAL, RequestRecord, SimulatorSnapshot
 from .responses import NOT_JSON_BODY
 from .script import (
@@ -27,6 +27,7 @@ __all__ = [
     "LognormalLatency",
     "Memory",
     "Outcome",
+    "Ranking",
     "RequestRecord",
     "Script",
     "ScriptedAuth",

@@ -1,18 +1,20 @@
 """The simulated participant's memory: messages kept per user_id in process memory, found again
-by word overlap. Deliberately simple: the simulator is about the protocol, not retrieval
-quality; the reference memory server (aml_memory_server) is the realistic one."""
+by word overlap, or by a `Ranking` the simulator is given (a test's stand-in for a participant's
+retrieval: one that knows the benchmark's answers, one that finds nothing, ...). Deliberately
+simple: the simulator is about the protocol, not retrieval quality; the reference memory server
+(aml_memory_server) is the realistic one."""
 
 from __future__ import annotations
 
 import heapq
 import re
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
-from aml_contract.participant import AddRequest, Content
+from aml_contract.participant import AddRequest, Content, SearchRequest
 from aml_memory_server.store import rows_from_add
 
 _WORD = re.compile(r"\w+")
@@ -28,6 +30,13 @@ class Memory:
     # The content as written (an array of text and image parts, or the text itself): what
     # Search hands back.
     stored: Content
+    # The Add's session_id: which session (or coding trajectory) the message was written in.
+    session_id: str = ""
+
+
+# A participant's own retrieval in place of word overlap: a Search and its user's memories in
+# storage order -> the memories it returns, best first (at most top_k are sent).
+Ranking = Callable[[SearchRequest, Sequence[Memory]], Sequence[Memory]]
 
 
 def words(text: str) -> frozenset[str]:
@@ -71,6 +80,7 @@ class InProcessMemoryStore:
                 row.created_at,
                 words(row.content),
                 row.stored_content(),
+                row.session_id,
             )
             for row in rows
         ]
@@ -109,6 +119,12 @@ class InProcessMemoryStore:
         scored = [(float(len(wanted & memory.words)), memory) for memory in self._user(user_id)]
         hits = sorted((pair for pair in scored if pair[0] > 0), key=lambda pair: -pair[0])
         return [item(memory, score) for score, memory in hits[:top_k]]
+
+    def ranked(self, request: SearchRequest, ranking: Ranking) -> list[dict[str, Any]]:
+        """The request's user's memories as `ranking` orders them, at most top_k; scores fall
+        from the number returned to 1, so they agree with the order."""
+        found = list(ranking(request, list(self._user(request.user_id))))[: request.top_k]
+        return [item(memory, float(len(found) - rank)) for rank, memory in enumerate(found)]
 
     def foreign(
         self, user_id: str, query: str, count: int, from_user_id: str | None

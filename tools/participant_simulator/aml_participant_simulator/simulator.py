@@ -33,7 +33,7 @@ from aml_memory_server.auth import is_authorized
 from aml_memory_server.store import TimestampOutOfRange, content_text
 
 from .latency import LatencySampler
-from .memory import InProcessMemoryStore, Memory, item
+from .memory import InProcessMemoryStore, Memory, Ranking, item
 from .recording import TOTAL, RequestRecord, SimulatorSnapshot
 from .responses import JSON_TYPE, NOT_JSON_BODY, add_body, add_ok, json_bytes, search_body
 from .script import ENDPOINTS, Endpoint, EndpointScript, Outcome, Script, ScriptedCapacity
@@ -159,13 +159,16 @@ class Simulator:
     """A scripted participant. Serve it with `serve()` (in the running event loop) or
     `running()` / `running_simulator()` (in a background thread), or as any ASGI app; read what
     it saw from `requests`, `peak_concurrency` and `peak_active`, or over HTTP from
-    GET /_sim/requests."""
+    GET /_sim/requests. With a `ranking`, Search returns what it picks instead of the memories
+    sharing words with the query (the scripted outcomes and leaks apply as before)."""
 
-    def __init__(self, script: Script) -> None:
+    def __init__(self, script: Script, ranking: Ranking | None = None) -> None:
         # Guards everything read from other threads than the serving one (tests read records
         # while the server thread writes them). Never held across an await.
         self._lock = threading.Lock()
         self._script = script
+        # Python only, not part of the JSON script: a test's own retrieval (memory.Ranking).
+        self._ranking = ranking
         self._store = InProcessMemoryStore()
         self._in_flight: dict[str, int] = dict.fromkeys([*ENDPOINTS, TOTAL], 0)
         self._active: dict[str, int] = dict.fromkeys([*ENDPOINTS, TOTAL], 0)
@@ -508,7 +511,10 @@ class Simulator:
         except ValidationError as exc:
             return self._invalid(ctx, f"invalid search request: {exc.error_count()} error(s)")
         query = content_text(request.query)
-        items = self._store.search(request.user_id, query, request.top_k)
+        if self._ranking is None:
+            items = self._store.search(request.user_id, query, request.top_k)
+        else:
+            items = self._store.ranked(request, self._ranking)
         if part.leak is not None:
             foreign = self._store.foreign(
                 request.user_id, query, part.leak.count, part.leak.from_user_id

@@ -42,7 +42,9 @@ class Leaderboard(BaseModel):
     board: Board | None = Field(description="null: the entries of every board of the track.")
     entries: list[LeaderboardEntry] = Field(
         description="Best Overall first (its headline: accuracy, else judge accuracy, or "
-        "the mean token F1 where `headline` is `f1_mean`; none last), then the earlier "
+        "the mean token F1 where `headline` is `f1_mean`, or on the coding track the share of "
+        "resolved attempts, `resolved_rate`, split by memory condition in each dataset's "
+        "`categories` and by task type in its `task_types`; none last), then the earlier "
         "publication. Only entries of this track: scores are never compared across tracks."
     )
 

@@ -10,8 +10,9 @@ nothing). The scheduler then releases the Adds in each user's order (`chain_chun
 facts and Search body (`question`, `question_user`, `search_body`); the searcher looks up who a
 returned text was written for (`written_owners`); the progress repair and the stall watchdog
 read the chunks' states (`chunk_states`, `pending_chunks`); the completion reads what an outcome
-names of every question (`questions_of`, `platform_failed_chunks`); retention empties the
-bodies and drops the written texts (`purge_bodies`, `drop_written`).
+names of every question (`questions_of`, `platform_failed_chunks`); the gateway pages through
+a coding job's attempts for its owner (`attempts_page`); retention empties the bodies and drops
+the written texts (`purge_bodies`, `drop_written`).
 
 Every filter, update, projection and option below is the one its caller sent before this store
 existed: the hot ones (a chunk or question by `_id`, a user's questions by `user_id`, a job's
@@ -54,6 +55,14 @@ _OUTCOME_FIELDS = {
     "question_id": 1,
     "point_index": 1,
     # A coding attempt's task type (absent elsewhere): results split by it.
+    "task_type": 1,
+}
+# What names a coding attempt on its job's page (never its Search body or problem statement).
+_ATTEMPT_FIELDS = {
+    "dataset_id": 1,
+    "question_id": 1,
+    "category_name": 1,
+    "coding_task": 1,
     "task_type": 1,
 }
 # What the stall watchdog reads of a pending chunk: where it is in its chain, what it waits for.
@@ -212,6 +221,18 @@ class PlanStore:
         index."""
         async for question in self._db.questions.find({"job_id": job_id}, _OUTCOME_FIELDS):
             yield question
+
+    async def attempts_page(self, job_id: str, after: str | None, limit: int) -> list[Document]:
+        """The job's questions in item-id order from after the item `after`, only what names a
+        coding attempt (`dataset_id`, `question_id`, `category_name`, `coding_task`,
+        `task_type`): at most `limit` + 1, the last one there only to tell that there is a next
+        page. The job's owner reads a coding job's attempts a page at a time (the `job_id`
+        index; a coding job has a few hundred)."""
+        query: Document = {"job_id": job_id}
+        if after is not None:
+            query["_id"] = {"$gt": after}
+        found = self._db.questions.find(query, _ATTEMPT_FIELDS).sort("_id", 1).limit(limit + 1)
+        return await found.to_list()
 
     # -- question releases (a marker per user, and per point a held Add waits at) ---------------
 

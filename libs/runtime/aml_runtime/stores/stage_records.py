@@ -8,8 +8,8 @@ and reads the state that stands (`store_outcome`, `state_of`). The next stage re
 was not handed with its work (the answerer a search's candidates, the scorer an answer), the
 scheduler reads whether held searches are final and each question's final record when the job
 completes, the stall watchdog reads held searches too, the progress repair recounts the
-records' states and times, the gateway shows a search to its team, and retention empties
-their bodies.
+records' states and times, the gateway shows a search and a coding job's attempts to their
+team, and retention empties their bodies.
 
 Every filter, update, projection and option below is the one its caller sent before this
 store existed: the hot ones are served by the indexes of `aml_runtime.documents` on nx-27017
@@ -55,6 +55,22 @@ _BODIES: tuple[tuple[str, Document, Document], ...] = (
     (SCORES, {}, {"judge_replies": []}),
     (SCORES, {"test_log": {"$exists": True}}, {"test_log": None}),
 )
+
+
+# What a coding job's page shows of an attempt at each stage: how the record ended, the agent's
+# end and steps, the verdict and why; never a body (the patch, the trajectory, the test log).
+_ATTEMPT_FIELDS: dict[QuestionStage, Document] = {
+    "search": {"state": 1, "failure_kind": 1, "failure": 1},
+    "answer": {
+        "state": 1,
+        "failure_kind": 1,
+        "failure": 1,
+        "end_reason": 1,
+        "steps": 1,
+        "patch_rejected": 1,
+    },
+    "score": {"state": 1, "failure_kind": 1, "failure": 1, "resolved": 1, "reason": 1},
+}
 
 
 class StageRecordStore:
@@ -120,6 +136,18 @@ class StageRecordStore:
         one record, by id)."""
         stored = await self._db.searches.find_one({"_id": item_id, "job_id": job_id})
         return None if stored is None else SearchDocument.model_validate(stored)
+
+    async def attempt_records(
+        self, item_ids: list[str]
+    ) -> dict[QuestionStage, dict[str, Document]]:
+        """Per stage, these coding attempts' records by item id (those without one absent),
+        only the fields of `_ATTEMPT_FIELDS` (the gateway's page of a job's attempts: one read
+        per stage, by `_id`, for a page of ids)."""
+        found: dict[QuestionStage, dict[str, Document]] = {}
+        for stage, collection in _COLLECTIONS.items():
+            records = self._db[collection].find({"_id": {"$in": item_ids}}, _ATTEMPT_FIELDS[stage])
+            found[stage] = {record["_id"]: record async for record in records}
+        return found
 
     # -- the scheduler and the stall watchdog ---------------------------------------------------
 

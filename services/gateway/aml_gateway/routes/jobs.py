@@ -12,12 +12,14 @@ from fastapi import APIRouter, Path, Query
 from pymongo.errors import DuplicateKeyError
 
 from aml_contract import subjects
+from aml_contract.api.attempts import AttemptPage
 from aml_contract.api.audit import AuditPage, AuditRecord, AuditStage, SearchAudit
 from aml_contract.api.jobs import JobStatus, JobSubmission, QuotaExceeded
 from aml_contract.api.results import JobResults
 from aml_contract.api.vocabulary import Track
 from aml_contract.messages import JobSubmitted, message_id
 from aml_evaluation.registry import registered
+from aml_gateway.attempts import PAGE_LIMIT, attempts_page
 from aml_gateway.deps import GuardedRoute, ServicesDep, TeamDep
 from aml_gateway.errors import error_responses
 from aml_gateway.progress import job_status
@@ -204,6 +206,26 @@ async def get_results(job_id: str, svc: ServicesDep, team: TeamDep) -> JobResult
     if "results" not in job:
         raise Conflict(f"job {echoed(job_id)} has no results yet ({job['state']})")
     return JobResults.model_validate(job["results"] | {"track": job["track"]})
+
+
+@router.get("/{job_id}/attempts", responses=_ERRORS)
+async def get_attempts(
+    job_id: str,
+    svc: ServicesDep,
+    team: TeamDep,
+    cursor: Annotated[
+        str | None, Query(max_length=400, description="`next_cursor` of the previous page.")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=PAGE_LIMIT)] = 50,
+) -> AttemptPage:
+    """A coding job's attempts (R-2.5), one per task and memory condition, task by task: how
+    the agent's attempt ended (end reason, steps), the verdict and its reason, or the stage and
+    reason of a failure; pending until the attempt is final. A job of another track has none
+    (409)."""
+    job = await _own_job(svc, team, job_id)
+    if job["track"] != "coding":
+        raise Conflict(f"job {echoed(job_id)} is of the {job['track']} track: it has no attempts")
+    return await attempts_page(svc.stores, job_id, cursor, limit)
 
 
 @router.get("/{job_id}/audit", responses=_ERRORS)

@@ -64,6 +64,8 @@ async def leaderboard_page(
         "leaderboard.html",
         {
             "title": title,
+            "track": chosen_track,
+            "charts_heading": pages.charts_heading(chosen_track),
             "track_tabs": pages.track_tabs(chosen_track, chosen_board, counts),
             "board_tabs": pages.board_tabs(chosen_track, chosen_board, counts),
             "table": pages.board_table(entries, f"{title}: entries by Overall"),

@@ -38,7 +38,7 @@
           y: {
             min: 0,
             max: 100,
-            title: { display: true, text: "Accuracy (%)", color: "#1b1f24" },
+            title: { display: true, text: spec.axis || "Accuracy (%)", color: "#1b1f24" },
             ticks: { color: "#1b1f24", callback: function (value) { return value + "%"; } },
           },
           x: { ticks: { color: "#1b1f24" } },

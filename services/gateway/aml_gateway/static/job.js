@@ -6,10 +6,15 @@
 
   var KEY = "aml.leaderboardApiKey";
   var POLL_MS = 2000;
+  // A coding job's attempts are read a page at a time: a few hundred in a full run.
+  var ATTEMPTS_PAGE = 50;
+  // A coding dataset's memory conditions, in the order its categories number them.
+  var CONDITIONS = ["relevant", "noisy"];
   var STAGES = ["add", "search", "answer", "score", "aggregate"];
   var jobId = decodeURIComponent(window.location.pathname.replace(/\/+$/, "").split("/").pop());
   var timer = null;
   var lastAnnounced = "";
+  var attempts = { cursor: null, shown: 0, total: 0, loading: false };
 
   function $(id) { return document.getElementById(id); }
 
@@ -69,8 +74,12 @@
   }
 
   function fillRows(tableId, rows) {
+    $(tableId).tBodies[0].textContent = "";
+    appendRows(tableId, rows);
+  }
+
+  function appendRows(tableId, rows) {
     var body = $(tableId).tBodies[0];
-    body.textContent = "";
     rows.forEach(function (cells) {
       var row = document.createElement("tr");
       cells.forEach(function (spec, index) {
@@ -226,7 +235,124 @@
     ];
   }
 
+  // The categories kept out of Overall last; a coding dataset's conditions first, in order.
+  function orderedCategories(dataset) {
+    var excluded = dataset.excluded_from_overall || [];
+    var names = Object.keys(dataset.categories);
+    var conditions = CONDITIONS.filter(function (name) { return names.indexOf(name) >= 0; });
+    names = conditions.concat(names.filter(function (name) { return conditions.indexOf(name) < 0; }));
+    return names.filter(function (name) { return excluded.indexOf(name) < 0; })
+      .concat(names.filter(function (name) { return excluded.indexOf(name) >= 0; }));
+  }
+
+  function resolvedCells(metrics) {
+    var resolved = metrics.resolved === null || metrics.resolved === undefined ? "—" : String(metrics.resolved);
+    // The share first: at phone width it is the figure still in view.
+    return [
+      { text: percent(metrics.resolved_rate), className: "number" },
+      { text: resolved, className: "number" },
+      { text: String(metrics.questions), className: "number" },
+      { text: String(metrics.failed), className: "number" },
+    ];
+  }
+
+  // A coding job: the resolved share per memory condition and task type, then its attempts.
+  // One naming column ("<dataset>: relevant"), so that the share is in view at phone width.
+  function renderCoding(results) {
+    var rows = [[{ text: "Overall" }].concat(resolvedCells(results.overall))];
+    Object.keys(results.datasets).forEach(function (datasetId) {
+      var dataset = results.datasets[datasetId];
+      var named = function (text, metrics) {
+        rows.push([{ text: text }].concat(resolvedCells(metrics)));
+      };
+      named(datasetId, dataset.overall);
+      orderedCategories(dataset).forEach(function (name) {
+        named(datasetId + ": " + name, dataset.categories[name]);
+      });
+      var types = dataset.task_types || {};
+      Object.keys(types).sort().forEach(function (name) {
+        named(datasetId + ": " + name + " tasks", types[name]);
+      });
+    });
+    fillRows("coding-table", rows);
+    attempts = { cursor: null, shown: 0, total: results.overall.questions, loading: false };
+    $("attempts-table").tBodies[0].textContent = "";
+    $("attempts-status").textContent = "";
+    loadAttempts();
+  }
+
+  var STAGE_NAMES = { search: "search", answer: "solve", score: "verify" };
+
+  function verdict(attempt) {
+    if (attempt.outcome === "resolved") return { text: "resolved", className: "passed" };
+    if (attempt.outcome === "unresolved") return { text: "unresolved" };
+    if (attempt.outcome === "failed") {
+      var kind = attempt.failure_kind ? " (" + attempt.failure_kind + ")" : "";
+      return { text: "failed at " + STAGE_NAMES[attempt.failed_at] + kind, className: "failed" };
+    }
+    return { text: "not finished" };
+  }
+
+  function attemptCells(attempt) {
+    // The verdict beside the task, so that it is in view at phone width too.
+    return [
+      { text: attempt.task },
+      { text: attempt.condition },
+      verdict(attempt),
+      { text: attempt.end_reason ? attempt.end_reason.replace(/_/g, " ") : "—" },
+      { text: attempt.steps === null || attempt.steps === undefined ? "—" : String(attempt.steps), className: "number" },
+      { text: attempt.task_type || "—" },
+      { text: attempt.reason || "—", className: "reason" },
+    ];
+  }
+
+  function loadAttempts() {
+    var more = $("attempts-more");
+    var status = $("attempts-status");
+    var path = "/v1/jobs/" + encodeURIComponent(jobId) + "/attempts?limit=" + ATTEMPTS_PAGE +
+      (attempts.cursor ? "&cursor=" + encodeURIComponent(attempts.cursor) : "");
+    // A second press while a page loads is ignored; the button is not disabled, which would
+    // take the keyboard's focus away from it.
+    if (attempts.loading) return null;
+    attempts.loading = true;
+    more.setAttribute("aria-busy", "true");
+    return request(path)
+      .then(function (response) {
+        if (!response.ok) throw new Error("HTTP " + response.status);
+        return response.json();
+      })
+      .then(function (page) {
+        appendRows("attempts-table", page.attempts.map(attemptCells));
+        attempts.shown += page.attempts.length;
+        attempts.cursor = page.next_cursor;
+        var hadFocus = document.activeElement === more;
+        more.hidden = !page.next_cursor;
+        status.textContent = page.next_cursor
+          ? "Showing " + attempts.shown + " of " + attempts.total + " attempts."
+          : "All " + attempts.shown + " attempts shown.";
+        // The button goes away with the last page: focus stays where the list ends.
+        if (hadFocus && more.hidden) status.focus();
+      })
+      .catch(function (error) {
+        // The button asks for the same page again.
+        more.hidden = false;
+        status.textContent = "The attempts could not be read (" + error.message + "). Try again.";
+      })
+      .then(function () {
+        attempts.loading = false;
+        more.removeAttribute("aria-busy");
+      });
+  }
+
   function renderResults(results) {
+    var coding = results.track === "coding";
+    $("results-generic").hidden = coding;
+    $("coding-block").hidden = !coding;
+    if (coding) {
+      renderCoding(results);
+      $("results-block").hidden = false;
+      return;
+    }
     var rows = [[{ text: "Overall" }, { text: "all" }].concat(metricCells(results.overall))];
     var anyExcluded = false;
     Object.keys(results.datasets).forEach(function (datasetId) {
@@ -242,11 +368,8 @@
             metricCells(points[ordinal])
           ));
         });
-      var names = Object.keys(dataset.categories);
       // The categories kept out of Overall last, as on the board.
-      names = names.filter(function (name) { return excluded.indexOf(name) < 0; })
-        .concat(names.filter(function (name) { return excluded.indexOf(name) >= 0; }));
-      names.forEach(function (name) {
+      orderedCategories(dataset).forEach(function (name) {
         var out = excluded.indexOf(name) >= 0;
         var row = [{ text: datasetId }, { text: name, excluded: out }].concat(
           metricCells(dataset.categories[name])
@@ -321,6 +444,7 @@
       stopPolling();
       poll();
     });
+    $("attempts-more").addEventListener("click", loadAttempts);
     $("forget-key").addEventListener("click", function () {
       forgetKey();
       showForm("");
