@@ -1251,3 +1251,15 @@ def test_the_fakes_fill_every_field_of_stores() -> None:
         fake = getattr(fakes, field.name)
         assert getattr(typed, field.name) is fake
         assert type(fake).real.__name__ == field.type
+
+
+async def test_the_final_records_leave_a_coding_attempts_test_log_behind(world: World) -> None:
+    records = world.stores.records
+    job_id, attempt = fresh("job"), fresh("item")
+    verified = {"_id": attempt, "job_id": job_id, "state": "done", "category_name": "noisy",
+                "resolved": True, "test_log": "test_a ... ok\n" * 100}  # fmt: skip
+    await world.seed("scores", verified)
+    final = await records.final_records(job_id)
+    dumped = final[attempt].model_dump()
+    assert dumped.get("resolved") is True
+    assert dumped.get("test_log") is None  # stored, but not read

@@ -685,6 +685,7 @@ class MemoryStageRecordStore(_MemoryStore):
             for doc in _select(records, failed):
                 final.setdefault(doc["_id"], StageRecord.model_validate(doc))
         for doc in _select(self.scores, lambda doc: doc.get("job_id") == job_id):
+            doc.pop("test_log", None)
             final.setdefault(doc["_id"], ScoreDocument.model_validate(doc))
         return final
 

@@ -52,20 +52,30 @@ def test_a_coding_demo_without_the_sandbox_is_refused_in_its_one_line(
 
 
 def test_the_coding_demo_prints_resolved_shares_per_condition_and_task_type() -> None:
-    from aml_devtools.coding_demo import is_coding, render_resolved
+    """The demo prints a coding job's results with the table every results view uses
+    (`render_results`), conditions in the manifest's order."""
+    from aml_devtools.coding_demo import is_coding
+    from aml_devtools.tables import render_results
 
     assert is_coding("synthetic-coding", Path("/nonexistent"))
     assert not is_coding("synthetic", Path("/nonexistent"))
 
     def cell(attempts: int, resolved: int, failed: int = 0) -> dict[str, object]:
         rate = resolved / attempts if attempts else None
-        return {"attempts": attempts, "resolved": resolved, "resolved_rate": rate, "failed": failed}
+        return {
+            "questions": attempts + failed,
+            "attempts": attempts,
+            "resolved": resolved,
+            "resolved_rate": rate,
+            "failed": failed,
+        }
 
     results = {
         "track": "coding",
         "overall": cell(15, 9, failed=1),
         "datasets": {
             "synthetic-coding": {
+                "excluded_from_overall": [],
                 # Aggregation lists the conditions by name: the manifest's order is given apart.
                 "categories": {"noisy": cell(7, 2, failed=1), "relevant": cell(8, 7)},
                 "overall": cell(15, 9, failed=1),
@@ -73,14 +83,15 @@ def test_the_coding_demo_prints_resolved_shares_per_condition_and_task_type() ->
             }
         },
     }
-    table = render_resolved(results, ["relevant", "noisy"]).splitlines()
+    numbers = {"synthetic-coding": {"relevant": 1, "noisy": 2}}
+    table = render_results(results, numbers).splitlines()
     assert table[0] == "track coding: compare only with results of the same track"
-    rows = [line.split() for line in table[3:] if not line.startswith("-")]
+    rows = [line.split() for line in table[3:10] if not line.startswith("-")]
     assert rows == [
-        ["synthetic-coding", "relevant", "8", "7", "87.5", "0"],
-        ["synthetic-coding", "noisy", "7", "2", "28.6", "1"],
-        ["synthetic-coding", "(dataset)", "15", "9", "60.0", "1"],
-        ["synthetic-coding", "(type", "debug)", "7", "4", "57.1", "1"],
-        ["synthetic-coding", "(type", "development)", "8", "5", "62.5", "0"],
-        ["Overall", "15", "9", "60.0", "1"],
+        ["synthetic-coding", "1", "relevant", "8", "7", "0", "87.5"],
+        ["synthetic-coding", "2", "noisy", "8", "2", "1", "28.6"],
+        ["synthetic-coding", "(dataset)", "16", "9", "1", "60.0"],
+        ["synthetic-coding", "(type", "debug)", "8", "4", "1", "57.1"],
+        ["synthetic-coding", "(type", "development)", "8", "5", "0", "62.5"],
+        ["Overall", "16", "9", "1", "60.0"],
     ]

@@ -14,7 +14,6 @@ import time
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -33,18 +32,11 @@ from aml_pipeline.coding_agent import (
     PlatformFailure,
     attempt,
     bounded_trajectory,
-    installed_agent_version,
     load_agent_config,
     memory_context,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-needs_agent = pytest.mark.skipif(
-    find_spec("minisweagent") is None or installed_agent_version() != MINI_SWE_AGENT_VERSION,
-    reason=f"mini-swe-agent=={MINI_SWE_AGENT_VERSION} is not installed in this environment: "
-    "it is not pinned in pyproject.toml yet (until it is, run this file in a venv holding the "
-    "locked dependencies and mini-swe-agent, see aml_pipeline.coding_agent)",
-)
 
 
 # --- the memory section -----------------------------------------------------------------------
@@ -120,12 +112,10 @@ def test_the_fingerprint_is_stable_and_covers_every_field() -> None:
         assert config_with(**change).fingerprint() != config.fingerprint(), change
 
 
-@needs_agent
 def test_the_templates_are_upstreams_with_the_memory_section() -> None:
-    from jinja2 import StrictUndefined, Template
-
-    yaml = pytest.importorskip("yaml")
     import minisweagent
+    import yaml
+    from jinja2 import StrictUndefined, Template
 
     upstream_path = Path(minisweagent.package_dir) / "config/benchmarks/swebench_backticks.yaml"
     upstream = yaml.safe_load(upstream_path.read_text("utf-8"))
@@ -151,8 +141,6 @@ def test_the_pin_matches_the_code() -> None:
         "dependencies"
     ]
     pins = [pin for pin in dependencies if pin.startswith("mini-swe-agent")]
-    if not pins:
-        pytest.skip("mini-swe-agent is not pinned in pyproject.toml yet")
     assert pins == [f"mini-swe-agent=={MINI_SWE_AGENT_VERSION}"]
 
 
@@ -231,7 +219,6 @@ def workdir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-@needs_agent
 async def test_an_edit_then_the_submission(workdir: Path) -> None:
     edit = bash("cat <<'EOF' > greet.py\nprint(\"hello, world\")\nEOF\npython3 greet.py")
     model = ScriptedModel([edit, SUBMIT])
@@ -266,7 +253,6 @@ async def test_an_edit_then_the_submission(workdir: Path) -> None:
     Attempt.model_validate_json(result.model_dump_json())  # an audit document round-trips
 
 
-@needs_agent
 async def test_upstreams_own_templates_drive_an_attempt(workdir: Path) -> None:
     config = load_agent_config(token_counter="test", wall_seconds=30.0)
     replies = [
@@ -289,7 +275,6 @@ async def test_upstreams_own_templates_drive_an_attempt(workdir: Path) -> None:
     assert model.sent[0][0]["content"] == config.system_template.rstrip("\n")
 
 
-@needs_agent
 async def test_no_memories_leave_the_section_out(workdir: Path) -> None:
     model = ScriptedModel([SUBMIT])
     result = await attempt("Task.", "", config_with(), model, SubprocessRunner(workdir))
@@ -297,7 +282,6 @@ async def test_no_memories_leave_the_section_out(workdir: Path) -> None:
     assert "<memories>" not in model.sent[0][1]["content"]
 
 
-@needs_agent
 async def test_the_step_limit_ends_it(workdir: Path) -> None:
     result = await attempt(
         "Task.",
@@ -310,7 +294,6 @@ async def test_the_step_limit_ends_it(workdir: Path) -> None:
     assert result.trajectory[-1].extra["exit_status"] == "LimitsExceeded"
 
 
-@needs_agent
 async def test_a_malformed_reply_is_answered_and_the_attempt_goes_on(workdir: Path) -> None:
     model = ScriptedModel(["I would run ls.", SUBMIT])
     result = await attempt("Task.", "", config_with(), model, SubprocessRunner(workdir))
@@ -323,7 +306,6 @@ async def test_a_malformed_reply_is_answered_and_the_attempt_goes_on(workdir: Pa
     assert [m["role"] for m in model.sent[1]] == ["system", "user", "user"]
 
 
-@needs_agent
 async def test_repeated_malformed_replies_end_it(workdir: Path) -> None:
     model = ScriptedModel(["no command here"])
     result = await attempt("Task.", "", config_with(), model, SubprocessRunner(workdir))
@@ -334,7 +316,6 @@ async def test_repeated_malformed_replies_end_it(workdir: Path) -> None:
     )
 
 
-@needs_agent
 async def test_a_hanging_model_meets_the_wall_limit(workdir: Path) -> None:
     cancelled = asyncio.Event()
 
@@ -356,7 +337,6 @@ async def test_a_hanging_model_meets_the_wall_limit(workdir: Path) -> None:
     assert result.trajectory[-1].extra["exit_status"] == "TimeExceeded"
 
 
-@needs_agent
 async def test_a_hanging_command_meets_the_wall_limit(workdir: Path) -> None:
     runner = SubprocessRunner(workdir)
     started = time.monotonic()
@@ -377,7 +357,6 @@ class StuckRunner:
         return Ran(0, "", False, False)
 
 
-@needs_agent
 async def test_the_wall_limit_holds_when_the_runner_does_not(workdir: Path) -> None:
     started = time.monotonic()
     model = ScriptedModel([bash("ls")])
@@ -390,7 +369,6 @@ async def test_the_wall_limit_holds_when_the_runner_does_not(workdir: Path) -> N
     assert not result.worker_stopped
 
 
-@needs_agent
 async def test_a_slow_command_times_out_and_the_agent_is_told(workdir: Path) -> None:
     runner = SubprocessRunner(workdir)
     model = ScriptedModel([bash("sleep 30"), SUBMIT])
@@ -404,7 +382,6 @@ async def test_a_slow_command_times_out_and_the_agent_is_told(workdir: Path) -> 
     )
 
 
-@needs_agent
 async def test_a_failing_model_is_the_platforms_failure(workdir: Path) -> None:
     async def down(messages: list[ChatMessage]) -> tuple[str, int, int]:
         raise ConnectionError("LLM endpoint unreachable")
@@ -417,14 +394,12 @@ async def test_a_failing_model_is_the_platforms_failure(workdir: Path) -> None:
     assert failure.steps == 1 and [m.role for m in failure.trajectory][:2] == ["system", "user"]
 
 
-@needs_agent
 async def test_a_failing_sandbox_is_the_platforms_failure() -> None:
     with pytest.raises(PlatformFailure) as raised:
         await attempt("Task.", "", config_with(), ScriptedModel([bash("ls")]), BrokenRunner())
     assert raised.value.where == "sandbox" and isinstance(raised.value.__cause__, OSError)
 
 
-@needs_agent
 async def test_a_full_context_ends_the_attempt(workdir: Path) -> None:
     async def full(messages: list[ChatMessage]) -> tuple[str, int, int]:
         raise ContextExhausted("prompt of 140000 tokens over the model's 131072")

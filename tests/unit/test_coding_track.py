@@ -2,8 +2,8 @@
 aml_pipeline.coding_track, aml_answerer.handlers.SolveTask, aml_scorer.handlers.VerifyAttempt):
 the real mini-swe-agent driven by a scripted answer model behind the openai client, on a
 synthetic-coding task, in a workspace that stands in for the sandbox (no isolation here: the
-real sandbox is tests/integration/test_coding_track.py's). Also the multi-message completion,
-the LLM admission across an attempt's steps, and the patch's files."""
+real sandbox is tests/integration/test_coding_attempts_sandboxed.py's). Also the multi-message
+completion, the LLM admission across an attempt's steps, and the patch's files."""
 
 from __future__ import annotations
 

@@ -266,12 +266,10 @@ def _demo(platform: Any, stack: EmbeddedStack, dataset: str, timeout: float) -> 
         first = api.get(f"/v1/jobs/{job_id}/audit", params={"stage": "add", "limit": 1}).json()
     print()
     numbers = category_numbers(results["datasets"], Path(platform.env["AML_DATASETS_ROOT"]))
+    print(render_results(results, numbers))
     if track == "coding":
-        conditions = sorted(numbers.get(dataset, {}).items(), key=lambda named: named[1])
-        print(coding_demo.render_resolved(results, [name for name, _ in conditions]))
         print(f"\n{coding_demo.closing_note(platform.env)}")
     else:
-        print(render_results(results, numbers))
         print(
             f"\nthe answers and verdicts come from {platform.env['AML_JUDGE_MODEL']}, the local "
             "stand-in for the deployment's models: a small model that often gives no readable "

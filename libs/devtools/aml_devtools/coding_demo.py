@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 from unittest import mock
 
 import httpx
@@ -72,43 +72,6 @@ def start_agent_model(stack: EmbeddedStack) -> AgentModel:
     listed.raise_for_status()
     (model,) = listed.json()["data"]
     return AgentModel(base_url=url, model=model["id"], description=model["description"])
-
-
-def _percent(cell: dict[str, Any]) -> str:
-    rate = cell.get("resolved_rate")
-    return "-" if rate is None else f"{100 * rate:.1f}"
-
-
-def render_resolved(results: dict[str, Any], conditions: Iterable[str] = ()) -> str:
-    """A coding job's resolved table: per dataset its memory conditions (`conditions` first, in
-    that order: the manifest's category order), its overall and its task types, then Overall;
-    attempts verified, resolved, the share resolved, and attempts the platform failed (never
-    counted as unresolved)."""
-    header = f"{'dataset':<20}{'condition':<22}{'attempts':>9}{'resolved':>9}{'%':>7}{'failed':>8}"
-    rows = [header, "-" * len(header)]
-    if results.get("track"):
-        # As every results table of the platform heads it (R-2.1).
-        rows.insert(0, f"track {results['track']}: compare only with results of the same track")
-
-    def row(dataset: str, label: str, cell: dict[str, Any]) -> str:
-        return (
-            f"{dataset:<20}{label:<22}{cell.get('attempts') or 0:>9}{cell.get('resolved') or 0:>9}"
-            f"{_percent(cell):>7}{cell['failed']:>8}"
-        )
-
-    order = list(conditions)
-    for dataset_id, data in results["datasets"].items():
-        named = data["categories"]
-        ordered = [name for name in order if name in named]
-        ordered += [name for name in named if name not in ordered]
-        for name in ordered:
-            rows.append(row(dataset_id, name, named[name]))
-        rows.append(row(dataset_id, "(dataset)", data["overall"]))
-        for task_type, cell in sorted((data.get("task_types") or {}).items()):
-            rows.append(row(dataset_id, f"(type {task_type})", cell))
-    rows.append("-" * len(header))
-    rows.append(row("Overall", "", results["overall"]))
-    return "\n".join(rows)
 
 
 def memory_budget(env: Mapping[str, str]) -> int:

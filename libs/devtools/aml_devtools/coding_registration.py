@@ -22,14 +22,17 @@ from pathlib import Path
 from typing import Final
 
 from aml_evaluation.coding.bundle import CodingBundle, CodingTask
-from aml_evaluation.coding.grading import grade
+from aml_evaluation.coding.grading import MAX_LOG_CHARS, grade
 from aml_evaluation.coding.validation import PatchDoesNotApply, TaskCheck, check_bundle
 from aml_evaluation.registration import Registration, register_coding_dataset
 from aml_pipeline.sandbox import CommandResult, Sandbox, SandboxLimits, require_sandbox
 
 # A task's whole test command runs as one sandbox command. The agent's per-step minute is far
-# too short for a real repository's suite, so registration allows a quarter of an hour.
-VALIDATION_LIMITS: Final = SandboxLimits(wall_seconds=900.0, cpu_seconds=900)
+# too short for a real repository's suite, so registration allows a quarter of an hour; and the
+# whole log the grader reads, as the verify step keeps it.
+VALIDATION_LIMITS: Final = SandboxLimits(
+    wall_seconds=900.0, cpu_seconds=900, output_bytes=MAX_LOG_CHARS
+)
 
 
 class SandboxTestRun:

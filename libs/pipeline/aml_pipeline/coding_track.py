@@ -50,7 +50,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict
 
 from aml_evaluation.coding.bundle import CodingTask, diff_file_pairs, patch_files
-from aml_evaluation.coding.grading import GRADING_VERSION, ResolvedStatus, grade
+from aml_evaluation.coding.grading import GRADING_VERSION, MAX_LOG_CHARS, ResolvedStatus, grade
 from aml_evaluation.coding.source import CodingTasks
 from aml_evaluation.context import TokenCount
 from aml_pipeline.coding_agent import (
@@ -177,9 +177,13 @@ def solve_limits(config: AgentConfig) -> SandboxLimits:
 
 
 def verify_limits(test_timeout_seconds: float) -> SandboxLimits:
-    """The verify step's sandbox: the test command's wall clock and CPU time."""
+    """The verify step's sandbox: the test command's wall clock and CPU time, and as much of its
+    output as the grader reads (a log cut shorter would lose the results in its middle and grade
+    those tests as missing)."""
     return SandboxLimits(
-        wall_seconds=test_timeout_seconds, cpu_seconds=math.ceil(test_timeout_seconds)
+        wall_seconds=test_timeout_seconds,
+        cpu_seconds=math.ceil(test_timeout_seconds),
+        output_bytes=MAX_LOG_CHARS,
     )
 
 

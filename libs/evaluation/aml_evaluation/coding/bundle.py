@@ -68,6 +68,8 @@ from pydantic import (
     model_validator,
 )
 
+from aml_evaluation.coding.grading import LogFormat
+
 TASKS_FILE: Final = "tasks.jsonl"
 TRAJECTORIES_FILE: Final = "trajectories.jsonl"
 CONDITIONS_FILE: Final = "conditions.json"
@@ -77,7 +79,6 @@ SNAPSHOT_SUFFIX: Final = ".tar.gz"
 BUNDLE_FILES: Final = (TASKS_FILE, TRAJECTORIES_FILE, CONDITIONS_FILE)
 
 TaskType = Literal["debug", "development"]
-LogFormat = Literal["unittest", "pytest"]
 Role = Literal["user", "assistant", "tool"]
 Condition = Literal["relevant", "noisy"]
 CONDITIONS: Final[tuple[Condition, ...]] = get_args(Condition)

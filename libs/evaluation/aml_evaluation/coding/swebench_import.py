@@ -73,7 +73,6 @@ from aml_evaluation.coding.bundle import (
     CodingTask,
     Conditions,
     Id,
-    LogFormat,
     Role,
     Step,
     TaskType,
@@ -87,6 +86,7 @@ from aml_evaluation.coding.bundle import (
     patch_files,
     write_coding_bundle,
 )
+from aml_evaluation.coding.grading import LogFormat
 
 MAX_INSTANCE_BYTES: Final = 64 * 1024 * 1024
 MAX_TRAJECTORY_FILE_BYTES: Final = 512 * 1024 * 1024

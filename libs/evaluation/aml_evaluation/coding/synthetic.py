@@ -51,7 +51,6 @@ from aml_evaluation.coding.bundle import (
     CodingTask,
     Conditions,
     Id,
-    LogFormat,
     RepoName,
     StandInHints,
     TaskType,
@@ -63,6 +62,7 @@ from aml_evaluation.coding.bundle import (
     write_coding_bundle,
 )
 from aml_evaluation.coding.dataset import CODING_CATEGORIES, CODING_TOP_K, CODING_TRACK
+from aml_evaluation.coding.grading import LogFormat
 from aml_evaluation.registration import manifest_json
 from aml_evaluation.registry import (
     MANIFESTS_DIR,

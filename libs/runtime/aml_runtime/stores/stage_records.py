@@ -166,7 +166,8 @@ class StageRecordStore:
         for collection in (SEARCHES, ANSWERS):
             async for doc in self._db[collection].find({"job_id": job_id, "state": "failed"}):
                 final.setdefault(doc["_id"], StageRecord.model_validate(doc))
-        async for doc in self._db.scores.find({"job_id": job_id}):
+        # Without a coding attempt's test log (up to 256 KiB each): the aggregation never reads it.
+        async for doc in self._db.scores.find({"job_id": job_id}, {"test_log": 0}):
             final.setdefault(doc["_id"], ScoreDocument.model_validate(doc))
         return final
 
