@@ -35,7 +35,8 @@ from aml_participant_simulator.recording import RequestRecord
 from aml_participant_simulator.script import EndpointScript
 from aml_runtime.db import read_time
 
-pytestmark = pytest.mark.integration
+# Minutes of real-time outages: run beside the other tests (dev.py).
+pytestmark = [pytest.mark.integration, pytest.mark.wallclock]
 
 _MISSING = [name for name in ("nats-server", "nx-27017") if find_executable(name) is None]
 if _MISSING:

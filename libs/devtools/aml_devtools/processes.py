@@ -11,6 +11,7 @@ import contextlib
 import ctypes
 import os
 import queue
+import random
 import shutil
 import signal
 import socket
@@ -43,15 +44,37 @@ class MissingBinaryError(ProcessError):
     """An executable the embedded stack needs is not installed."""
 
 
+# `low-high`: hand out ports from this range instead of the kernel's ephemeral one. Two test
+# runs share the machine (`dev.py test`); the one whose servers stop and later serve again on
+# the same port takes its ports from outside the ephemeral range, so the other run's listeners
+# and outgoing connections can never take a port it is about to reuse.
+PORT_RANGE_ENV = "AML_PORT_RANGE"
+
+
+def _port_range() -> tuple[int, int] | None:
+    spec = os.environ.get(PORT_RANGE_ENV, "").strip()
+    if not spec:
+        return None
+    low, sep, high = spec.partition("-")
+    if not (sep and low.isdigit() and high.isdigit() and 1024 <= int(low) <= int(high) <= 65535):
+        raise ProcessError(f"{PORT_RANGE_ENV}={spec!r}: expected low-high within 1024-65535")
+    return int(low), int(high)
+
+
 def free_port(host: str = "127.0.0.1", exclude: Collection[int] = ()) -> int:
-    """A TCP port that is free right now on `host`.
+    """A TCP port that is free right now on `host` (from `AML_PORT_RANGE` when it is set).
 
     The port is released before returning, so another process could grab it before the
     caller binds it; `exclude` at least keeps ports handed out to the same stack distinct.
     """
+    bounds = _port_range()
     for _ in range(100):
+        wanted = 0 if bounds is None else random.randint(*bounds)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((host, 0))
+            try:
+                sock.bind((host, wanted))
+            except OSError:
+                continue
             port: int = sock.getsockname()[1]
         if port not in exclude:
             return port
