@@ -49,6 +49,7 @@ import json
 import math
 import os
 import shlex
+import stat
 import tempfile
 import threading
 import time
@@ -181,8 +182,21 @@ def _upstream() -> Any:
     service neither writes to its home nor picks up anyone's settings."""
     os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
     if "MSWEA_GLOBAL_CONFIG_DIR" not in os.environ:
-        os.environ["MSWEA_GLOBAL_CONFIG_DIR"] = tempfile.mkdtemp(prefix="aml-mswea-")
+        os.environ["MSWEA_GLOBAL_CONFIG_DIR"] = str(_private_config_dir())
     return importlib.import_module("minisweagent")
+
+
+def _private_config_dir() -> Path:
+    """One folder per user, reused by every process (a folder per process would be left behind
+    by each one), trusted only if this user owns it and no one else can write to it."""
+    folder = Path(tempfile.gettempdir()) / f"aml-mswea-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir(mode=0o700)
+    status = folder.lstat()
+    if stat.S_ISDIR(status.st_mode) and status.st_uid == os.getuid() and not status.st_mode & 0o022:
+        return folder
+    # Someone else's folder (or a link) in its place: a private one of this process instead.
+    return Path(tempfile.mkdtemp(prefix="aml-mswea-"))
 
 
 def _upstream_module(name: str) -> Any:
