@@ -64,10 +64,12 @@ from typing import Any
 
 import openai
 
+from aml_evaluation.chunker import AddChunk, plan_adds
 from aml_evaluation.coding.bundle import CONDITIONS, CodingBundle, Condition, load_coding_bundle
-from aml_evaluation.coding.chunking import coding_adds
-from aml_evaluation.coding.synthetic import SHIPPED_BUNDLE_DIR
+from aml_evaluation.coding.chunking import scope_key
+from aml_evaluation.coding.synthetic import SHIPPED_BUNDLE_DIR, SYNTHETIC_CODING_ID
 from aml_evaluation.context import estimated
+from aml_evaluation.registry import load_dataset
 from aml_memory_server.store import rows_from_add
 from aml_pipeline.coding_agent import AgentConfig, ChatMessage
 from aml_pipeline.coding_track import Workspace, solve, verify, verify_limits
@@ -162,14 +164,17 @@ class Meter:
         return after.machine - before.machine - other
 
 
-def memories(bundle: CodingBundle, task_id: str, condition: Condition) -> list[dict[str, Any]]:
-    """The scope's memories, one per message as the reference memory server stores them, the
-    relevant trajectory's first: what a participant that finds it would return."""
-    adds = coding_adds(
-        task_id, condition, bundle.scope(task_id, condition), run="bench", dataset="bench"
-    )
+def memories(
+    bundle: CodingBundle, adds: Sequence[AddChunk], task_id: str, condition: Condition
+) -> list[dict[str, Any]]:
+    """The scope's memories from a job's Adds, one per message as the reference memory server
+    stores them, the relevant trajectory's first: what a participant that finds it would
+    return."""
+    scope = scope_key(task_id, condition)
     relevant = set(bundle.conditions.root[task_id].relevant)
-    rows = [row for add in adds for row in rows_from_add(add.request)]
+    rows = [
+        row for add in adds if add.conversation_id == scope for row in rows_from_add(add.request)
+    ]
     rows.sort(key=lambda row: row.session_id.rsplit(":", 1)[1] not in relevant)
     return [{"id": row.id, "content": row.content, "created_at": row.created_at} for row in rows]
 
@@ -185,11 +190,13 @@ class Attempts:
         self.agent = agent
         self.meter = meter
         self.verify_limits = verify_limits(EvaluationSettings().coding_test_timeout_seconds)
+        # The shipped bundle's Adds as a job writes them (its datasets root is never read).
+        self.adds = plan_adds(load_dataset(SYNTHETIC_CODING_ID, SHIPPED_BUNDLE_DIR), "bench")
 
     async def run(self, task_id: str, condition: Condition) -> AttemptCost:
         task = self.bundle.task(task_id)
         snapshot = SHIPPED_BUNDLE_DIR / task.snapshot
-        candidates = memories(self.bundle, task_id, condition)
+        candidates = memories(self.bundle, self.adds, task_id, condition)
         starts: list[float] = []
         waits: list[float] = []
         # Per sandbox opened (Solve's, then Verify's): the wall time of each command run in it.

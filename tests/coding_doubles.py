@@ -1,8 +1,9 @@
 """Test doubles of the coding track (R-2.5), shared by its unit and integration tests: the answer
 model behind the openai client's one method the platform uses (`post`), replying from a script;
 the coding agent's replies that apply a patch with a here-doc and submit; a task source over a
-materialised bundle; and, for unit tests only, a workspace that stands in for the sandbox (the
-snapshot unpacked into a temporary directory, commands run with bash there, no isolation)."""
+materialised bundle; a bundle's Adds as a job writes them; and, for unit tests only, a workspace
+that stands in for the sandbox (the snapshot unpacked into a temporary directory, commands run
+with bash there, no isolation)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,18 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 from openai import AsyncOpenAI
 
+from aml_evaluation.chunker import AddChunk, plan_adds
 from aml_evaluation.coding.bundle import CodingBundle, CodingTask, extract_snapshot
+from aml_evaluation.coding.dataset import coding_dataset
+from aml_evaluation.datasets import DEFAULT_F1_VARIANT
+from aml_evaluation.scoring import CODING_SCORER
 from aml_pipeline.coding_agent import SUBMIT_SENTINEL
 from aml_pipeline.coding_track import OpenTask, TaskFiles
 from aml_pipeline.sandbox import CommandResult, SandboxLimits
@@ -69,6 +74,23 @@ class ScriptedLLM:
 class Files:
     task: CodingTask
     snapshot: Path
+
+
+@dataclass(frozen=True)
+class CodingManifest:
+    """What the coding parser reads of a manifest (`aml_evaluation.datasets.BundleManifest`)."""
+
+    dataset_id: str
+    version: str = "1"
+    scorer: str = CODING_SCORER
+    f1_variant: str = DEFAULT_F1_VARIANT
+    categories: Mapping[int, str] = field(default_factory=dict)
+
+
+def bundle_adds(bundle: CodingBundle, run: str, dataset_id: str) -> list[AddChunk]:
+    """A bundle's Adds for one run by the one path a job's take: the registry's mapping of the
+    bundle to a dataset, then the chunker."""
+    return plan_adds(coding_dataset(bundle, CodingManifest(dataset_id)), run)
 
 
 def bundle_tasks(bundle: CodingBundle, root: Path) -> OpenTask:

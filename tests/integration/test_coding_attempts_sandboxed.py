@@ -37,7 +37,13 @@ from aml_evaluation.scoring import CODING_SCORER
 from aml_pipeline.capacity import Capacity, CapacityLimiter
 from aml_pipeline.coding_agent import AgentConfig, PlatformFailure, load_agent_config
 from aml_pipeline.coding_track import verify_limits
-from aml_pipeline.sandbox import SandboxUnavailable, require_sandbox
+from aml_pipeline.sandbox import (
+    CommandResult,
+    Sandbox,
+    SandboxLimits,
+    SandboxUnavailable,
+    require_sandbox,
+)
 from aml_pipeline.stage_worker import StageCall
 from aml_runtime.stores import Stores
 from aml_scorer.handlers import VerifyAttempt
@@ -171,6 +177,112 @@ async def test_an_attempt_past_its_wall_limit_is_unresolved(
     assert (answer["end_reason"], answer["answer"]) == ("wall_limit", "")
     score = await verify(question("tally-allocate"), answer["answer"])
     assert (score["resolved"], score["tests_ran"]) == (False, False)
+
+
+def running(*argv: str) -> list[int]:
+    """The host's processes running exactly `argv` (a sandbox's commands are visible there)."""
+    wanted = "\0".join(argv).encode() + b"\0"
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes() == wanted:
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+class Watched:
+    """The real sandbox, recording its kills, the end of each of its commands, and which of
+    `argv`'s processes still ran when it was removed."""
+
+    def __init__(self, sandbox: Sandbox, argv: tuple[str, ...]) -> None:
+        self.sandbox = sandbox
+        self.argv = argv
+        self.events: list[object] = []
+
+    def run(self, command: str, timeout: float) -> CommandResult:
+        try:
+            return self.sandbox.run(command, timeout)
+        finally:
+            self.events.append("command returned")
+
+    def interrupt(self) -> None:
+        self.events.append("interrupted")
+        self.sandbox.interrupt()
+
+    def apply(self, patch: str) -> CommandResult:
+        return self.sandbox.apply(patch)
+
+    def patch(self) -> str:
+        return self.sandbox.patch()
+
+    def close(self) -> None:
+        self.events.append(("removed while running", running(*self.argv)))
+        self.sandbox.close()
+
+
+def watched_solver(
+    synthetic: tuple[Path, CodingBundle], agent: AgentConfig, command: tuple[str, ...]
+) -> tuple[SolveTask, list[Watched]]:
+    root, bundle = synthetic
+    opened: list[Watched] = []
+
+    def open_workspace(archive: Path, limits: SandboxLimits) -> Watched:
+        opened.append(Watched(Sandbox.from_archive(archive, limits), command))
+        return opened[-1]
+
+    llm = ScriptedLLM([bash(" ".join(command)), SUBMIT])
+    solve = SolveTask(
+        AnswererSettings(), memory_stores().typed(), llm.client, agent,
+        bundle_tasks(bundle, root), estimated, open_workspace=open_workspace,
+    )  # fmt: skip
+    return solve, opened
+
+
+async def test_a_command_cut_by_the_wall_limit_is_killed_before_its_sandbox_goes(
+    synthetic: tuple[Path, CodingBundle],
+) -> None:
+    """The wall limit strikes while the agent's command runs (its own limit is far off): the
+    command's processes are gone, and its sandbox removed, once it has returned."""
+    quick = load_agent_config(
+        token_counter="utf8-bytes-div-3-v1", command_timeout_seconds=60.0, wall_seconds=3.0
+    )
+    command = ("sleep", "87.25")
+    solve, opened = watched_solver(synthetic, quick, command)
+    started = time.monotonic()
+    answer = await solve(work(), question("tally-allocate"), StageCall(1))
+    assert time.monotonic() - started < 3.0 + 5
+    assert (answer["end_reason"], answer["answer"]) == ("wall_limit", "")
+    (sandbox,) = opened
+    assert sandbox.events[-2:] == ["command returned", ("removed while running", [])]
+    assert not sandbox.sandbox.root.exists()
+    assert running(*command) == []
+
+
+async def test_an_attempt_cancelled_mid_command_kills_it_before_its_sandbox_goes(
+    synthetic: tuple[Path, CodingBundle],
+) -> None:
+    """The item is cancelled (its worker stops) while the agent's command runs: the command is
+    killed, and its sandbox removed only after it returned; no process of it survives."""
+    patient = load_agent_config(
+        token_counter="utf8-bytes-div-3-v1", command_timeout_seconds=60.0, wall_seconds=120.0
+    )
+    command = ("sleep", "88.25")
+    solve, opened = watched_solver(synthetic, patient, command)
+    before = sandboxes_left()
+    attempt = asyncio.create_task(solve(work(), question("tally-allocate"), StageCall(1)))
+    deadline = time.monotonic() + 30
+    while not running(*command):
+        assert time.monotonic() < deadline and not attempt.done(), "the command never ran"
+        await asyncio.sleep(0.05)
+    attempt.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await attempt
+    assert running(*command) == []
+    (sandbox,) = opened
+    assert sandbox.events == ["interrupted", "command returned", ("removed while running", [])]
+    assert sandboxes_left() <= before
 
 
 async def test_a_failing_llm_is_the_platforms_failure(

@@ -51,15 +51,17 @@ from aml_devtools.platform import (
 )
 from aml_devtools.processes import find_executable
 from aml_devtools.stack import EmbeddedStack, StackConfig
+from aml_evaluation.chunker import AddChunk, plan_adds
 from aml_evaluation.coding.bundle import (
     CONDITIONS,
     CodingBundle,
     load_coding_bundle,
     patch_files,
 )
-from aml_evaluation.coding.chunking import plan_coding_adds, scope_user_id
+from aml_evaluation.coding.chunking import scope_user_id
 from aml_evaluation.coding.synthetic import SHIPPED_BUNDLE_DIR, SYNTHETIC_CODING_ID
 from aml_evaluation.context import estimated
+from aml_evaluation.registry import load_dataset
 from aml_llm_standin import create_app
 from aml_llm_standin.app import MODEL_FINGERPRINT
 from aml_memory_server.store import SqliteMemoryStore, content_text
@@ -222,18 +224,23 @@ def runs(tmp_path_factory: pytest.TempPathFactory, bundle: CodingBundle) -> Iter
 Searcher = Callable[[SearchRequest], list[dict[str, Any]]]
 
 
-def simulated(bundle: CodingBundle, ranking: Ranking) -> Searcher:
+def planned_adds(run: str) -> list[AddChunk]:
+    """The Adds a job over synthetic-coding writes, as the scheduler plans them."""
+    return plan_adds(load_dataset(DATASET, Path("/nonexistent")), run)
+
+
+def simulated(ranking: Ranking) -> Searcher:
     """A participant simulator's store ranking with `ranking` (the test doubles' own)."""
     store = InProcessMemoryStore()
-    for add in plan_coding_adds(bundle, "run", DATASET):
+    for add in planned_adds("run"):
         store.add(add.request)
     return lambda search: store.ranked(search, ranking)
 
 
-def bm25(bundle: CodingBundle, db: Path) -> Searcher:
+def bm25(db: Path) -> Searcher:
     """The reference memory server's store (aml_memory_server.store)."""
     store = SqliteMemoryStore(db)
-    for add in plan_coding_adds(bundle, "run", DATASET):
+    for add in planned_adds("run"):
         store.add(add.request)
 
     def search(request: SearchRequest) -> list[dict[str, Any]]:
@@ -268,13 +275,13 @@ async def test_the_budget_and_the_rankings_give_the_figures_asserted(
     sizes and the real rule, without the pipeline."""
     default = EvaluationSettings().coding_memory_tokens
     assert (default, BUDGET) == (2000, 1000)
-    best, worst = simulated(bundle, oracle(bundle)), simulated(bundle, reverse(bundle))
+    best, worst = simulated(oracle(bundle)), simulated(reverse(bundle))
     everywhere = {"relevant": 8, "noisy": 8}
     # At the default budget every scope fits whole: the reverse ranking hides nothing.
     assert await _conventions_shown(bundle, worst, default) == everywhere
     assert await _conventions_shown(bundle, best, BUDGET) == everywhere
     assert await _conventions_shown(bundle, worst, BUDGET) == {"relevant": 8, "noisy": 0}
-    reference = bm25(bundle, tmp_path / "memory.db")
+    reference = bm25(tmp_path / "memory.db")
     assert await _conventions_shown(bundle, reference, BUDGET) == everywhere
     # 429 tokens is where BM25's last convention (almanac-fiscal-quarters, noisy) comes in.
     assert await _conventions_shown(bundle, reference, 428) == {"relevant": 8, "noisy": 7}
@@ -371,7 +378,7 @@ def test_adds_carry_the_trajectories_turns_and_no_relevance_label(
     for name in SIMULATED:
         run = runs.by_system[name]
         assert run.adds is not None
-        planned = {encode(add.request) for add in plan_coding_adds(bundle, run.job_id, DATASET)}
+        planned = {encode(add.request) for add in planned_adds(run.job_id)}
         assert set(run.adds) == planned, name
         sent: dict[str, list[AddRequest]] = defaultdict(list)
         for body in run.adds:

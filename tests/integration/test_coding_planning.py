@@ -1,7 +1,8 @@
-"""The scheduler plans a synthetic-coding job on a real nx-27017 (SPEC R-2.5): its Adds are
-exactly `coding-v1`'s (`plan_coding_adds`, one memory user per task and condition), its
-questions one per scope with the problem statement searched at top_k 100 whatever the job's
-top_k, carrying the task and its type; the job records the chunk rule `coding-v1`."""
+"""The scheduler plans a synthetic-coding job on a real nx-27017 (SPEC R-2.5): planned in parts,
+its Adds are exactly the chunker's for the whole dataset under `coding-v1` (`plan_adds`, one
+memory user per task and condition), its questions one per scope with the problem statement
+searched at top_k 100 whatever the job's top_k, carrying the task and its type; the job records
+the chunk rule `coding-v1`."""
 
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_contract.participant import encode
+from aml_evaluation.chunker import plan_adds
 from aml_evaluation.coding.bundle import CONDITIONS, load_coding_bundle
-from aml_evaluation.coding.chunking import plan_coding_adds
 from aml_evaluation.coding.synthetic import SHIPPED_BUNDLE_DIR, SYNTHETIC_CODING_ID
-from aml_evaluation.registry import bundle_hash, registered
+from aml_evaluation.registry import bundle_hash, load_dataset, registered
 from aml_evaluation.scoring import CODING_SCORER
 from aml_pipeline.chains import add_order
 from aml_pipeline.evaluation_spec import build_evaluation_spec
@@ -63,7 +64,7 @@ async def test_a_synthetic_coding_job_is_planned_as_coding_v1(
 ) -> None:
     await _plan(db, tmp_path)
     bundle = load_coding_bundle(SHIPPED_BUNDLE_DIR)
-    expected = plan_coding_adds(bundle, JOB, SYNTHETIC_CODING_ID)
+    expected = plan_adds(load_dataset(SYNTHETIC_CODING_ID, tmp_path), JOB)
 
     chunks = await db.add_chunks.find({"job_id": JOB}).sort("_id", 1).to_list()
     assert sorted(chunk["_id"] for chunk in chunks) == sorted(add.request_id for add in expected)

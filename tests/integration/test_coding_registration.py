@@ -19,6 +19,7 @@ from aml_evaluation.chunker import plan_adds
 from aml_evaluation.coding.bundle import TASKS_FILE, load_coding_bundle
 from aml_evaluation.coding.synthetic import SYNTHETIC_CODING_ID, materialise_synthetic_coding
 from aml_evaluation.registry import load_dataset, read_manifest, registered
+from aml_pipeline.coding_track import verify_limits
 from aml_pipeline.sandbox import SandboxUnavailable, require_sandbox
 from aml_pipeline.sandbox.sandbox import MISSING_BWRAP
 
@@ -98,6 +99,24 @@ def test_a_bundle_whose_gold_patch_does_not_resolve_a_task_is_refused(
     assert "task 'tally-rate-rounding' is not resolved by its gold patch" in err
     assert "almanac" not in err  # the other tasks passed
     assert not (root / "manifests").exists()
+
+
+def test_a_gold_run_stopped_at_its_time_limit_resolves_nothing(root: Path) -> None:
+    """Graded as verify grades an attempt: the run reports every listed test passing (and one
+    outside the lists failing, so that its non-zero exit alone does not refuse the log), then
+    outlives its limit; its partial log does not count."""
+    task = load_coding_bundle(root / BUNDLE).task("tally-rate-rounding")
+    unlisted_failure = "echo 'test_unlisted (tests.test_other.Other) ... FAIL'"
+    command = f"{task.test_command}; {unlisted_failure}; sleep 60"
+    rewrite_tasks(root, {task.task_id: {"test_command": command}})
+    bundle = load_coding_bundle(root / BUNDLE)
+    (check,) = [
+        c
+        for c in check_in_sandbox(bundle, root / BUNDLE, verify_limits(3.0))
+        if c.task_id == task.task_id
+    ]
+    assert check.gold_resolved is False
+    assert any("not resolved by its gold patch" in problem for problem in check.problems)
 
 
 def test_a_task_resolved_without_a_patch_is_refused(

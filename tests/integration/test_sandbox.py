@@ -111,6 +111,19 @@ def _sandbox_processes(uid: int | None, marker: str) -> list[str]:
     return left
 
 
+def _commands(*argv: str) -> list[int]:
+    """The host's processes running exactly `argv`."""
+    wanted = "\0".join(argv).encode() + b"\0"
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes() == wanted:
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
 def _wait_gone(uid: int | None, marker: str, within: float = 1.0) -> list[str]:
     deadline = time.monotonic() + within
     while (left := _sandbox_processes(uid, marker)) and time.monotonic() < deadline:
@@ -220,6 +233,59 @@ def test_sleep_past_the_limit_is_killed_with_its_process_tree(sandbox: Sandbox) 
     # The limit starts when the command does: even a tiny one is the command's, not a fault.
     instant = sandbox.run("sleep 1000", timeout=0.001)
     assert instant.timed_out and instant.duration_seconds < 1
+
+
+def test_an_interrupt_kills_the_running_command_and_refuses_the_next(sandbox: Sandbox) -> None:
+    """`interrupt`, from another thread, ends the command running now with its whole process
+    tree (reported as timed out, long before its own limit), and no command runs after it."""
+    outcome: list[CommandResult] = []
+    running = threading.Thread(
+        target=lambda: outcome.append(sandbox.run("(sleep 1001 &); sleep 1001", timeout=60))
+    )
+    running.start()
+    deadline = time.monotonic() + 10
+    # Both sleeps, not bwrap's own command line, which names them before they start.
+    while len(_commands("sleep", "1001")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(_commands("sleep", "1001")) == 2, "the command never started"
+    started = time.monotonic()
+    sandbox.interrupt()
+    running.join(timeout=15)
+    assert not running.is_alive() and time.monotonic() - started < 5
+    (result,) = outcome
+    assert result.timed_out and result.exit_code == -1
+    assert _wait_gone(sandbox.uid, "sleep 1001") == []
+    with pytest.raises(SandboxFault, match="interrupted"):
+        sandbox.run("echo too late")
+    # Interrupting it again, with nothing running, changes nothing.
+    sandbox.interrupt()
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.002, 0.005, 0.01, 0.02, 0.05])
+def test_an_interrupt_at_any_moment_of_the_start_ends_the_command(
+    snapshot: Path, delay: float
+) -> None:
+    """An interrupt while bwrap is still setting up (before the namespace's init exists to be
+    killed) ends the command at once all the same: refused, failed to start, or cut."""
+    with Sandbox.from_archive(snapshot) as sandbox:
+        outcome: list[CommandResult | SandboxFault] = []
+
+        def run() -> None:
+            try:
+                outcome.append(sandbox.run("sleep 1002", timeout=60))
+            except SandboxFault as fault:
+                outcome.append(fault)
+
+        running = threading.Thread(target=run)
+        running.start()
+        time.sleep(delay)
+        started = time.monotonic()
+        sandbox.interrupt()
+        running.join(timeout=15)
+        assert not running.is_alive() and time.monotonic() - started < 5
+        (result,) = outcome
+        assert isinstance(result, SandboxFault) or result.timed_out
+        assert _commands("sleep", "1002") == []
 
 
 def test_a_memory_hog_fails(sandbox: Sandbox) -> None:

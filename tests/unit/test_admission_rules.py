@@ -4,12 +4,15 @@ rate becomes slots."""
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
+from pydantic import ValidationError
 
 from aml_contract import subjects
-from aml_pipeline.capacity import Capacity, Departure
-from aml_pipeline.stage_worker import Lanes
+from aml_pipeline.capacity import Admission, Capacity, CapacityLimiter, Departure, Refused
+from aml_pipeline.stage_worker import Lanes, sandbox_lanes
 
 
 async def _capacity(lane: str) -> Capacity:
@@ -45,6 +48,27 @@ def test_one_lane_for_an_llm_stage() -> None:
     assert lanes.lane_of("aml.work.score.ver-1.j1") == lanes.lane_of("aml.work.score.ver-2.j9")
     assert lanes.consumer("all") == "scorer"
     assert lanes.filter_subject("all") == "aml.work.score.*.*"
+
+
+async def test_the_verify_lane_is_counted_by_its_process_alone() -> None:
+    """The scorer's verify lane: its own work subject, one lane, and slots its process counts
+    without the database (the stores here would fail any call)."""
+    lanes = sandbox_lanes("verify", "scorer-verify", 2)
+    assert lanes.lane_of("aml.work.verify.ver-1.j1") == "all"
+    assert lanes.lane_of("aml.work.score.ver-1.j1") is None  # the LLM lane's work
+    assert lanes.filter_subject("all") == "aml.work.verify.*.*"
+    capacity = await lanes.capacity_of("all")
+    assert (capacity.scope, capacity.max_concurrency, capacity.max_rps) == ("process", 2, None)
+    limiter = CapacityLimiter(cast(Any, SimpleNamespace(slots=None, accounts=None)))
+    first, second = await limiter.try_admit(capacity), await limiter.try_admit(capacity)
+    assert isinstance(first, Admission) and isinstance(second, Admission)
+    assert await limiter.try_admit(capacity) == Refused("concurrency")
+    async with first.request():  # no rate slot to take or stamp
+        pass
+    await first.release()
+    assert isinstance(await limiter.try_admit(capacity), Admission)
+    with pytest.raises(ValidationError):
+        Capacity(key="sandbox", max_concurrency=1, max_rps=1.0, scope="process")
 
 
 @pytest.mark.parametrize(

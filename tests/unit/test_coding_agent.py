@@ -30,6 +30,8 @@ from aml_pipeline.coding_agent import (
     EndReason,
     LoopBridge,
     PlatformFailure,
+    RunnerStopped,
+    StoppableRunner,
     attempt,
     bounded_trajectory,
     load_agent_config,
@@ -367,6 +369,82 @@ async def test_the_wall_limit_holds_when_the_runner_does_not(workdir: Path) -> N
     assert result.end_reason is EndReason.WALL_LIMIT
     # Its thread was still in the runner: the caller tears the sandbox down before diffing.
     assert not result.worker_stopped
+
+
+class HeldRunner:
+    """Holds each command until `release` is set; `killable` gives it an `interrupt` that
+    releases it, as the sandbox's kill ends a command."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.started = threading.Event()
+        self.interrupts = 0
+
+    def run(self, command: str, timeout: float) -> Ran:
+        self.started.set()
+        self.release.wait(30)
+        return Ran(0, "", False, False)
+
+
+class KillableRunner(HeldRunner):
+    def interrupt(self) -> None:
+        self.interrupts += 1
+        self.release.set()
+
+
+def test_a_stopped_runner_is_closed_only_once_its_command_returns() -> None:
+    """The attempt's end stops its runner while the agent's thread is inside a command that
+    cannot be killed: the removal waits that long, then is left to the command's own thread."""
+    held = HeldRunner()
+    runner = StoppableRunner(held)
+    thread = threading.Thread(target=runner.run, args=("sleep", 10.0))
+    thread.start()
+    assert held.started.wait(5)
+    removed: list[str] = []
+
+    def remove() -> None:
+        removed.append(threading.current_thread().name)
+
+    assert not runner.close(remove, wait=0.1)
+    assert removed == []
+    with pytest.raises(RunnerStopped):
+        runner.run("echo too late", 10.0)
+    held.release.set()
+    thread.join(5)
+    # Removed by the thread the command ran in, once it returned.
+    assert removed == [thread.name]
+
+
+def test_closing_a_runner_kills_its_command_and_then_removes_it() -> None:
+    killable = KillableRunner()
+    runner = StoppableRunner(killable)
+    thread = threading.Thread(target=runner.run, args=("sleep", 10.0))
+    thread.start()
+    assert killable.started.wait(5)
+    removed: list[str] = []
+    assert runner.close(lambda: removed.append("removed"), wait=5.0)
+    thread.join(5)
+    assert (killable.interrupts, removed) == (1, ["removed"])
+    # With no command running, closing removes it at once and kills nothing.
+    idle = KillableRunner()
+    assert StoppableRunner(idle).close(lambda: removed.append("idle"), wait=0.0)
+    assert (idle.interrupts, removed[-1]) == (0, "idle")
+
+
+async def test_the_wall_limit_kills_the_command_in_flight() -> None:
+    """At the wall limit the command in flight is killed, not waited for: the attempt ends on
+    time, its thread stopped, even where the command would have run far past its own limit."""
+    killable = KillableRunner()
+    started = time.monotonic()
+    result = await attempt(
+        "Task.", "", config_with(wall_seconds=0.5), ScriptedModel([bash("sleep 30")]), killable
+    )
+    assert time.monotonic() - started < 3
+    assert result.end_reason is EndReason.WALL_LIMIT and result.worker_stopped
+    assert killable.interrupts == 1
+    # What the killed command printed was not shown to the agent as an observation.
+    assert result.trajectory[-1].extra["exit_status"] == "TimeExceeded"
+    assert [m.role for m in result.trajectory].count("user") == 1
 
 
 async def test_a_slow_command_times_out_and_the_agent_is_told(workdir: Path) -> None:

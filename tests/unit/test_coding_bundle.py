@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from coding_doubles import bundle_adds
 from pydantic import ValidationError
 
-from aml_contract.participant import encode
-from aml_evaluation.chunker import MAX_MESSAGES, message_words
+from aml_contract.participant import Message, encode
+from aml_evaluation.chunker import MAX_MESSAGES, AddChunk, message_words
 from aml_evaluation.coding.bundle import (
     CONDITIONS_FILE,
     MAX_STEP_TURNS,
@@ -29,6 +30,7 @@ from aml_evaluation.coding.bundle import (
     CodingBundle,
     CodingBundleError,
     CodingTask,
+    Condition,
     Conditions,
     Step,
     TaskConditions,
@@ -43,13 +45,7 @@ from aml_evaluation.coding.bundle import (
     patch_files,
     write_coding_bundle,
 )
-from aml_evaluation.coding.chunking import (
-    CODING_CHUNKER_VERSION,
-    coding_adds,
-    plan_coding_adds,
-    trajectory_chunks,
-    unix_ms,
-)
+from aml_evaluation.coding.chunking import CODING_CHUNKER_VERSION, unix_ms
 from aml_evaluation.coding.swebench_import import (
     Event,
     RepoTestSpec,
@@ -502,6 +498,30 @@ def test_executables_keep_their_bit_and_escaping_links_are_refused(tmp_path: Pat
 # --- coding-v1 ----------------------------------------------------------------------------------
 
 
+def scope_adds(
+    task_id: str, condition: Condition, trajectories: list[Trajectory], *, run: str, dataset: str
+) -> list[AddChunk]:
+    """One scope's Adds as a job writes them: a bundle of one task whose `condition` scope holds
+    `trajectories`, through the registry's mapping and the chunker."""
+    ids = [t.trajectory_id for t in trajectories]
+    lists = TaskConditions(
+        relevant=ids if condition == "relevant" else [], noisy=ids if condition == "noisy" else []
+    )
+    bundle = CodingBundle(
+        tasks=[CodingTask.model_validate_json(json.dumps(task_payload(task_id=task_id)))],
+        trajectories=trajectories,
+        conditions=Conditions({task_id: lists}),
+    )
+    scope = f"{task_id}:{condition}"
+    return [add for add in bundle_adds(bundle, run, dataset) if add.conversation_id == scope]
+
+
+def chunks_of(one: Trajectory) -> list[list[Message]]:
+    """The messages of each Add a trajectory is written with."""
+    adds = scope_adds("calc-1", "relevant", [one], run="r", dataset="d")
+    return [add.request.messages for add in adds]
+
+
 def _step(number: int, words: int = 3) -> list[tuple[str, str]]:
     text = " ".join(["word"] * words)
     return [
@@ -513,7 +533,7 @@ def _step(number: int, words: int = 3) -> list[tuple[str, str]]:
 
 def test_one_add_per_trajectory_with_turns_as_messages() -> None:
     one = trajectory("calc-s1", [_step(1), _step(2)], T0)
-    adds = coding_adds("calc-1", "relevant", [one], run="run-1", dataset="syn")
+    adds = scope_adds("calc-1", "relevant", [one], run="run-1", dataset="syn")
     assert len(adds) == 1
     add = adds[0]
     assert add.user_id == "eval:run-1:syn:calc-1:relevant"
@@ -531,23 +551,23 @@ def test_one_add_per_trajectory_with_turns_as_messages() -> None:
 
 def test_an_undated_turn_takes_the_trajectory_date() -> None:
     one = Trajectory.model_validate_json(json.dumps(trajectory_payload()))
-    messages = trajectory_chunks(one)[0]
+    messages = chunks_of(one)[0]
     assert messages[1].timestamp == unix_ms(one.created_at) == 1704877200000
 
 
 def test_a_long_trajectory_splits_between_steps_only() -> None:
     # 8 steps of 3 turns = 24 messages: 6 steps (18) fit, the 7th would make 21.
     long = trajectory("calc-s1", [_step(n) for n in range(8)], T0)
-    chunks = trajectory_chunks(long)
+    chunks = chunks_of(long)
     assert [len(chunk) for chunk in chunks] == [18, 6]
     assert all(len(chunk) <= MAX_MESSAGES for chunk in chunks)
     assert chunks[1][0].content.startswith("step 6:")
     # Words: steps of ~900 words, two fit in 2,000 words, a third starts a new Add.
     wordy = trajectory("calc-s2", [_step(n, words=900) for n in range(3)], T0)
-    assert [len(chunk) for chunk in trajectory_chunks(wordy)] == [6, 3]
+    assert [len(chunk) for chunk in chunks_of(wordy)] == [6, 3]
     # One step over 2,000 words is never split: it is an Add of its own.
     huge = trajectory("calc-s3", [_step(0), _step(1, words=2500), _step(2)], T0)
-    chunks = trajectory_chunks(huge)
+    chunks = chunks_of(huge)
     assert [len(chunk) for chunk in chunks] == [3, 3, 3]
     assert sum(message_words(m) for m in chunks[1]) > 2000
 
@@ -555,19 +575,19 @@ def test_a_long_trajectory_splits_between_steps_only() -> None:
 def test_a_scope_is_written_oldest_first_never_in_the_conditions_order() -> None:
     older = trajectory("calc-s2", [_step(n) for n in range(7)], T0)
     newer = trajectory("calc-s1", [_step(1)], T0 + timedelta(days=3))
-    adds = coding_adds("calc-1", "noisy", [newer, older], run="r", dataset="d")
+    adds = scope_adds("calc-1", "noisy", [newer, older], run="r", dataset="d")
     assert [(add.seq, add.session_id.rsplit(":", 1)[1]) for add in adds] == [
         (1, "calc-s2"),
         (2, "calc-s2"),
         (3, "calc-s1"),
     ]
     assert [add.request_id.rsplit(":", 1)[1] for add in adds] == ["chunk-1", "chunk-2", "chunk-3"]
-    assert adds == coding_adds("calc-1", "noisy", [older, newer], run="r", dataset="d")
+    assert adds == scope_adds("calc-1", "noisy", [older, newer], run="r", dataset="d")
 
 
 def test_no_relevance_label_is_ever_sent(tmp_path: Path) -> None:
     bundle = materialise_synthetic_coding(tmp_path)
-    adds = plan_coding_adds(bundle, run="r", dataset="synthetic-coding")
+    adds = bundle_adds(bundle, "r", "synthetic-coding")
     sent = {
         t.trajectory_id: [(turn.role, turn.content) for turn in t.all_turns()]
         for t in bundle.trajectories

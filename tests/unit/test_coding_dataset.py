@@ -1,7 +1,7 @@
 """The coding format in the dataset registry (SPEC R-2.5): a bundle read as a `Dataset` (one
-conversation per scope, one session per trajectory, one question per scope), its Adds exactly
-`coding-v1`'s (`plan_coding_adds`), nothing but trajectory turns sent, Searches with the problem
-statement and top_k 100, the planned questions' coding facts, the shipped `synthetic-coding`,
+conversation per scope, one session per trajectory, one question per scope), its Adds written by
+`coding-v1`, nothing but trajectory turns sent, Searches with the problem statement and top_k
+100, the planned questions' coding facts, the shipped `synthetic-coding`,
 the task files the solve and verify stages read (`aml_evaluation.coding.source`), and
 registration's checks with the sandbox's work stood in for (the real sandbox:
 tests/integration/test_coding_registration.py)."""
@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import threading
 import zlib
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -18,11 +19,13 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from coding_doubles import bundle_adds
 
 from aml_contract.messages import QuestionFacts, QuestionWork
 from aml_contract.participant import AddRequest, SearchRequest, encode
 from aml_devtools.cli import main
 from aml_evaluation.chunker import CODING_CHUNKER_VERSION, chunker_version, plan_adds
+from aml_evaluation.coding import source
 from aml_evaluation.coding.bundle import (
     CONDITIONS,
     CodingBundle,
@@ -36,7 +39,7 @@ from aml_evaluation.coding.bundle import (
     load_coding_bundle,
     write_coding_bundle,
 )
-from aml_evaluation.coding.chunking import plan_coding_adds, unix_ms
+from aml_evaluation.coding.chunking import unix_ms
 from aml_evaluation.coding.dataset import CODING_CATEGORIES, CODING_TOP_K
 from aml_evaluation.coding.source import CodingTasks, CodingTaskUnavailable, coding_task_files
 from aml_evaluation.coding.synthetic import (
@@ -65,6 +68,7 @@ from aml_evaluation.registry import (
     registered,
 )
 from aml_evaluation.scoring import CODING_SCORER
+from aml_pipeline.coding_track import TaskFiles, registered_tasks
 from aml_pipeline.stage_worker import StageCall
 from aml_scheduler.planning import plan_chunks, plan_questions
 from aml_searcher.handlers import SearchQuestion
@@ -238,13 +242,14 @@ def test_a_bundle_is_one_conversation_and_one_question_per_scope() -> None:
 
 def test_the_adds_are_exactly_coding_v1s(calc_root: Path) -> None:
     dataset, bundle = _shipped()
-    assert plan_adds(dataset, RUN) == plan_coding_adds(bundle, RUN, SYNTHETIC_CODING_ID)
+    # The registered files read back as the bundle they came from.
+    assert plan_adds(dataset, RUN) == bundle_adds(bundle, RUN, SYNTHETIC_CODING_ID)
     assert chunker_version(dataset) == CODING_CHUNKER_VERSION == "coding-v1"
 
     own = load_dataset("calc", calc_root)
     own_bundle = load_coding_bundle(calc_root / "coding" / "calc")
     adds = plan_adds(own, RUN)
-    assert adds == plan_coding_adds(own_bundle, RUN, "calc")
+    assert adds == bundle_adds(own_bundle, RUN, "calc")
     # calc-1's relevant scope: calc-a's 36 messages as Adds of six whole steps.
     relevant = [add for add in adds if add.conversation_id == "calc-1:relevant"]
     assert [len(add.request.messages) for add in relevant] == [18, 18]
@@ -276,7 +281,7 @@ def test_the_send_order_never_follows_the_conditions_file(tmp_path: Path) -> Non
         }
     )
     other = bundle.model_copy(update={"conditions": reordered})
-    assert plan_coding_adds(other, RUN, "d") == plan_coding_adds(bundle, RUN, "d")
+    assert bundle_adds(other, RUN, "d") == bundle_adds(bundle, RUN, "d")
 
 
 def test_no_relevance_label_is_sent(calc_root: Path) -> None:
@@ -483,6 +488,37 @@ def test_a_changed_or_missing_file_makes_the_task_unavailable(calc_root: Path) -
         coding_task_files("calc", "calc-1", calc_root)
 
 
+def test_a_slow_miss_never_holds_up_another_threads_hit(
+    calc_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    open_task = registered_tasks(calc_root)  # what the stages' worker threads share
+    first = open_task("calc", "calc-1")
+    hashing, release = threading.Event(), threading.Event()
+
+    def slow_sha256(path: Path) -> str:
+        hashing.set()
+        release.wait(30)
+        return real_sha256(path)
+
+    real_sha256 = source.file_sha256
+    monkeypatch.setattr(source, "file_sha256", slow_sha256)
+    missed: list[TaskFiles] = []
+    miss = threading.Thread(target=lambda: missed.append(open_task("calc", "calc-2")))
+    miss.start()
+    try:
+        assert hashing.wait(30)
+        hits: list[TaskFiles] = []
+        hit = threading.Thread(target=lambda: hits.append(open_task("calc", "calc-1")))
+        hit.start()
+        hit.join(10)
+        assert hits == [first]  # served while calc-2's snapshot is still being hashed
+    finally:
+        release.set()
+        miss.join(30)
+    assert [files.task.task_id for files in missed] == ["calc-2"]
+    assert open_task("calc", "calc-2") is missed[0]  # cached once hashed
+
+
 # --- registration (the sandbox stood in for) -----------------------------------------------------
 
 
@@ -541,8 +577,8 @@ def test_the_cli_refuses_options_a_coding_bundle_does_not_take(
 
 
 def test_an_add_body_is_what_the_contract_encodes() -> None:
-    dataset, bundle = _shipped()
-    expected = [encode(add.request) for add in plan_coding_adds(bundle, RUN, SYNTHETIC_CODING_ID)]
+    dataset, _ = _shipped()
+    expected = [encode(add.request) for add in plan_adds(dataset, RUN)]
     assert [chunk.body for chunk in plan_chunks(RUN, dataset)] == expected
     for body in expected:
         AddRequest.model_validate_json(body)

@@ -8,6 +8,7 @@ completion, the LLM admission across an attempt's steps, and the patch's files."
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,7 @@ from aml_evaluation.coding.synthetic import materialise_synthetic_coding
 from aml_evaluation.context import estimated
 from aml_evaluation.prompts import load_prompt
 from aml_evaluation.scoring import CODING_SCORER
+from aml_pipeline import evaluation_spec
 from aml_pipeline.capacity import REQUEST_LEAVING, Admission, Capacity, CapacityLimiter
 from aml_pipeline.coding_agent import AgentConfig, PlatformFailure, load_agent_config
 from aml_pipeline.coding_track import (
@@ -57,6 +59,7 @@ from aml_pipeline.sandbox import SandboxLimits, SandboxUnavailable
 from aml_pipeline.stage_worker import StageCall
 from aml_runtime.broker import FinalFailure
 from aml_runtime.documents import AnswerDocument, FailureKind, ScoreDocument
+from aml_runtime.settings import EvaluationSettings
 from aml_scorer.handlers import ScoreAnswer, VerifyAttempt
 from aml_scorer.settings import ScorerSettings
 
@@ -361,6 +364,36 @@ async def test_every_step_takes_a_rate_slot_under_the_items_turn(
     assert limiter.taken == 3
     # The slot's next item is fetched when the attempt ends, not at its first call.
     assert left == []
+
+
+async def test_the_agent_config_is_loaded_by_the_first_attempt(
+    synthetic: tuple[Path, CodingBundle], agent: AgentConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The answerer loads mini-swe-agent's config with its first coding item, once, whichever
+    of the items arriving together asks first; a process without it fails the item at once."""
+    loads: list[EvaluationSettings] = []
+
+    def load(settings: EvaluationSettings) -> AgentConfig:
+        loads.append(settings)
+        time.sleep(0.05)  # long enough for the other threads to arrive meanwhile
+        return agent
+
+    monkeypatch.setattr(evaluation_spec, "coding_agent_config", load)
+    loader = evaluation_spec.coding_agent_loader(EvaluationSettings())
+    solve, _ = solver(synthetic, agent, ScriptedLLM([SUBMIT]))
+    lazy = dataclasses.replace(solve, agent=loader)
+    assert loads == []
+    answers = await asyncio.gather(*(lazy(work(), question(), StageCall(1)) for _ in range(3)))
+    assert len(loads) == 1
+    assert {answer["agent_config_sha256"] for answer in answers} == {agent.fingerprint()}
+
+    def missing() -> AgentConfig:
+        raise RuntimeError(f"mini-swe-agent {agent.agent_version} is needed, found None")
+
+    with pytest.raises(FinalFailure) as failed:
+        await dataclasses.replace(solve, agent=missing)(work(), question(), StageCall(1))
+    assert failed.value.kind is FailureKind.PLATFORM_ERROR
+    assert "is needed, found None" in failed.value.reason
 
 
 async def test_a_lent_turn_is_the_lenders_only_while_it_holds_it() -> None:

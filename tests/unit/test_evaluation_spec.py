@@ -16,6 +16,14 @@ def _spec(**overrides: object) -> EvaluationSpec:
     return build_evaluation_spec(EvaluationSettings(**overrides))  # type: ignore[arg-type]
 
 
+def test_the_textual_spec_is_the_coding_one_without_its_coding_part() -> None:
+    """What lets the scheduler build the spec once (aml_scheduler.main)."""
+    coding = build_evaluation_spec(EvaluationSettings(), coding=True)
+    textual = coding.model_copy(update={"coding": None})
+    assert textual == _spec()
+    assert textual.content_hash == _spec().content_hash != coding.content_hash
+
+
 def test_the_same_settings_give_the_same_hash() -> None:
     spec = _spec()
     assert spec.content_hash == _spec().content_hash

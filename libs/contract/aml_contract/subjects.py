@@ -4,7 +4,8 @@ Work subjects feed the stage workers; event subjects report back to the schedule
 addressed per participant version and job, `aml.work.<stage>.<version>.<job>`, so that
 - a worker fetches a version's work only when that version has free capacity (one durable
   consumer per *lane*: per version for the participant-facing stages add and search, one lane
-  for each LLM stage), and one version's limits never hold another version's work;
+  for each LLM stage, and one for the score stage's coding attempts, `verify`, whose test runs
+  call no LLM), and one version's limits never hold another version's work;
 - a failed job's remaining work is purged by subject before anything calls the participant.
 Consumers' filter subjects never overlap, which is what lets both streams use work-queue
 retention.
@@ -20,16 +21,20 @@ EVENTS_STREAM: Final = "AML_EVENTS"
 JOB_SUBMITTED: Final = "aml.jobs.submitted"
 JOB_FINISHED: Final = "aml.jobs.finished"
 
-WorkStage = Literal["add", "search", "answer", "score"]
+# `verify` is the score stage's work for a coding attempt, queued apart so that the scorer
+# admits it under its sandboxes' bound rather than the LLM's (aml_pipeline.question_stage).
+WorkStage = Literal["add", "search", "answer", "score", "verify"]
 WORK_ADD: Final = "aml.work.add"
 WORK_SEARCH: Final = "aml.work.search"
 WORK_ANSWER: Final = "aml.work.answer"
 WORK_SCORE: Final = "aml.work.score"
+WORK_VERIFY: Final = "aml.work.verify"
 WORK_PREFIX: Final[dict[WorkStage, str]] = {
     "add": WORK_ADD,
     "search": WORK_SEARCH,
     "answer": WORK_ANSWER,
     "score": WORK_SCORE,
+    "verify": WORK_VERIFY,
 }
 # Core NATS (not stored): a worker that frees a capacity credit says so, so workers of other
 # processes waiting for that key's capacity look again at once instead of at their next poll.

@@ -4,9 +4,10 @@ rules (`aml_evaluation.coding.grading.grade`).
 
 Each task runs three times on a fresh sandbox of its snapshot (`Sandbox.from_archive`): with no
 patch it must be unresolved, with its gold patch resolved, and with its stand-in's wrong patch
-(when it has one) unresolved. A run applies its patches in order with `Sandbox.apply` (the verify
-step's `git apply`), the hidden test patch last, then runs the task's test command in the
-repository root; the grader reads the command's output and exit status. What
+(when it has one) unresolved. A run applies the hidden test patch, then the fix, then runs the
+task's test command in the repository root, with the verify step's own
+`aml_pipeline.coding_track.apply_and_run`; the verify step's `graded` reads the command's output
+and exit status. What
 `aml_evaluation.registration.register_coding_dataset` does with the outcome (refuse, naming
 each task and why, or write the manifest) is the registry's.
 
@@ -22,17 +23,15 @@ from pathlib import Path
 from typing import Final
 
 from aml_evaluation.coding.bundle import CodingBundle, CodingTask
-from aml_evaluation.coding.grading import MAX_LOG_CHARS, grade
 from aml_evaluation.coding.validation import PatchDoesNotApply, TaskCheck, check_bundle
 from aml_evaluation.registration import Registration, register_coding_dataset
+from aml_pipeline.coding_track import PatchRejected, apply_and_run, graded, verify_limits
 from aml_pipeline.sandbox import CommandResult, Sandbox, SandboxLimits, require_sandbox
 
 # A task's whole test command runs as one sandbox command. The agent's per-step minute is far
 # too short for a real repository's suite, so registration allows a quarter of an hour; and the
 # whole log the grader reads, as the verify step keeps it.
-VALIDATION_LIMITS: Final = SandboxLimits(
-    wall_seconds=900.0, cpu_seconds=900, output_bytes=MAX_LOG_CHARS
-)
+VALIDATION_LIMITS: Final = verify_limits(900.0)
 
 
 class SandboxTestRun:
@@ -45,19 +44,16 @@ class SandboxTestRun:
 
     def __call__(self, snapshot: Path, patches: Sequence[str], test_command: str) -> CommandResult:
         with Sandbox.from_archive(snapshot, self.limits) as sandbox:
-            for index, patch in enumerate(patches):
-                applied = sandbox.apply(patch)
-                if not applied.ok:
-                    raise PatchDoesNotApply(index, applied.output.strip())
-            return sandbox.run(test_command)
+            ran = apply_and_run(sandbox, patches, test_command, self.limits.wall_seconds)
+            if isinstance(ran, PatchRejected):
+                raise PatchDoesNotApply(ran.index, ran.reason)
+            return ran
 
 
 def resolves(task: CodingTask, run: CommandResult) -> bool:
-    """Whether the run's output resolves the task, as the verify step grades an attempt."""
-    verdict = grade(
-        run.output, task.log_format, task.fail_to_pass, task.pass_to_pass, exit_code=run.exit_code
-    )
-    return verdict.resolved
+    """Whether the run's output resolves the task, as the verify step grades an attempt: a run
+    stopped at its time limit resolves nothing, whatever its partial log says."""
+    return not run.timed_out and graded(task, run).resolved
 
 
 def check_in_sandbox(

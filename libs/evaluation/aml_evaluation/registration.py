@@ -32,13 +32,13 @@ from typing import Any, Final, Literal
 from pydantic import ValidationError
 
 from aml_evaluation.chunker import fitted_images
-from aml_evaluation.coding.bundle import (
-    BUNDLE_FILES,
-    CodingBundle,
-    CodingBundleError,
-    snapshot_problems,
+from aml_evaluation.coding.bundle import BUNDLE_FILES, CodingBundle, snapshot_problems
+from aml_evaluation.coding.dataset import (
+    CODING_TOP_K,
+    CODING_TRACK,
+    coding_bundle_of,
+    coding_dataset,
 )
-from aml_evaluation.coding.dataset import CODING_TOP_K, CODING_TRACK, coding_bundle_of
 from aml_evaluation.coding.validation import TaskCheck
 from aml_evaluation.datasets import (
     DEFAULT_F1_VARIANT,
@@ -60,6 +60,7 @@ from aml_evaluation.registry import (
     count_questions,
     operator_manifests_dir,
     parse_contents,
+    parsed_for,
     read_manifest,
 )
 from aml_evaluation.scoring import CODING_SCORER
@@ -448,9 +449,9 @@ def register_coding_dataset(
     )
     contents = [(entry.path, content) for entry, content in data_files]
     try:
-        dataset = parse_contents(contents, draft)
-        bundle = coding_bundle_of(contents)
-    except (DatasetFileError, CodingBundleError) as error:
+        bundle = parsed_for(draft, lambda: coding_bundle_of(contents))
+        dataset = parsed_for(draft, lambda: coding_dataset(bundle, draft))
+    except DatasetFileError as error:
         raise RegistrationError(f"{refused} refused: {error}") from None
     manifest = _completed(refused, draft, dataset)
     target = operator_manifests_dir(datasets_root) / f"{dataset_id}.json"

@@ -53,7 +53,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, Final, Literal, get_args
+from typing import IO, Any, Final, Literal, TypeVar, get_args
 
 import ijson  # type: ignore[import-untyped]
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -167,6 +167,7 @@ class DatasetManifest(_Frozen):
 
 
 BundleParser = Callable[[Sequence[tuple[str, bytes]], DatasetManifest], Dataset]
+_Parsed = TypeVar("_Parsed")
 
 
 class DatasetFileError(ValueError):
@@ -273,8 +274,14 @@ def parse_contents(contents: Sequence[tuple[str, bytes]], manifest: DatasetManif
     """Parse verified contents with the manifest format's parser; a parser's refusal becomes a
     DatasetFileError naming the dataset and the format."""
     parse = parser_of(manifest.format)
+    return parsed_for(manifest, lambda: _as_the_manifest_says(parse(contents, manifest), manifest))
+
+
+def parsed_for(manifest: DatasetManifest, parse: Callable[[], _Parsed]) -> _Parsed:
+    """What `parse` makes of a manifest's verified contents; its refusal (a ValueError) becomes
+    a DatasetFileError naming the dataset and the format."""
     try:
-        dataset = _as_the_manifest_says(parse(contents, manifest), manifest)
+        return parse()
     except DatasetFileError:
         raise
     except MissingImagesError as error:
@@ -285,7 +292,6 @@ def parse_contents(contents: Sequence[tuple[str, bytes]], manifest: DatasetManif
         raise DatasetFileError(
             f"dataset {manifest.dataset_id!r} ({manifest.format}): {error}"
         ) from None
-    return dataset
 
 
 def _as_the_manifest_says(dataset: Dataset, manifest: DatasetManifest) -> Dataset:

@@ -21,6 +21,10 @@ one. It may grant a rate slot that frees within the limiter's patience (a fracti
 reserved ahead: the worker fetches the message when the slot is free. And it refuses without a
 database operation what the process itself can see is taken: every concurrency slot of the key
 held by its own admissions, or the key's next rate slot waited for by one of them.
+
+A capacity may instead be counted by its process alone (`Capacity.scope` "process"): concurrency
+only, for work bound by the process's own resources rather than by a declaration shared by the
+replicas (the scorer's sandboxed test runs, `aml_pipeline.stage_worker.sandbox_lanes`).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from aml_runtime.settings import RATE_MARGIN_SECONDS
 from aml_runtime.stores import Stores
@@ -68,6 +72,7 @@ _LENT_TURN: ContextVar[tuple[Admission, asyncio.Task[object]] | None] = ContextV
 
 Pool = Literal["rate", "concurrency"]
 Share = Literal["all", "first", "rest"]
+Scope = Literal["deployment", "process"]
 
 
 class Capacity(BaseModel):
@@ -84,6 +89,16 @@ class Capacity(BaseModel):
     # first eighth of each pool, at least one slot (`first`: the stage that gives way), or
     # the rest (`rest`).
     share: Share = "all"
+    # Where its slots are counted: in MongoDB for every replica (`deployment`), or in the
+    # admitting process alone (`process`: a bound on the process's own resources, such as its
+    # sandboxes' CPU, which no other replica shares; no rate, no lease, no announcement).
+    scope: Scope = "deployment"
+
+    @model_validator(mode="after")
+    def _process_slots_have_no_rate(self) -> Capacity:
+        if self.scope == "process" and self.max_rps is not None:
+            raise ValueError("a capacity counted in one process has no rate slots")
+        return self
 
     @property
     def rate_slots(self) -> int:
@@ -362,6 +377,11 @@ class CapacityLimiter:
             # Only a release here can free one, and it wakes the waiting lane
             # (`StageWorker._capacity_freed`): asking the database could only hear "no".
             return Refused("concurrency")
+        if capacity.scope == "process":
+            # The count above is the whole rule: the slots are this limiter's own.
+            admission = Admission(self, capacity, holder, "", None, time.time())
+            self._held[capacity.key] = self._held.get(capacity.key, 0) + 1
+            return admission
         if self._rate_waiters.get(capacity.key):
             # An item of this process waits for the key's next rate slot: it is rate-bound now.
             return Refused("rate")
@@ -477,6 +497,9 @@ class CapacityLimiter:
         gave up, which errs on the safe side); a rate slot never used is free at once (its last
         departure is at least a period old: it was free when taken), or when it was free
         before it was reserved; the concurrency slot is free."""
+        if capacity.scope == "process":
+            # Counted in `_held` alone (`let_go`); the stage worker wakes its own waiting lane.
+            return
         now = time.time()
         frees = [(slot, departed + capacity.rate_period + self._margin)
                  for slot, departed in stamps]  # fmt: skip

@@ -14,7 +14,10 @@ FINAL_OUTPUT as the first line of a command's output). Ours are the two ends it 
   synchronous, so it runs in a thread of its own and each query is handed to the service's event
   loop (`LoopBridge`, `asyncio.run_coroutine_threadsafe`).
 - `SandboxEnvironment`: its Environment protocol over a `CommandRunner` (the bubblewrap sandbox
-  implements it), each command under the per-command timeout, cut to the time left.
+  implements it), each command under the per-command timeout, cut to the time left. The
+  attempt's end stops its runner (`StoppableRunner`) while the agent's thread may still be in a
+  command: no command starts after it, the one running is killed, and the sandbox is removed
+  only once that command has returned.
 
 Of mini-swe-agent's dependencies only the agent core's are needed (jinja2, pydantic, rich,
 python-dotenv, platformdirs, and pyyaml to read its config); its LLM layer (litellm) and its
@@ -57,7 +60,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Final, Literal, Protocol, TypedDict
+from typing import Any, Final, Literal, Protocol, TypedDict, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -133,6 +136,74 @@ class CommandRunner(Protocol):
         `timeout` seconds. Raises only when the sandbox itself fails: the platform's failure,
         which the agent never sees as a command's output."""
         ...
+
+
+@runtime_checkable
+class Interruptible(Protocol):
+    def interrupt(self) -> None:
+        """From any thread: kills the command running now and refuses later ones
+        (`aml_pipeline.sandbox.Sandbox.interrupt`)."""
+        ...
+
+
+class RunnerStopped(Exception):
+    """A command asked of a `StoppableRunner` after its attempt ended."""
+
+
+class StoppableRunner:
+    """The CommandRunner of one attempt, which the attempt's end (its wall limit, a cancelled
+    item) stops from the loop's thread while the agent's thread may be inside a command: from
+    then on it refuses commands, and it kills the one running when its runner can
+    (`Interruptible`, as the sandbox is). `close` removes the sandbox only once no command runs
+    in it, so no command ever runs in a directory being removed."""
+
+    def __init__(self, runner: CommandRunner) -> None:
+        self._runner = runner
+        self._state = threading.Condition()
+        self._stopped = False
+        self._running = False
+        # The removal left to the thread of the command still running when `close` gave up.
+        self._close: Callable[[], None] | None = None
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def run(self, command: str, timeout: float) -> CommandResult:
+        with self._state:
+            if self._stopped:
+                raise RunnerStopped
+            self._running = True
+        try:
+            return self._runner.run(command, timeout)
+        finally:
+            with self._state:
+                self._running = False
+                self._state.notify_all()
+                close, self._close = self._close, None
+            if close is not None:
+                close()
+
+    def stop(self) -> None:
+        """Refuse further commands and kill the one running (if the runner can be)."""
+        with self._state:
+            # Killed once: a second stop (the closing after the attempt's own) finds it dying.
+            kill = self._running and not self._stopped
+            self._stopped = True
+        if kill and isinstance(self._runner, Interruptible):
+            self._runner.interrupt()
+
+    def close(self, close: Callable[[], None], wait: float) -> bool:
+        """Stop, then `close` (the sandbox's removal) once no command runs: here, after up to
+        `wait` seconds for a command being killed to return (True), or else by the thread that
+        runs it, when it returns (False). Blocking: for a worker thread."""
+        self.stop()
+        with self._state:
+            if not self._state.wait_for(lambda: not self._running, wait):
+                self._close = close
+                return False
+        close()
+        return True
 
 
 class AgentConfig(BaseModel):
@@ -466,10 +537,11 @@ class SandboxEnvironment:
     what upstream's local and docker environments give (output, return code, and for a
     timeout return code -1 with subprocess's timeout message); a command whose output starts
     with the sentinel line and that exits 0 submits. Each command gets the per-command timeout,
-    cut to the attempt's time left; with none left the attempt ends (TimeExceeded)."""
+    cut to the attempt's time left; with none left, or once the attempt has ended (its runner
+    stopped), the attempt ends (TimeExceeded)."""
 
     def __init__(
-        self, config: AgentConfig, runner: CommandRunner, deadline: float, bridge: LoopBridge
+        self, config: AgentConfig, runner: StoppableRunner, deadline: float, bridge: LoopBridge
     ) -> None:
         self.config = config
         self._runner = runner
@@ -493,7 +565,12 @@ class SandboxEnvironment:
         try:
             result = self._runner.run(script, limit)
         except Exception as exc:
+            if self._runner.stopped:
+                raise _time_exceeded() from None
             raise _SandboxFailed(f"{type(exc).__name__}: {exc}") from exc
+        if self._runner.stopped:
+            # Killed by the attempt's end: what it printed is no observation of the agent's.
+            raise _time_exceeded()
         extra: dict[str, Any] = {"truncated": result.truncated, "timed_out": result.timed_out}
         if result.timed_out:
             # subprocess.TimeoutExpired's message, as upstream's environments report it.
@@ -583,7 +660,8 @@ class Attempt(BaseModel):
     trajectory_elided: int = Field(description="Messages left out of the middle for size.")
     worker_stopped: bool = Field(
         description="False only after a wall limit whose command or call had not returned "
-        "when the attempt ended: the caller must tear the sandbox down before diffing."
+        "when the attempt ended: its sandbox is removed only once that command returns "
+        "(StoppableRunner.close)."
     )
     agent: str
     config_fingerprint: str
@@ -672,8 +750,10 @@ async def attempt(
     """One attempt of the task by mini-swe-agent's DefaultAgent, `memories` (memory_context's
     text) in its task prompt. Returns how it ended; raises PlatformFailure when it could not
     be judged. The wall limit holds whatever hangs: at the deadline the model call in flight is
-    cancelled and the attempt returns (after at most `stop_grace_seconds` for the agent's
-    thread to wind down; see Attempt.worker_stopped)."""
+    cancelled, the command in flight killed (when `runner` can be interrupted) and the attempt
+    returns (after at most `stop_grace_seconds` for the agent's thread to wind down; see
+    Attempt.worker_stopped). Pass a `StoppableRunner` to close the runner after the attempt
+    only once no command runs in it."""
     version = installed_agent_version()
     if version != config.agent_version:
         raise RuntimeError(f"mini-swe-agent {config.agent_version} is configured, found {version}")
@@ -682,7 +762,8 @@ async def attempt(
     deadline = started + config.wall_seconds
     bridge = LoopBridge(loop, complete)
     model = BridgedModel(config, bridge.call)
-    environment = SandboxEnvironment(config, runner, deadline, bridge)
+    commands = runner if isinstance(runner, StoppableRunner) else StoppableRunner(runner)
+    environment = SandboxEnvironment(config, commands, deadline, bridge)
     agent = _upstream_module("agents.default").DefaultAgent(
         model,
         environment,
@@ -713,9 +794,11 @@ async def attempt(
         finished, _ = await asyncio.wait({done}, timeout=max(0.0, deadline - time.monotonic()))
         if not finished:
             bridge.stop()
+            commands.stop()
             await asyncio.wait({done}, timeout=stop_grace_seconds)
     except asyncio.CancelledError:
         bridge.stop()
+        commands.stop()
         raise
     outcome = done.result() if done.done() else None
     trajectory, elided = bounded_trajectory(list(agent.messages))

@@ -40,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,8 +48,14 @@ from typing import Any, Final, Protocol
 import structlog
 from pydantic import BaseModel, ConfigDict
 
-from aml_evaluation.coding.bundle import CodingTask, diff_file_pairs, patch_files
-from aml_evaluation.coding.grading import GRADING_VERSION, MAX_LOG_CHARS, ResolvedStatus, grade
+from aml_evaluation.coding.bundle import CodingTask, diff_paths, diff_sections, patch_files
+from aml_evaluation.coding.grading import (
+    GRADING_VERSION,
+    MAX_LOG_CHARS,
+    Grade,
+    ResolvedStatus,
+    grade,
+)
 from aml_evaluation.coding.source import CodingTasks
 from aml_evaluation.context import TokenCount
 from aml_pipeline.coding_agent import (
@@ -59,21 +64,25 @@ from aml_pipeline.coding_agent import (
     Complete,
     EndReason,
     MemoryContext,
+    StoppableRunner,
     attempt,
     memory_context,
 )
 from aml_pipeline.sandbox import (
     CommandResult,
+    PodOptions,
     Sandbox,
     SandboxFault,
     SandboxLimits,
     SandboxUnavailable,
     WorkingCopyRejected,
     require_sandbox,
+    sandbox_backend,
 )
 from aml_runtime.broker import FinalFailure
 from aml_runtime.db import Document
 from aml_runtime.documents import FailureKind
+from aml_runtime.settings import CodingWorkerSettings
 
 log = structlog.get_logger()
 
@@ -148,14 +157,7 @@ class SandboxCheck:
 def registered_tasks(datasets_root: Path) -> OpenTask:
     """The registered coding tasks under `datasets_root` (aml_evaluation.coding.source), with
     its per-process cache; safe to call from several worker threads at once."""
-    tasks = CodingTasks(datasets_root)
-    lock = threading.Lock()
-
-    def open_task(dataset_id: str, task_id: str) -> TaskFiles:
-        with lock:
-            return tasks.files(dataset_id, task_id)
-
-    return open_task
+    return CodingTasks(datasets_root).files
 
 
 async def open_task_files(open_task: OpenTask, question: Document) -> TaskFiles:
@@ -185,6 +187,23 @@ def verify_limits(test_timeout_seconds: float) -> SandboxLimits:
         cpu_seconds=math.ceil(test_timeout_seconds),
         output_bytes=MAX_LOG_CHARS,
     )
+
+
+def coding_sandbox(
+    settings: CodingWorkerSettings, lifetime_seconds: float
+) -> tuple[OpenWorkspace, SandboxCheck]:
+    """The backend the settings name (`AML_SANDBOX_BACKEND`): how a step opens its workspaces and
+    the probe its first coding item runs. `lifetime_seconds`: how long the step uses one sandbox
+    (a sandbox pod's deadline is built from it)."""
+    options = None
+    if settings.sandbox_backend == "kubernetes":
+        options = PodOptions(
+            image=settings.sandbox_image,
+            namespace=settings.sandbox_namespace,
+            lifetime_seconds=lifetime_seconds,
+        )
+    opener, probe = sandbox_backend(settings.sandbox_backend, pod_options=options)
+    return opener, SandboxCheck(probe=probe)
 
 
 def limits_record(limits: SandboxLimits) -> dict[str, float]:
@@ -235,6 +254,17 @@ def _close(workspace: Workspace, task_id: str) -> None:
         log.error("coding.sandbox_not_removed", task_id=task_id, reason=str(fault))
 
 
+# How long an attempt's end waits for the command it killed to return before it removes the
+# sandbox: the kill takes milliseconds, the sandbox's own bounded kill path ten seconds at most.
+# Past it, the command's thread removes the sandbox when the command returns.
+COMMAND_STOP_SECONDS: Final = 30.0
+
+
+def _close_after_commands(commands: StoppableRunner, workspace: Workspace, task_id: str) -> None:
+    if not commands.close(lambda: _close(workspace, task_id), COMMAND_STOP_SECONDS):
+        log.warning("coding.sandbox_removal_deferred", task_id=task_id)
+
+
 async def solve(
     task: CodingTask,
     snapshot: Path,
@@ -249,13 +279,16 @@ async def solve(
     `SandboxFault` or `coding_agent.PlatformFailure` for the platform's failures."""
     memory = await memory_context(candidates, config.memory_tokens, count_tokens)
     workspace = await asyncio.to_thread(open_workspace, snapshot, solve_limits(config))
+    commands = StoppableRunner(workspace)
     try:
-        result = await attempt(task.problem_statement, memory.text, config, complete, workspace)
+        result = await attempt(task.problem_statement, memory.text, config, complete, commands)
         patch, rejected = "", None
         if result.end_reason is EndReason.SUBMITTED:
             patch, rejected = await asyncio.to_thread(_submitted_patch, workspace)
     finally:
-        await asyncio.to_thread(_close, workspace, task.task_id)
+        # The agent's thread may still be in a command (a wall limit, a cancelled item): its
+        # working copy is removed only once that command is killed and has returned.
+        await asyncio.to_thread(_close_after_commands, commands, workspace, task.task_id)
     return Solution(attempt=result, memory=memory, patch=patch, patch_rejected=rejected)
 
 
@@ -295,36 +328,8 @@ def answer_fields(solution: Solution, config: AgentConfig, model: str) -> Docume
 # --- the patch's files ------------------------------------------------------------------------
 
 
-def _sections(patch: str) -> list[str]:
-    """The patch split at each file's `diff --git` header (text before the first is its own)."""
-    sections: list[str] = []
-    current: list[str] = []
-    for line in patch.splitlines(keepends=True):
-        if line.startswith("diff --git ") and current:
-            sections.append("".join(current))
-            current = []
-        current.append(line)
-    if current:
-        sections.append("".join(current))
-    return sections
-
-
-def _section_paths(section: str) -> set[str]:
-    """The paths one file section names: its `---`/`+++` headers, and its `diff --git a/P b/P`
-    line (the sandbox's diffs never detect renames, so both halves are the same path; a binary
-    or mode-only change has no `---`/`+++` lines)."""
-    paths = {name for pair in diff_file_pairs(section) for name in pair if name is not None}
-    first = section.split("\n", 1)[0].rstrip("\r")
-    rest = first.removeprefix("diff --git ")
-    if rest != first and len(rest) % 2 == 1:
-        old, new = rest[: len(rest) // 2], rest[len(rest) // 2 + 1 :]
-        if old.startswith("a/") and new.startswith("b/") and old[2:] == new[2:]:
-            paths.add(old[2:])
-    return paths
-
-
 def _changed_files(patch: str) -> list[str]:
-    return sorted({path for section in _sections(patch) for path in _section_paths(section)})
+    return sorted(diff_paths(patch))
 
 
 def without_files(patch: str, files: Sequence[str]) -> tuple[str, list[str]]:
@@ -332,12 +337,12 @@ def without_files(patch: str, files: Sequence[str]) -> tuple[str, list[str]]:
     hidden = set(files)
     kept: list[str] = []
     ignored: set[str] = set()
-    for section in _sections(patch):
-        touched = _section_paths(section) & hidden
+    for section in diff_sections(patch):
+        touched = section.paths & hidden
         if touched:
             ignored |= touched
         else:
-            kept.append(section)
+            kept.append(section.text)
     return "".join(kept), sorted(ignored)
 
 
@@ -370,6 +375,35 @@ def _unresolved(reason: str, **fields: Any) -> Verification:
     return Verification(resolved=False, resolution=ResolvedStatus.NO, reason=reason, **fields)
 
 
+@dataclass(frozen=True)
+class PatchRejected:
+    """`git apply` refused the patch at `index` of those given; `reason` is git's."""
+
+    index: int
+    reason: str
+
+
+def apply_and_run(
+    workspace: Workspace, patches: Sequence[str], command: str, timeout: float
+) -> CommandResult | PatchRejected:
+    """`patches` applied to the workspace in order, then `command` run within `timeout`
+    seconds: its result, or the first patch refused (then nothing runs). Registration's runs of
+    a task (`aml_devtools.coding_registration`) go through it as the verify step's do, so a task
+    is registered only as verify will run it."""
+    for index, patch in enumerate(patches):
+        applied = workspace.apply(patch)
+        if not applied.ok:
+            return PatchRejected(index, applied.output.strip())
+    return workspace.run(command, timeout)
+
+
+def graded(task: CodingTask, ran: CommandResult) -> Grade:
+    """The task's hidden tests graded on a run's log and exit status."""
+    return grade(
+        ran.output, task.log_format, task.fail_to_pass, task.pass_to_pass, exit_code=ran.exit_code
+    )
+
+
 def verify(
     task: CodingTask,
     snapshot: Path,
@@ -390,22 +424,21 @@ def verify(
         )
     workspace = open_workspace(snapshot, limits)
     try:
-        tests = workspace.apply(task.test_patch)
-        if not tests.ok:
-            raise HiddenTestsRejected(
-                f"the hidden test changes of task {task.task_id} do not apply to its snapshot: "
-                f"{_cut(tests.output.strip(), _REASON_CHARS)}"
-            )
-        applied = workspace.apply(kept)
-        if not applied.ok:
-            return _unresolved(
-                f"the patch does not apply: {_cut(applied.output.strip(), _REASON_CHARS)}",
-                patch_applied=False,
-                ignored_files=ignored,
-            )
-        ran = workspace.run(task.test_command, limits.wall_seconds)
+        ran = apply_and_run(
+            workspace, [task.test_patch, kept], task.test_command, limits.wall_seconds
+        )
     finally:
         _close(workspace, task.task_id)
+    if isinstance(ran, PatchRejected):
+        reason = _cut(ran.reason, _REASON_CHARS)
+        if ran.index == 0:
+            raise HiddenTestsRejected(
+                f"the hidden test changes of task {task.task_id} do not apply to its snapshot: "
+                f"{reason}"
+            )
+        return _unresolved(
+            f"the patch does not apply: {reason}", patch_applied=False, ignored_files=ignored
+        )
     ran_fields: dict[str, Any] = {
         "patch_applied": True,
         "ignored_files": ignored,
@@ -418,14 +451,12 @@ def verify(
     }
     if ran.timed_out:
         return _unresolved(f"the tests ran past their {limits.wall_seconds:g} s", **ran_fields)
-    graded = grade(
-        ran.output, task.log_format, task.fail_to_pass, task.pass_to_pass, exit_code=ran.exit_code
-    )
+    verdict = graded(task, ran)
     return Verification(
-        resolved=graded.resolved,
-        resolution=graded.resolution,
-        reason=graded.reason,
-        report=graded.report(),
+        resolved=verdict.resolved,
+        resolution=verdict.resolution,
+        reason=verdict.reason,
+        report=verdict.report(),
         **ran_fields,
     )
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
+from collections.abc import Callable
 
 import nltk  # type: ignore[import-untyped]
 
@@ -45,6 +47,21 @@ def coding_agent_config(settings: EvaluationSettings) -> AgentConfig:
         token_counter=token_counter_name(settings),
         reply_max_tokens=settings.coding_reply_max_tokens,
     )
+
+
+def coding_agent_loader(settings: EvaluationSettings) -> Callable[[], AgentConfig]:
+    """`coding_agent_config`, loaded by the first call and kept: a process that never gets a
+    coding item never imports mini-swe-agent. Several threads may call it at once; one loads."""
+    lock = threading.Lock()
+    loaded: list[AgentConfig] = []
+
+    def agent() -> AgentConfig:
+        with lock:
+            if not loaded:
+                loaded.append(coding_agent_config(settings))
+            return loaded[0]
+
+    return agent
 
 
 def agent_prompts_sha256(agent: AgentConfig) -> str:

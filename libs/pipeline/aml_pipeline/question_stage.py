@@ -11,7 +11,8 @@ scheduler sends them), and so does what a stage stored that the next one uses (t
 candidates when small enough, the answer), so the next stage reads no document for them. A
 search that holds back its user's next Add (a streaming dataset's question asked
 mid-conversation, work flagged `holds_add`) is announced final on `aml.done.search`, done or
-failed, every time it is handed on (de-duplicated by the broker).
+failed, every time it is handed on (de-duplicated by the broker). A coding attempt's score work
+is queued on the verify lane, not the LLM's (`score_queue`); the scorer serves both.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from aml_contract.messages import (
     message_id,
 )
 from aml_contract.subjects import WorkStage
+from aml_evaluation.scoring import scoring_method
 from aml_pipeline.capacity import turn
 from aml_pipeline.jobs import JobStates, fail_job, record_error
 from aml_pipeline.progress import Counted, OutcomeCounter, outcome_of
@@ -103,6 +105,20 @@ class StageShape:
     calls_participant: bool
     # What it hands on to the next stage of what it stored (so that stage reads no document).
     carry: Callable[[Document], Document]
+    # Where the next stage's work of a question is queued, when that depends on the question
+    # (None: `following`'s own work subject).
+    queue: Callable[[QuestionWork], WorkStage] | None = None
+
+
+def score_queue(work: QuestionWork) -> WorkStage:
+    """Where a question's score work is queued: a coding attempt's on the verify lane, which the
+    scorer admits under its sandboxes' bound (its test run calls no LLM, and must hold none of
+    the LLM budget's slots), any other question's on the LLM's lane. A message without the
+    question's facts (an older release's) stays on the LLM's lane, which verifies it as well."""
+    facts = work.facts
+    if facts is not None and scoring_method(facts.options, facts.scorer) == "resolved":
+        return "verify"
+    return "score"
 
 
 STAGES: dict[QuestionStage, StageShape] = {
@@ -110,7 +126,10 @@ STAGES: dict[QuestionStage, StageShape] = {
         "answer", True, lambda fields: {"candidates": carried_candidates(fields["candidates"])}
     ),
     "answer": StageShape(
-        "score", False, lambda fields: {"answer": carried_answer(fields.get("answer"))}
+        "score",
+        False,
+        lambda fields: {"answer": carried_answer(fields.get("answer"))},
+        queue=score_queue,
     ),
     "score": StageShape(None, False, lambda fields: {}),
 }
@@ -234,7 +253,8 @@ class QuestionStageWorker:
             await self._announce_search_final(work)
         following = self.shape.following
         if state == "done" and following is not None:
-            await publish_work(self.bus, following, work, work.item_id)
+            queue = following if self.shape.queue is None else self.shape.queue(work)
+            await publish_work(self.bus, queue, work, work.item_id)
             return
         if not announce:
             return

@@ -2,10 +2,11 @@
 dequeue.
 
 Work is queued per *lane*: one durable consumer per participant version for the stages that
-call participants (add, search), one for each LLM stage (answer, score). A worker fetches a
-lane's next message only after it holds that lane's capacity — a concurrency slot and a rate
-slot (`aml_pipeline.capacity`) — and fetches exactly one message per admission, with a `no_wait`
-pull that the broker answers at once. So:
+call participants (add, search), one for each LLM stage (answer, score), and one for the coding
+attempts the scorer verifies (`verify`: sandboxes, no LLM, under a bound of its process's own,
+`sandbox_lanes`). A worker fetches a lane's next message only after it holds that lane's
+capacity — a concurrency slot and a rate slot (`aml_pipeline.capacity`) — and fetches exactly
+one message per admission, with a `no_wait` pull that the broker answers at once. So:
 - no worker ever holds a message while it waits for capacity: a message is either in the broker
   or being worked on, and nothing sits un-acknowledged past `ack_wait` (long calls send progress
   heartbeats, `run_delivery`);
@@ -30,7 +31,7 @@ import contextvars
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
@@ -108,6 +109,18 @@ class StageCall:
     admission: Admission | None = None
     # The item's job as the stage read it (state, version_id, top_k), read once per item.
     job: Document | None = None
+
+    @contextlib.contextmanager
+    def hold_early_fetch(self) -> Iterator[None]:
+        """Within the block, a request leaving does not get the admission's next item fetched
+        (`REQUEST_LEAVING`, `StageWorker._process`); it is fetched when this item ends. For a
+        call that holds its slot for minutes (a coding attempt): the next item would wait out
+        all of it holding its message, which a free slot elsewhere could serve."""
+        early_fetch = REQUEST_LEAVING.set(None)
+        try:
+            yield
+        finally:
+            REQUEST_LEAVING.reset(early_fetch)
 
 
 @dataclass(frozen=True)
@@ -721,6 +734,41 @@ def llm_stage_worker(
     )
 
 
+# The verify lane's capacity key, counted by each process alone (`Capacity.scope`).
+SANDBOX_KEY = "sandbox"
+
+
+def sandbox_lanes(stage: subjects.WorkStage, durable: str, concurrency: int) -> Lanes:
+    """One lane for every job, admitted under this process's own bound on the sandboxes it runs
+    at once: a test run calls no LLM, so it takes none of the LLM budget's slots, and the CPU it
+    spends is its process's, which no other replica shares."""
+    capacity = Capacity(key=SANDBOX_KEY, max_concurrency=concurrency, scope="process")
+
+    async def capacity_of(lane: str) -> Capacity:
+        return capacity
+
+    return Lanes(stage, durable, per_version=False, capacity_of=capacity_of)
+
+
+def sandbox_stage_worker(
+    runtime: Runtime,
+    settings: CommonSettings,
+    stage: subjects.WorkStage,
+    durable: str,
+    handler: Stage[QuestionWork],
+    concurrency: int,
+) -> StageWorker[QuestionWork]:
+    """The worker of a lane whose items run in sandboxes and call no LLM (the scorer's verify
+    lane): at most `concurrency` items of it at once in this process."""
+    return StageWorker(
+        sandbox_lanes(stage, durable, concurrency),
+        handler,
+        capacity_limiter(runtime, settings),
+        settings,
+        max_in_flight=concurrency,
+    )
+
+
 def capacity_limiter(runtime: Runtime, settings: CommonSettings) -> CapacityLimiter:
     """The limiter of a worker process: it tells every replica when it frees a slot."""
 
@@ -738,13 +786,24 @@ def capacity_limiter(runtime: Runtime, settings: CommonSettings) -> CapacityLimi
 def serve_stage(runtime: Runtime, worker: StageWorker[Any], *on_stop: Hook) -> FastStream:
     """Serve `worker`; when it stops (its items finished), close its stage (what it still holds,
     its pending counts), then run `on_stop` in order (the clients the stage used)."""
+    return serve_stages(runtime, [worker], *on_stop)
+
+
+def serve_stages(
+    runtime: Runtime, workers: Sequence[StageWorker[Any]], *on_stop: Hook
+) -> FastStream:
+    """`serve_stage` for a stage served by several workers, one per kind of lane (the scorer's
+    LLM lane and its verify lane): each stage is closed once, after every worker stopped."""
 
     async def start() -> None:
-        await worker.start(runtime.broker)
+        for worker in workers:
+            await worker.start(runtime.broker)
 
     async def stop() -> None:
-        await worker.stop()
-        await worker.stage.close()
+        await asyncio.gather(*(worker.stop() for worker in workers))
+        stages = {id(worker.stage): worker.stage for worker in workers}
+        for stage in stages.values():
+            await stage.close()
         for hook in on_stop:
             await hook()
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # Twice the largest lag measured from a request's departure to the receiver's clock with three
@@ -126,6 +126,30 @@ class LLMSettings(EvaluationSettings):
     # intervals and retries when it answers; only an outage longer than this fails the
     # questions waiting on it, as platform_error (never charged to the team).
     llm_outage_seconds: float = Field(default=1800.0, gt=0)
+
+
+class CodingWorkerSettings(LLMSettings):
+    """The answerer's and the scorer's: they run the coding track's sandboxes (solve, verify)."""
+
+    # Where the registered benchmark files live, as the scheduler's `datasets_root`: the coding
+    # track reads a task's repository snapshot and hidden tests from its bundle there
+    # (aml_evaluation.coding.source).
+    datasets_root: Path = Path("../shared/datasets")
+    # Where a coding attempt's commands and tests run: "bwrap" (bubblewrap, inside this
+    # process's container) or "kubernetes" (one pod per sandbox in `sandbox_namespace`, under
+    # gVisor, from `sandbox_image`; aml_pipeline.sandbox.pods).
+    sandbox_backend: Literal["bwrap", "kubernetes"] = "bwrap"
+    # The coding image the sandbox pods run (the Dockerfile's `coding` target, as the nodes pull
+    # it); required with the kubernetes backend.
+    sandbox_image: str = ""
+    # The namespace the sandbox pods are created in (deploy/k8s/sandbox).
+    sandbox_namespace: str = Field(default="aml-sandbox", min_length=1)
+
+    @model_validator(mode="after")
+    def _pods_need_an_image(self) -> CodingWorkerSettings:
+        if self.sandbox_backend == "kubernetes" and not self.sandbox_image.strip():
+            raise ValueError("AML_SANDBOX_BACKEND=kubernetes needs AML_SANDBOX_IMAGE")
+        return self
 
 
 class ParticipantCallSettings(CommonSettings):

@@ -11,6 +11,8 @@ question without images is asked exactly as before: the prompt as one string."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from openai import AsyncOpenAI
@@ -20,7 +22,7 @@ from aml_contract.messages import QuestionWork
 from aml_contract.participant import ImageUrlPart, SearchRequest
 from aml_evaluation.context import TokenCount, fit_candidates, model_image
 from aml_evaluation.prompts import IMAGE_PLACEHOLDER, Prompt, answer_content, question_with_options
-from aml_pipeline.capacity import REQUEST_LEAVING, lend_turn
+from aml_pipeline.capacity import lend_turn
 from aml_pipeline.coding_agent import AgentConfig, ChatMessage, ContextExhausted, PlatformFailure
 from aml_pipeline.coding_track import (
     OpenTask,
@@ -67,7 +69,9 @@ class SolveTask:
     # The searches whose candidates did not travel with the work (`records`).
     stores: Stores
     llm: AsyncOpenAI
-    agent: AgentConfig
+    # The agent's config, or how to load it (`evaluation_spec.coding_agent_loader`: on the
+    # first coding item, in a worker thread, since it imports mini-swe-agent).
+    agent: AgentConfig | Callable[[], AgentConfig]
     # The task's files by dataset and task id (aml_evaluation.coding.source).
     open_task: OpenTask
     count_tokens: TokenCount
@@ -81,7 +85,7 @@ class SolveTask:
         candidates = await search_candidates(work, self.stores)
         await self.sandbox_check()
         files = await open_task_files(self.open_task, question)
-        settings, agent = self.settings, self.agent
+        settings, agent = self.settings, await self.agent_config()
 
         async def complete(messages: list[ChatMessage]) -> tuple[str, int, int]:
             try:
@@ -99,14 +103,12 @@ class SolveTask:
                 raise ContextExhausted(str(exceeded)) from exceeded
             return reply.text, reply.tokens_in, reply.tokens_out
 
-        # An attempt holds its slot for minutes: the slot's next item is fetched when it ends,
-        # not when its first call leaves, or it would wait out the whole attempt holding its
-        # message, which a free slot elsewhere could serve.
-        early_fetch = REQUEST_LEAVING.set(None)
         try:
-            # The agent's calls are tasks of their own (made from its thread): they leave under
-            # the turn this item holds for its whole attempt.
-            with lend_turn(item.admission):
+            # An attempt holds its slot for minutes: the slot's next item is fetched when it
+            # ends, not when its first call leaves. The agent's calls are tasks of their own
+            # (made from its thread): they leave under the turn this item holds for its whole
+            # attempt.
+            with item.hold_early_fetch(), lend_turn(item.admission):
                 solution = await solve(
                     files.task,
                     files.snapshot,
@@ -122,9 +124,17 @@ class SolveTask:
             raise
         except SandboxUnavailable as unavailable:
             raise FinalFailure(FailureKind.PLATFORM_ERROR, str(unavailable)) from None
-        finally:
-            REQUEST_LEAVING.reset(early_fetch)
         return answer_fields(solution, agent, settings.answer_model)
+
+    async def agent_config(self) -> AgentConfig:
+        if isinstance(self.agent, AgentConfig):
+            return self.agent
+        try:
+            return await asyncio.to_thread(self.agent)
+        except RuntimeError as missing:
+            # mini-swe-agent is missing or not the pinned version here: no redelivery to this
+            # process could change that.
+            raise FinalFailure(FailureKind.PLATFORM_ERROR, str(missing)) from None
 
 
 @dataclass

@@ -8,8 +8,8 @@ from faststream import FastStream
 from aml_answerer.handlers import AnswerQuestion, SolveTask
 from aml_answerer.settings import AnswererSettings
 from aml_evaluation.prompts import load_prompt
-from aml_pipeline.coding_track import registered_tasks
-from aml_pipeline.evaluation_spec import coding_agent_config
+from aml_pipeline.coding_track import coding_sandbox, registered_tasks
+from aml_pipeline.evaluation_spec import coding_agent_loader
 from aml_pipeline.llm import make_llm_client, make_token_counter
 from aml_pipeline.outages import lane_outages
 from aml_pipeline.question_stage import QuestionStageWorker
@@ -25,9 +25,15 @@ def create_app(settings: AnswererSettings | None = None) -> FastStream:
     count = make_token_counter(settings, http)
     outages = lane_outages(rt)
     prompt = load_prompt(settings.answer_prompt)
-    agent = coding_agent_config(settings)
+    # Loaded with the first coding item: most deployments' answerers never get one.
+    agent = coding_agent_loader(settings)
     tasks = registered_tasks(settings.datasets_root)
-    solve = SolveTask(settings, rt.stores, llm, agent, tasks, count, outages)
+    # A sandbox serves one attempt: its wall clock, and its last command cut at its limit.
+    lifetime = settings.coding_wall_seconds + settings.coding_command_timeout_seconds + 60
+    open_workspace, sandbox_check = coding_sandbox(settings, lifetime)
+    solve = SolveTask(
+        settings, rt.stores, llm, agent, tasks, count, outages, open_workspace, sandbox_check
+    )
     compute = AnswerQuestion(settings, rt.stores, llm, prompt, count, outages, solve)
     stage = QuestionStageWorker("answer", settings, rt.stores, rt.broker, rt.bus, compute)
     worker = llm_stage_worker(rt, settings, "answer", "answerer", stage, outages)

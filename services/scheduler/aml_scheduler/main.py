@@ -35,10 +35,13 @@ def create_app(settings: SchedulerSettings | None = None) -> FastStream:
     rt = open_runtime("scheduler", settings)
     client = ParticipantClient.from_settings(settings)
     box = SecretBox(settings.secret_keys)
-    evaluation_spec = build_evaluation_spec(settings)
+    # Built once (its prompts read, the coding agent's config loaded): the other tracks' spec is
+    # the same without the coding part.
+    coding_spec = build_evaluation_spec(settings, coding=True)
+    evaluation_spec = coding_spec.model_copy(update={"coding": None})
     scheduler = ScheduleJobs(
         settings, rt.stores, rt.bus, client, box, evaluation_spec, code_hash(),
-        outages=lane_outages(rt), coding_spec=build_evaluation_spec(settings, coding=True),
+        outages=lane_outages(rt), coding_spec=coding_spec,
     )  # fmt: skip
 
     def events(

@@ -15,7 +15,8 @@ score has no judge fields, which the aggregation counts as `unjudged` (F1 is its
 
 A coding task's attempt (scorer `swe_resolved`) is verified instead (R-2.5, `VerifyAttempt`): its
 patch and the task's hidden tests in a fresh sandbox, the test log graded with SWE-bench's rules;
-no LLM is asked."""
+no LLM is asked. Its work comes on the scorer's verify lane, admitted under the process's own
+bound on sandboxes (`coding_verify_concurrency`), never under the LLM budget."""
 
 from __future__ import annotations
 
@@ -170,6 +171,12 @@ class ScoreAnswer:
         except ValueError as error:
             # A planned question names a rule this scorer does not know: no retry can help.
             raise FinalFailure(FailureKind.PLATFORM_ERROR, str(error)) from None
+        if item.admission is not None and item.admission.capacity.scope == "process":
+            # Admitted on the verify lane: its calls would leave outside the LLM budget.
+            raise FinalFailure(
+                FailureKind.PLATFORM_ERROR,
+                f"{question.get('question_id')} is not a coding attempt, yet came to be verified",
+            )
         settings = self.settings
 
         async def ask() -> str:

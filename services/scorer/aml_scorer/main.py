@@ -6,11 +6,11 @@ from faststream import FastStream
 
 from aml_evaluation.prompts import load_prompt
 from aml_evaluation.punkt import require_punkt_tab
-from aml_pipeline.coding_track import registered_tasks, verify_limits
+from aml_pipeline.coding_track import coding_sandbox, registered_tasks, verify_limits
 from aml_pipeline.llm import make_llm_client
 from aml_pipeline.outages import lane_outages
 from aml_pipeline.question_stage import QuestionStageWorker
-from aml_pipeline.stage_worker import llm_stage_worker, serve_stage
+from aml_pipeline.stage_worker import llm_stage_worker, sandbox_stage_worker, serve_stages
 from aml_runtime.service import open_runtime
 from aml_scorer.handlers import ScoreAnswer, VerifyAttempt
 from aml_scorer.settings import ScorerSettings
@@ -33,8 +33,14 @@ def create_app(settings: ScorerSettings | None = None) -> FastStream:
         verify=VerifyAttempt(
             registered_tasks(settings.datasets_root),
             verify_limits(settings.coding_test_timeout_seconds),
+            *coding_sandbox(settings, settings.coding_test_timeout_seconds + 300),
         ),
     )
     stage = QuestionStageWorker("score", settings, rt.stores, rt.broker, rt.bus, compute)
     worker = llm_stage_worker(rt, settings, "score", "scorer", stage, outages)
-    return serve_stage(rt, worker, llm.close)
+    # Coding attempts come on a lane of their own (`question_stage.score_queue`): a test run
+    # holds a sandbox, not one of the LLM budget's slots.
+    verifier = sandbox_stage_worker(
+        rt, settings, "verify", "scorer-verify", stage, settings.coding_verify_concurrency
+    )
+    return serve_stages(rt, [worker, verifier], llm.close)

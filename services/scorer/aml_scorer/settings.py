@@ -1,10 +1,10 @@
-from pathlib import Path
+from pydantic import Field
 
-from aml_runtime.settings import LLMSettings
+from aml_runtime.settings import CodingWorkerSettings
 
 
-class ScorerSettings(LLMSettings):
-    # Where the registered benchmark files live, as the scheduler's `datasets_root`: the coding
-    # track's verify step reads a task's repository snapshot and hidden tests from its bundle
-    # there (aml_evaluation.coding.source).
-    datasets_root: Path = Path("../shared/datasets")
+class ScorerSettings(CodingWorkerSettings):
+    # Coding attempts one scorer process verifies at once (each a sandboxed test run, up to
+    # `coding_test_timeout_seconds`, on this process's CPU): its verify lane's bound, per
+    # process, apart from the LLM budget, which judge calls alone take.
+    coding_verify_concurrency: int = Field(default=2, ge=1)

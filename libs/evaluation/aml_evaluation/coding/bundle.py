@@ -21,7 +21,8 @@ plausible patch that misses it) and are never put in any prompt of the real codi
 members are the repository's files at the task's base, relative to the repository root, pinned
 by ``snapshot_sha256``. A snapshot holds no ``.git`` (a repository's history can hold the fix)
 and only regular files, directories and symlinks that stay inside the tree: no absolute or
-``..`` paths, no hard links, devices or fifos, no setuid/setgid/sticky bits, no name twice.
+``..`` paths, no hard links, devices or fifos, no setuid/setgid/sticky bits, no name twice,
+no path through a symlink (:func:`member_refusal`, which the sandbox applies too).
 :func:`build_snapshot_archive` and :func:`archive_files` write one deterministically (members
 sorted, mtime 0, uid/gid 0, no owner names, normalised modes, gzip header without name or
 time): the same tree gives the same sha256 on any machine with the same zlib deflate output
@@ -111,7 +112,7 @@ TestId = Annotated[
 ]
 # A `python3 -m unittest -v` line under Python 3.11 names a test `method (module.Class.method)`.
 _UNITTEST_ID: Final = re.compile(r"(?P<method>[^\s()]+) \((?P<path>[A-Za-z_][\w.]*)\)")
-_DIFF_GIT: Final = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
+_DIFF_GIT: Final = re.compile(r"diff --git a/(\S+) b/(\S+)")
 _READ_BLOCK: Final = 1 << 20
 
 
@@ -322,14 +323,65 @@ def diff_file_pairs(diff: str) -> list[tuple[str | None, str | None]]:
     ]
 
 
+def _diff_git_paths(line: str) -> set[str]:
+    """The paths a ``diff --git a/OLD b/NEW`` line names: OLD and NEW when neither holds a space
+    (a rename names two), else the one path both halves name (git writes a name with spaces
+    unquoted, so only a line naming the same path twice can be split)."""
+    line = line.rstrip("\r\n")
+    named = _DIFF_GIT.fullmatch(line)
+    if named is not None:
+        return set(named.groups())
+    rest = line.removeprefix("diff --git ")
+    if rest != line and len(rest) % 2 == 1:
+        old, new = rest[: len(rest) // 2], rest[len(rest) // 2 + 1 :]
+        if old.startswith("a/") and new.startswith("b/") and old[2:] == new[2:]:
+            return {old[2:]}
+    return set()
+
+
+@dataclass(frozen=True)
+class DiffSection:
+    """One file's part of a diff, from its ``diff --git`` line to the next one (the text before
+    the first is a section of its own), and the paths it names: its ``---``/``+++`` headers'
+    and its ``diff --git`` line's (a binary or mode-only change has only the latter)."""
+
+    text: str
+    paths: frozenset[str]
+
+
+def diff_sections(diff: str) -> list[DiffSection]:
+    """A diff split at each file's ``diff --git`` line, in order; joined, the sections' texts
+    are the diff."""
+    texts: list[str] = []
+    current: list[str] = []
+    for line in diff.splitlines(keepends=True):
+        if line.startswith("diff --git ") and current:
+            texts.append("".join(current))
+            current = []
+        current.append(line)
+    if current:
+        texts.append("".join(current))
+    return [
+        DiffSection(
+            text,
+            frozenset(
+                {name for pair in diff_file_pairs(text) for name in pair if name is not None}
+                | _diff_git_paths(text.split("\n", 1)[0])
+            ),
+        )
+        for text in texts
+    ]
+
+
+def diff_paths(diff: str) -> set[str]:
+    """Every repository path a diff's file headers name (old and new names)."""
+    return {path for section in diff_sections(diff) for path in section.paths}
+
+
 def patch_files(diff: str) -> list[str]:
     """The repository paths a unified diff changes (old and new names), sorted; ValueError when
     it changes none or names an unsafe path."""
-    found: set[str] = set()
-    for old, new in _DIFF_GIT.findall(diff):
-        found |= {old, new}
-    for pair in diff_file_pairs(diff):
-        found |= {name for name in pair if name is not None}
+    found = diff_paths(diff)
     if not found:
         raise ValueError("is not a unified diff (no file headers)")
     for name in sorted(found):
@@ -448,24 +500,62 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _member_problem(member: tarfile.TarInfo) -> str | None:
+def member_parts(name: str) -> tuple[str, ...]:
+    """A member name as path components, without empty and ``.`` components (``./src//a.py`` is
+    ``("src", "a.py")``)."""
+    return tuple(part for part in name.split("/") if part not in ("", "."))
+
+
+def member_refusal(
+    member: tarfile.TarInfo, earlier: Mapping[tuple[str, ...], tarfile.TarInfo]
+) -> str | None:
+    """Why a snapshot member must not be unpacked, given the members before it (keyed by
+    :func:`member_parts`), worded to follow "member NAME is"; None when it may be.
+
+    Registration checks a bundle's archives with it and the sandbox checks each archive again
+    before unpacking it, with this one rule: a snapshot the sandbox would refuse is never
+    registered."""
     name = member.name
+    parts = member_parts(name)
     if len(name) > MAX_MEMBER_PATH_CHARS:
-        return f"member path longer than {MAX_MEMBER_PATH_CHARS} characters"
-    problem = unsafe_path(name)
-    if problem is not None:
-        return f"member {name!r} {problem}"
-    if ".git" in PurePosixPath(name).parts:
-        return f"member {name!r} is repository history (.git)"
+        return f"a path longer than {MAX_MEMBER_PATH_CHARS} characters"
+    if not name:
+        return "an empty name"
+    if name.startswith("/"):
+        return "an absolute path, not a relative POSIX path"
+    if "\\" in name or "\x00" in name:
+        return "not a relative POSIX path (it holds a backslash or NUL)"
+    if ".." in parts:
+        return "a '..' component"
+    if ".git" in parts:
+        return "repository history (.git): git metadata, which snapshots never carry"
+    # Even one to an earlier file: hard links only alias what the tree already holds, and the
+    # archives the platform writes never have one.
+    if member.islnk():
+        return "a hard link, not a regular file, directory or symlink"
+    if not (member.isreg() or member.isdir() or member.issym()):
+        return "a device, FIFO or other special file, not a regular file, directory or symlink"
     if member.mode & (stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX):
-        return f"member {name!r} has a setuid, setgid or sticky bit"
+        return "a file with a setuid, setgid or sticky bit"
+    if not parts:
+        return None if member.isdir() else "an empty name"
+    if parts in earlier:
+        return "given twice (a duplicate name)"
+    for depth in range(1, len(parts)):
+        parent = earlier.get(parts[:depth])
+        if parent is not None and (parent.issym() or parent.islnk()):
+            return "a path through a link"
     if member.issym():
-        target = posixpath.normpath(posixpath.join(posixpath.dirname(name), member.linkname))
-        if member.linkname.startswith("/") or target == ".." or target.startswith("../"):
-            return f"symlink {name!r} points outside the snapshot ({member.linkname!r})"
-        return None
-    if not (member.isreg() or member.isdir()):
-        return f"member {name!r} is not a regular file, directory or symlink"
+        target = member.linkname
+        if not target:
+            return "a symlink with no target"
+        if target.startswith("/"):
+            return f"a symlink to an absolute path, which points outside the snapshot ({target!r})"
+        resolved = posixpath.normpath(posixpath.join(*parts[:-1], target))
+        if resolved == ".." or resolved.startswith("../"):
+            return f"a symlink that points outside the snapshot ({target!r})"
+        if ".git" in member_parts(resolved):
+            return "a symlink into git metadata"
     return None
 
 
@@ -480,20 +570,19 @@ def archive_problems(path: Path, limits: BundleLimits | None = None) -> list[str
     if size > limits.max_snapshot_bytes:
         return [f"is {size} bytes, more than {limits.max_snapshot_bytes}"]
     problems: list[str] = []
-    seen: set[str] = set()
+    seen: dict[tuple[str, ...], tarfile.TarInfo] = {}
     unpacked = 0
     try:
         with tarfile.open(path, mode="r|gz") as archive:
             for count, member in enumerate(archive, start=1):
                 if count > limits.max_snapshot_members:
                     return [*problems, f"has more than {limits.max_snapshot_members} members"]
-                name = member.name.removesuffix("/")
-                problem = _member_problem(member)
+                problem = member_refusal(member, seen)
                 if problem is not None:
-                    problems.append(problem)
-                if name in seen:
-                    problems.append(f"member {name!r} is given twice")
-                seen.add(name)
+                    name = member.name
+                    shown = name if len(name) <= MAX_MEMBER_PATH_CHARS else f"{name[:80]}..."
+                    problems.append(f"member {shown!r} is {problem}")
+                seen[member_parts(member.name)] = member
                 unpacked += member.size
                 if unpacked > limits.max_snapshot_unpacked_bytes:
                     return [

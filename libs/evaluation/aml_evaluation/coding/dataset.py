@@ -25,7 +25,7 @@ bundle's directory), and since they can be gigabytes they are never read here. T
   never sent), never an abstention; ``coding_task`` and ``task_type`` name the task.
 
 The dataset's chunk rule is ``coding-v1`` (:attr:`Dataset.chunk_rule`), so the registry's
-chunker writes exactly :func:`aml_evaluation.coding.chunking.plan_coding_adds`' Adds. Nothing
+chunker writes its Adds as :mod:`aml_evaluation.coding.chunking` states that rule. Nothing
 of the conditions file but which trajectories a scope holds reaches the dataset: relevance
 labels are never sent.
 """

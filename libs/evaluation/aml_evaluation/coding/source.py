@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -143,8 +144,9 @@ def coding_task_files(dataset_id: str, task_id: str, datasets_root: Path) -> Cod
 
 class CodingTasks:
     """:func:`coding_task_files` with a bounded per-process cache, keyed by dataset, task and
-    bundle hash; a cached snapshot is hashed again when its file's stamp changed. Not
-    thread-safe: one per worker, or a lock around :meth:`files`."""
+    bundle hash; a cached snapshot is hashed again when its file's stamp changed. Safe to share
+    between threads: the lock guards the cache alone, so reading a tasks file and hashing a
+    snapshot on one thread's miss never hold up another thread's hit."""
 
     def __init__(self, datasets_root: Path, max_tasks: int = DEFAULT_CACHED_TASKS) -> None:
         self.datasets_root = datasets_root
@@ -152,21 +154,39 @@ class CodingTasks:
         self._known: OrderedDict[tuple[str, str, str], tuple[CodingTaskFiles, _FileStamp]] = (
             OrderedDict()
         )
+        self._lock = threading.Lock()
+
+    def _cached(self, key: tuple[str, str, str]) -> CodingTaskFiles | None:
+        with self._lock:
+            known = self._known.get(key)
+        if known is None or _stamp(known[0].snapshot) != known[1]:
+            return None
+        with self._lock:
+            if key in self._known:
+                self._known.move_to_end(key)
+        return known[0]
 
     def files(self, dataset_id: str, task_id: str) -> CodingTaskFiles:
         manifest = _coding_manifest(dataset_id, self.datasets_root)
         key = (dataset_id, task_id, bundle_hash(manifest))
-        known = self._known.get(key)
-        if known is not None and _stamp(known[0].snapshot) == known[1]:
-            self._known.move_to_end(key)
-            return known[0]
+        cached = self._cached(key)
+        if cached is not None:
+            return cached
         root = bundle_root(manifest, self.datasets_root)
         task, bundle_dir = _find_task(manifest, root, task_id)
         stamp = _stamp(bundle_dir / task.snapshot)
         found = CodingTaskFiles(dataset_id, task, _checked_snapshot(dataset_id, task, bundle_dir))
-        if stamp is not None and stamp == _stamp(found.snapshot):
+        if stamp is None or stamp != _stamp(found.snapshot):
             # Only a snapshot that did not change while it was hashed is remembered.
-            self._known[key] = (found, stamp)
+            return found
+        with self._lock:
+            # Another thread may have missed the same task meanwhile: the first entry stays, so
+            # every thread holds the same files.
+            known = self._known.get(key)
+            if known is not None and known[1] == stamp:
+                found = known[0]
+            else:
+                self._known[key] = (found, stamp)
             self._known.move_to_end(key)
             while len(self._known) > self.max_tasks:
                 self._known.popitem(last=False)

@@ -1,7 +1,9 @@
 """Registration-time dynamic validation of coding tasks (SPEC R-2.5): a task is usable only if
 its hidden tests tell a fix from no fix.
 
-For each task, on its snapshot with its hidden ``test_patch`` applied last:
+For each task, on its snapshot with its hidden ``test_patch`` applied first, as the verify step
+applies it (a fix and the hidden tests change disjoint files, a static rule of
+:func:`aml_evaluation.coding.bundle.bundle_problems`):
 
 - with no patch the task is **unresolved** (otherwise the tests do not test the problem);
 - with its ``gold_patch`` it is **resolved** (otherwise no agent could resolve it);
@@ -72,12 +74,12 @@ def _run(
     run_tests: RunTests[_Run],
     grade: Grade[_Run],
 ) -> tuple[bool | None, str | None]:
-    """(resolved, problem) of one run: the fix (name, patch) if any, then the hidden tests."""
-    patches = [task.test_patch] if fix is None else [fix[1], task.test_patch]
+    """(resolved, problem) of one run: the hidden tests, then the fix (name, patch) if any."""
+    patches = [task.test_patch] if fix is None else [task.test_patch, fix[1]]
     try:
         log = run_tests(snapshot, patches, task.test_command)
     except PatchDoesNotApply as error:
-        names = ["test_patch"] if fix is None else [fix[0], "test_patch"]
+        names = ["test_patch"] if fix is None else ["test_patch", fix[0]]
         name = names[error.index] if 0 <= error.index < len(names) else f"patch {error.index}"
         return None, f"task {task.task_id!r}: {name} does not apply to the snapshot"
     return grade(task, log), None

@@ -10,7 +10,12 @@ verify step applies it to a fresh sandbox (`Sandbox.apply`) before running the h
 
 `SandboxFault` is the platform's failure (counted as such by the track); everything a command
 does to itself is a `CommandResult`. The API is synchronous, for a worker thread (see
-`Sandbox`)."""
+`Sandbox`).
+
+A second backend runs each sandbox as a pod of its own in Kubernetes (`pods.PodSandbox`: gVisor,
+no network, no token, bounded, with a deadline), with the same methods and meaning;
+`sandbox_backend` (`workspace_opener` and `sandbox_probe`) chooses between them ("bwrap", the
+default, or "kubernetes")."""
 
 from .model import (
     TIMED_OUT,
@@ -20,15 +25,35 @@ from .model import (
     SandboxUnavailable,
     WorkingCopyRejected,
 )
+from .pods import (
+    BACKENDS,
+    LazyKubernetesApi,
+    PodOptions,
+    PodSandbox,
+    require_pod_sandbox,
+    sandbox_backend,
+    sandbox_pod_manifest,
+    sandbox_probe,
+    workspace_opener,
+)
 from .sandbox import Sandbox, require_sandbox
 
 __all__ = [
+    "BACKENDS",
     "TIMED_OUT",
     "CommandResult",
+    "LazyKubernetesApi",
+    "PodOptions",
+    "PodSandbox",
     "Sandbox",
     "SandboxFault",
     "SandboxLimits",
     "SandboxUnavailable",
     "WorkingCopyRejected",
+    "require_pod_sandbox",
     "require_sandbox",
+    "sandbox_backend",
+    "sandbox_pod_manifest",
+    "sandbox_probe",
+    "workspace_opener",
 ]

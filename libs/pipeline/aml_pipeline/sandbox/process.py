@@ -13,6 +13,7 @@ import os
 import selectors
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -96,11 +97,9 @@ class _Reader:
             self.preamble = self.preamble[:_PREAMBLE_KEPT] + self.preamble[-len(READY) :]
 
 
-def _kill_tree(process: subprocess.Popen[bytes]) -> None:
-    """Kills the sandbox's pid namespace, then bwrap. The namespace's init (bwrap's child) is
-    killed first, so the kernel kills every process in the namespace and bwrap reaps its child
-    and exits; killing bwrap first would leave that init to whoever reaps orphans, a zombie for
-    good where the platform's process is PID 1 of its container."""
+def _kill_namespace(process: subprocess.Popen[bytes]) -> None:
+    """Kills the namespace's init (bwrap's child), so that the kernel kills every process in the
+    namespace and bwrap reaps its child and exits. Never after bwrap was reaped."""
     with contextlib.suppress(OSError, ValueError):
         children = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
         for child in children:
@@ -108,12 +107,52 @@ def _kill_tree(process: subprocess.Popen[bytes]) -> None:
             # out again only after wrapping around.
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(child), signal.SIGKILL)
+
+
+def _kill_tree(process: subprocess.Popen[bytes]) -> None:
+    """Kills the sandbox's pid namespace, then bwrap. The namespace's init is killed first;
+    killing bwrap first would leave that init to whoever reaps orphans, a zombie for good where
+    the platform's process is PID 1 of its container."""
+    _kill_namespace(process)
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=_KILL_GRACE_SECONDS)
         return
     # bwrap leads its own process group; --die-with-parent then takes the namespace down.
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
+
+
+class Interrupt:
+    """Cuts a sandbox's commands short from another thread (`Sandbox.interrupt`): the one
+    running is killed now, and one that starts later as soon as it starts. Its `run_bwrap`
+    returns it as timed out."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._set = False
+
+    @property
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        with self._lock:
+            self._set = True
+            if self._process is not None:
+                _kill_namespace(self._process)
+
+    def watch(self, process: subprocess.Popen[bytes]) -> None:
+        with self._lock:
+            self._process = process
+            if self._set:
+                _kill_namespace(process)
+
+    def unwatch(self) -> None:
+        """Called before the process is reaped: a reaped pid may be someone else's by the time
+        another thread would signal it."""
+        with self._lock:
+            self._process = None
 
 
 def _drain(fd: int, reader: _Reader, deadline: Callable[[], float]) -> bool:
@@ -143,9 +182,11 @@ def run_bwrap(
     wall_seconds: float,
     output_bytes: int,
     user: int | None,
+    interrupt: Interrupt | None = None,
 ) -> CommandResult:
     """Runs `argv` (a bwrap command line ending in the READY handshake), as `user` when given
-    (the caller is root), with a clean environment and no stdin."""
+    (the caller is root), with a clean environment and no stdin; cut short when `interrupt` is
+    set."""
     start = time.monotonic()
     try:
         process = subprocess.Popen(
@@ -169,10 +210,21 @@ def run_bwrap(
 
         def deadline() -> float:
             if reader.started_at is None:
+                # Even when interrupted: until READY the namespace's init may not exist yet,
+                # and bwrap, killed first, would leave it behind (`_kill_tree`).
                 return start + _START_SECONDS
+            if interrupt is not None and interrupt.is_set:
+                return 0.0
             return reader.started_at + wall_seconds
 
-        finished = _drain(process.stdout.fileno(), reader, deadline)
+        if interrupt is not None:
+            interrupt.watch(process)
+        try:
+            finished = _drain(process.stdout.fileno(), reader, deadline)
+        finally:
+            if interrupt is not None:
+                interrupt.unwatch()
+        cut = not finished or (interrupt is not None and interrupt.is_set)
         if not finished:
             _kill_tree(process)
             grace = time.monotonic() + _KILL_GRACE_SECONDS
@@ -189,16 +241,18 @@ def run_bwrap(
         process.stdout.close()
     duration = time.monotonic() - start
     if not reader.started:
+        if interrupt is not None and interrupt.is_set:
+            raise SandboxFault("the sandbox was interrupted before its command started")
         said = bytes(reader.preamble).decode("utf-8", "replace").strip()
         first = said.splitlines()[0] if said else f"exit code {exit_code}, no message"
         if not finished:
             first = f"no start within {_START_SECONDS:g} s ({first})"
         raise SandboxFault(f"the sandbox did not start: {first}")
     return CommandResult(
-        exit_code=exit_code if finished else TIMED_OUT,
+        exit_code=TIMED_OUT if cut else exit_code,
         output=reader.cap.text(),
         truncated=reader.cap.truncated,
         output_bytes=reader.cap.total,
-        timed_out=not finished,
+        timed_out=cut,
         duration_seconds=round(duration, 3),
     )

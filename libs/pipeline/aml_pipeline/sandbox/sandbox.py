@@ -32,7 +32,7 @@ from .model import (
     SandboxLimits,
     SandboxUnavailable,
 )
-from .process import run_bwrap
+from .process import Interrupt, run_bwrap
 from .snapshot import extract_snapshot
 
 # Far above login, system and subordinate (/etc/subuid) ranges, below the 32-bit limit.
@@ -88,7 +88,8 @@ class Sandbox:
     """One snapshot's sandbox. Synchronous, and meant for a worker thread (`asyncio.to_thread`):
     the coding agent drives it through mini-swe-agent's synchronous environment interface
     (`execute(command) -> {"output", "returncode"}`), which runs in a thread of its own anyway,
-    and each call blocks for at most its time limit. One thread at a time per sandbox.
+    and each call blocks for at most its time limit. One thread at a time per sandbox, except
+    for `interrupt`.
 
     Use as a context manager: the directories are removed on exit, whatever the commands did to
     them."""
@@ -102,6 +103,7 @@ class Sandbox:
         self._bwrap = shutil.which("bwrap")
         self._store = ObjectStore(root / "git")
         self._snapshot: TreeScan | None = None
+        self._interrupt = Interrupt()
         self._layout = bwrap.Layout(
             working_copy=self.working_copy,
             etc=root / "etc",
@@ -169,11 +171,23 @@ class Sandbox:
         failed; the command's own failures are in the result."""
         if self._bwrap is None:
             raise SandboxUnavailable(MISSING_BWRAP)
+        if self._interrupt.is_set:
+            raise SandboxFault("the sandbox's commands were interrupted")
         wall = self.limits.wall_seconds if timeout is None else timeout
         line = bwrap.argv(self._bwrap, self._layout, self.limits, command)
         return run_bwrap(
-            line, wall_seconds=wall, output_bytes=self.limits.output_bytes, user=self.uid
+            line,
+            wall_seconds=wall,
+            output_bytes=self.limits.output_bytes,
+            user=self.uid,
+            interrupt=self._interrupt,
         )
+
+    def interrupt(self) -> None:
+        """From any thread: kills the command running now (its `run` returns it as timed out)
+        and refuses later ones. For an attempt that ends while its agent's thread may be inside
+        a command: the sandbox may be removed once that `run` has returned."""
+        self._interrupt.set()
 
     def patch(self) -> str:
         """The working copy's changes to the snapshot as a git-style unified diff (empty when

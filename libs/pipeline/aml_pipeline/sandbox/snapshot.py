@@ -4,9 +4,11 @@ copy.
 The archive is checked member by member before anything is written, and the whole snapshot is
 refused (`SandboxFault`) on the first member that could write outside the destination or that
 a repository has no business carrying: an absolute path, a `..` component, a path through a
-symlink, a symlink or hard link pointing outside, a device, FIFO or other special file, a
-duplicate name. Extraction then runs under tarfile's `data` filter, which checks the same
-things again against the real file system and drops owners and set-id bits.
+symlink, a symlink pointing outside, a hard link, a device, FIFO or other special file, a
+set-id or sticky bit, a duplicate name. The rule is registration's
+(`aml_evaluation.coding.bundle.member_refusal`), so a registered snapshot always unpacks.
+Extraction then runs under tarfile's `data` filter, which checks the same things again against
+the real file system and drops owners and set-id bits.
 
 A `.git` anywhere refuses the snapshot rather than being stripped. History in the working copy
 would be a second memory (`git log`, `git show` of later commits); a snapshot carrying one was
@@ -16,57 +18,16 @@ archive says it holds.
 
 from __future__ import annotations
 
-import posixpath
 import tarfile
 import zlib
-from collections.abc import Mapping
 from pathlib import Path
+
+from aml_evaluation.coding.bundle import member_parts as normalised
+from aml_evaluation.coding.bundle import member_refusal as refusal
 
 from .model import SandboxFault
 
-
-def normalised(name: str) -> tuple[str, ...]:
-    """A member name as path components, without empty and `.` components (`./src//a.py` is
-    `("src", "a.py")`)."""
-    return tuple(part for part in name.split("/") if part not in ("", "."))
-
-
-def refusal(
-    member: tarfile.TarInfo, earlier: Mapping[tuple[str, ...], tarfile.TarInfo]
-) -> str | None:
-    """Why `member` must not be unpacked, given the members before it; None when it may."""
-    name = member.name
-    parts = normalised(name)
-    if name.startswith("/"):
-        return "an absolute path"
-    if ".." in parts:
-        return "a '..' component"
-    if ".git" in parts:
-        return "git metadata (snapshots carry no history)"
-    if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
-        return "a device, FIFO or other special file"
-    if not parts:
-        return None if member.isdir() else "an empty name"
-    if parts in earlier:
-        return "a duplicate name"
-    for depth in range(1, len(parts)):
-        parent = earlier.get(parts[:depth])
-        if parent is not None and (parent.issym() or parent.islnk()):
-            return "a path through a link"
-    if member.issym():
-        target = member.linkname
-        if not target or target.startswith("/"):
-            return "a symlink to an absolute path"
-        resolved = posixpath.normpath(posixpath.join(*parts[:-1], target) if parts[:-1] else target)
-        if resolved == ".." or resolved.startswith("../"):
-            return "a symlink pointing outside the snapshot"
-        if ".git" in normalised(resolved):
-            return "a symlink into git metadata"
-    if member.islnk():
-        linked = earlier.get(normalised(member.linkname))
-        if member.linkname.startswith("/") or linked is None or not linked.isreg():
-            return "a hard link to something other than an earlier file of the snapshot"
-    return None
+__all__ = ["extract_snapshot", "normalised", "refusal"]
 
 
 def extract_snapshot(archive: Path, destination: Path) -> None:
