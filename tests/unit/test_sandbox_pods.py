@@ -9,7 +9,8 @@
   /testbed mapped to that directory and the kill of leftover processes left out (it would kill
   this machine's processes; `test_the_command_wrapper_under_a_pid_namespace` checks it under
   bwrap's pid namespace instead). So the copy in, the commands, `patch()` and `apply()` run real
-  tar, timeout, prlimit and git.
+  tar, timeout, prlimit and git. The kill exec'd on its own (`PodSandbox.interrupt`) is done by
+  the fake, on the sessions of the pod's own execs.
 - With the kubernetes package installed: the manifest survives the client's `V1Pod` model, and
   `kubernetes_api()` execs over its own WebSocket client with the right URL.
 
@@ -19,10 +20,12 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import queue
 import re
 import resource as rlimits
 import shutil
+import signal
 import subprocess
 import tarfile
 import threading
@@ -39,9 +42,11 @@ from pydantic import ValidationError
 from test_k8s import KUBERNETES_VERSION
 
 from aml_answerer.settings import AnswererSettings
+from aml_pipeline.coding_agent import Interruptible, StoppableRunner
 from aml_pipeline.coding_track import coding_sandbox, verify_limits
 from aml_pipeline.sandbox import (
     TIMED_OUT,
+    CommandResult,
     PodOptions,
     PodSandbox,
     Sandbox,
@@ -324,11 +329,14 @@ class LocalStream:
     """An exec: `argv` runs here, its output framed into channels as the WebSocket has it."""
 
     def __init__(self, argv: list[str], stdin: bool) -> None:
+        # A session of its own: what the exec starts can be told apart from this machine's
+        # other processes (`LocalPod.kill_leftovers`).
         self.process = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
+            start_new_session=True,
         )
         self.frames: queue.Queue[tuple[int, bytes] | None] = queue.Queue()
         self.channels: dict[int, bytes] = {}
@@ -403,6 +411,7 @@ class LocalPod:
         self.create_error: Exception | None = None
         self.delete_errors: list[Exception] = []
         self.stream: Callable[[list[str], bool], Any] = self._local
+        self.streams: list[LocalStream] = []
         self.allowed_verbs = {"create", "get"}
 
     @property
@@ -432,9 +441,33 @@ class LocalPod:
         return self.stream(argv, stdin)
 
     def _local(self, argv: list[str], stdin: bool) -> LocalStream:
+        if pods._KILL_LEFTOVERS in argv:
+            # The kill on its own (`PodSandbox.interrupt`): done here, on this pod's execs only.
+            self.kill_leftovers()
+            argv = ["true"]
         here = [a.replace(pods._KILL_LEFTOVERS, ":").replace(bwrap.REPO, str(self.testbed))
                 for a in argv]  # fmt: skip
-        return LocalStream(here, stdin)
+        stream = LocalStream(here, stdin)
+        self.streams.append(stream)
+        return stream
+
+    def kill_leftovers(self) -> None:
+        """What `kill -1` does in the pod, for the processes of this pod's execs: each exec's
+        session, whatever process groups (`timeout`'s) it holds. Only sessions whose leader is
+        not reaped yet, so that none of their ids can be another process's by now."""
+        for _ in range(8):
+            sessions = {s.process.pid for s in self.streams if s.process.returncode is None}
+            killed = 0
+            for stat in Path("/proc").glob("[0-9]*/stat"):
+                try:
+                    state, _ppid, _group, session = stat.read_text().rsplit(")", 1)[1].split()[:4]
+                    if int(session) in sessions and state != "Z":
+                        os.kill(int(stat.parent.name), signal.SIGKILL)
+                        killed += 1
+                except (OSError, ValueError, IndexError):
+                    continue
+            if not killed:
+                return
 
     def allowed(self, namespace: str, verb: str, resource: str, subresource: str) -> bool:
         self.calls.append(("review", namespace, verb, f"{resource}/{subresource}"))
@@ -518,6 +551,96 @@ def test_a_command_past_its_time_limit_is_killed_and_timed_out(
         # Killed by a signal before its limit is the command's own exit.
         killed = box.run("kill -9 $$", timeout=10)
         assert killed.exit_code == 137 and not killed.timed_out
+
+
+def _in_thread(run: Callable[[], CommandResult]) -> tuple[threading.Thread, list[Any]]:
+    """`run` in a thread of its own; what it returned or the `SandboxFault` it raised."""
+    outcome: list[Any] = []
+
+    def target() -> None:
+        try:
+            outcome.append(run())
+        except SandboxFault as fault:
+            outcome.append(fault)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def _wait_for(path: Path) -> None:
+    deadline = time.monotonic() + 10
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.02)
+
+
+def test_an_interrupt_kills_the_running_command_and_refuses_the_next(
+    snapshot: Path, pod: LocalPod
+) -> None:
+    """`interrupt` from another thread, as `Sandbox.interrupt`: the command running now ends
+    with what it left in the background, timed out long before its own limit, and no command
+    runs after it."""
+    box = _open(snapshot, pod)
+    # The background sleep holds the exec's output open: the exec ends only once it is dead.
+    thread, outcome = _in_thread(
+        lambda: box.run("(sleep 31 &); echo started; touch started; sleep 30", timeout=60)
+    )
+    _wait_for(pod.testbed / "started")
+    began = time.monotonic()
+    box.interrupt()
+    thread.join(10)
+    assert not thread.is_alive() and time.monotonic() - began < 3
+    (result,) = outcome
+    assert isinstance(result, CommandResult), result
+    assert result.timed_out and result.exit_code == TIMED_OUT and result.output == "started\n"
+    assert pod.execs[-1] == pods._platform_argv(pods._KILL_LEFTOVERS)
+    execs = len(pod.execs)
+    with pytest.raises(SandboxFault, match=r"^the sandbox's commands were interrupted$"):
+        box.run("echo too late", timeout=10)
+    with pytest.raises(SandboxFault, match="interrupted"):
+        box.apply("diff --git a/x b/x\n")
+    assert box.apply(" \n").ok  # nothing to run, as `Sandbox.apply`
+    assert len(pod.execs) == execs
+    box.interrupt()
+    box.close()
+    assert pod.kinds().count("delete") == 1 and not box.root.exists()
+
+
+def test_an_interrupt_with_nothing_running_only_refuses_commands(
+    snapshot: Path, pod: LocalPod
+) -> None:
+    box = _open(snapshot, pod)
+    execs = len(pod.execs)
+    box.interrupt()
+    box.interrupt()
+    with pytest.raises(SandboxFault, match="interrupted"):
+        box.run("true", timeout=10)
+    assert len(pod.execs) == execs  # no command, and no kill either
+    box.close()
+    box.interrupt()
+    box.close()
+    assert pod.kinds().count("delete") == 1
+
+
+def test_an_attempt_s_end_kills_the_pod_s_command_and_then_deletes_the_pod(
+    snapshot: Path, pod: LocalPod
+) -> None:
+    """`coding_agent.StoppableRunner`, as Solve closes it at the wall limit with the agent's
+    thread inside a command: the command is killed, so the pod goes at once, not after the
+    command's own limit."""
+    box = _open(snapshot, pod)
+    assert isinstance(box, Interruptible)
+    runner = StoppableRunner(box)
+    thread, outcome = _in_thread(lambda: runner.run("touch started; sleep 30", 60.0))
+    _wait_for(pod.testbed / "started")
+    began = time.monotonic()
+    assert runner.close(box.close, wait=10.0)
+    assert time.monotonic() - began < 3
+    thread.join(5)
+    (result,) = outcome
+    assert isinstance(result, CommandResult) and result.timed_out
+    assert pod.kinds().count("delete") == 1 and not box.root.exists()
 
 
 def test_output_is_capped_as_the_bwrap_backend_caps_it(snapshot: Path, pod: LocalPod) -> None:
@@ -680,6 +803,58 @@ def test_an_exec_that_misbehaves_is_the_platform_s(
         pod.stream = lambda argv, stdin: _Scripted(frames, closes)
         with pytest.raises(SandboxFault, match=match):
             box.run("true", timeout=0.05)
+
+
+_KILLED = (
+    b'{"status": "Failure", "reason": "NonZeroExitCode", '
+    b'"details": {"causes": [{"reason": "ExitCode", "message": "137"}]}}'
+)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "expected"),
+    [
+        ([(1, b"sh: starting\n")], [(3, _KILLED)], "interrupted before its command started"),
+        # The runtime's status for a killed exec is not the command's to judge.
+        ([(1, READY + b"working\n")], [], "timed out"),
+        ([(1, READY + b"working\n")], None, "still running after its kill"),
+    ],
+    ids=["before-ready", "no-status", "not-killed"],
+)
+def test_how_an_interrupted_exec_ends(
+    snapshot: Path,
+    pod: LocalPod,
+    monkeypatch: pytest.MonkeyPatch,
+    before: list[tuple[int, bytes]],
+    after: list[tuple[int, bytes]] | None,
+    expected: str,
+) -> None:
+    """As in `Sandbox.run`: cut before its READY, a command is no result of the agent's; cut
+    after it, it is timed out, whatever the exec's end says; one the kill does not end is the
+    pod's fault."""
+    monkeypatch.setattr(pods, "_KILL_GRACE_SECONDS", 0.2)
+    command = _Scripted(before, closes=False)
+
+    def stream(argv: list[str], stdin: bool) -> _Scripted:
+        if pods._KILL_LEFTOVERS not in argv:
+            return command
+        if after is not None:
+            command.frames, command.closes = list(after), True
+        return _Scripted([(3, b'{"status": "Success"}')], True)
+
+    with _open(snapshot, pod) as box:
+        pod.stream = stream
+        thread, outcome = _in_thread(lambda: box.run("true", timeout=10))
+        time.sleep(0.05)
+        box.interrupt()
+        thread.join(5)
+        (result,) = outcome
+        if expected == "timed out":
+            assert isinstance(result, CommandResult), result
+            assert result.timed_out and result.exit_code == TIMED_OUT
+            assert result.output == "working\n"
+        else:
+            assert isinstance(result, SandboxFault) and expected in str(result), result
 
 
 @needs_git

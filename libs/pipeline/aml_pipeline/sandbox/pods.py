@@ -13,6 +13,8 @@ deadline; the commands are exec'd into it.
   is killed (`kill -1`: everything of the sandbox's uid but the pod's PID 1), so no process
   outlives its command, as no process outlives a bwrap pid namespace. Its output is kept as the
   bwrap backend keeps it (`process.OutputCap`);
+- `interrupt()` is `Sandbox.interrupt`: the command running is cut short (the same `kill -1`,
+  exec'd separately) and returned as timed out, and later commands are refused;
 - `patch()` reads the working copy back as a tar stream and hashes it into the same private
   object store; nothing of it is unpacked on the platform's side;
 - `apply(patch)` hands the patch to `git apply` on stdin, as a command within the limits.
@@ -108,6 +110,9 @@ _START_SECONDS = 30.0
 # later. Past this grace the pod (or the API between) is at fault, not the command.
 _KILL_GRACE_SECONDS = 10.0
 _REST_TIMEOUT_SECONDS = 30.0
+# An exec's loop sees an interrupt between two waits for its frames, so a quiet command's is
+# seen this late at most.
+_WAKE_SECONDS = 0.2
 _STDIN_CHUNK = 256 * 1024
 _POLL_MAX_SECONDS = 2.0
 _MESSAGE_BYTES = 4096
@@ -538,8 +543,8 @@ def _tree_of_tar(store: ObjectStore, archive: Path, limits: SandboxLimits) -> Tr
 
 class PodSandbox:
     """One snapshot's sandbox pod. Synchronous like `Sandbox` (one thread at a time runs its
-    commands; `close` may come from another). Use as a context manager: the pod is deleted on
-    exit, whatever happened."""
+    commands; `interrupt` and `close` may come from another). Use as a context manager: the pod
+    is deleted on exit, whatever happened."""
 
     def __init__(
         self, api: PodApi, name: str, limits: SandboxLimits, options: PodOptions, root: Path
@@ -559,6 +564,8 @@ class PodSandbox:
         # on the way back (a timeout), and is deleted all the same.
         self._requested = False
         self._deleted = False
+        # Not `_lock`: an interrupt must not wait behind a `close` deleting the pod.
+        self._interrupted = threading.Event()
 
     @classmethod
     def from_archive(
@@ -663,9 +670,12 @@ class PodSandbox:
         stderr: Callable[[bytes], None],
         deadline: Callable[[], float],
         what: str,
+        interrupt: threading.Event | None = None,
     ) -> int:
         """Runs `argv` in the pod until it exits; its exit code. Raises `SandboxFault` when the
-        exec fails or is still open at `deadline()` (asked again after each read)."""
+        exec fails or is still open at `deadline()` (asked again after each read). Once
+        `interrupt` is set, what runs in the pod is killed (`_kill_commands`), and the exec must
+        end within `_KILL_GRACE_SECONDS` of that."""
         try:
             stream = self.api.open_exec(self.name, self.namespace, argv, stdin is not None)
         except Exception as error:
@@ -682,15 +692,24 @@ class PodSandbox:
                 stderr(err)
             return stream.read_channel(_ERROR, 0)
 
+        killed_at: float | None = None
         try:
             while stream.is_open():
-                remaining = deadline() - time.monotonic()
-                if remaining <= 0:
-                    raise SandboxFault(f"{what}: still running at its deadline")
+                if killed_at is None and interrupt is not None and interrupt.is_set():
+                    self._kill_commands()
+                    killed_at = time.monotonic()
+                if killed_at is None:
+                    remaining = deadline() - time.monotonic()
+                    if remaining <= 0:
+                        raise SandboxFault(f"{what}: still running at its deadline")
+                else:
+                    remaining = killed_at + _KILL_GRACE_SECONDS - time.monotonic()
+                    if remaining <= 0:
+                        raise SandboxFault(f"{what}: still running after its kill")
                 chunk = next(pending, None) if pending is not None else None
                 if chunk is None:
                     pending = None
-                    stream.update(timeout=min(remaining, 1.0))
+                    stream.update(timeout=min(remaining, _WAKE_SECONDS))
                 else:
                     stream.write_stdin(chunk)
                     stream.update(timeout=0)
@@ -703,6 +722,12 @@ class PodSandbox:
         finally:
             with contextlib.suppress(Exception):
                 stream.close()
+        if killed_at is not None:
+            # Killed on the platform's word, the exec has ended as asked: a status the runtime
+            # garbled or left out for a killed process is no failure of the pod's.
+            with contextlib.suppress(SandboxFault):
+                return _exit_code(status)
+            return 128 + 9
         return _exit_code(status)
 
     def _copy_in(self, packed: Path) -> None:
@@ -730,7 +755,27 @@ class PodSandbox:
         failed; the command's own failures are in the result."""
         return self._run(command, self.limits.wall_seconds if timeout is None else timeout, None)
 
+    def interrupt(self) -> None:
+        """From any thread, as `Sandbox.interrupt`: kills the command running now (its `run`
+        returns it as timed out) and refuses later ones. Returns at once: the running command's
+        own thread execs the kill, since the caller may be an event loop's."""
+        self._interrupted.set()
+
+    def _kill_commands(self) -> None:
+        """Kills every process of the pod's user but PID 1, whichever exec started it."""
+        limit = time.monotonic() + _KILL_GRACE_SECONDS
+        self._exec(
+            _platform_argv(_KILL_LEFTOVERS),
+            stdin=None,
+            stdout=_discard,
+            stderr=_discard,
+            deadline=lambda: limit,
+            what=f"killing the commands in sandbox pod {self.name}",
+        )
+
     def _run(self, command: str, wall: float, stdin: bytes | None) -> CommandResult:
+        if self._interrupted.is_set():
+            raise SandboxFault("the sandbox's commands were interrupted")
         start = time.monotonic()
         reader = _Reader(OutputCap(self.limits.output_bytes))
 
@@ -746,15 +791,21 @@ class PodSandbox:
             stderr=reader.add,
             deadline=deadline,
             what=f"a command in sandbox pod {self.name}",
+            interrupt=self._interrupted,
         )
         duration = time.monotonic() - start
+        interrupted = self._interrupted.is_set()
         if not reader.started:
+            if interrupted:
+                raise SandboxFault("the sandbox was interrupted before its command started")
             said = bytes(reader.preamble).decode("utf-8", "replace").strip()
             first = said.splitlines()[0] if said else f"exit code {code}, no message"
             raise SandboxFault(f"the command did not start in sandbox pod {self.name}: {first}")
         # `timeout -s KILL` kills its own process group, itself included: 128 + SIGKILL. A
         # command that SIGKILLs itself before its limit exits so too, sooner.
-        timed_out = code == 128 + 9 and duration >= wall
+        # Once the platform cut it, its exit (the kill's, or one that raced it) is not the
+        # command's own answer: timed out, as `Sandbox.run` reports it.
+        timed_out = interrupted or (code == 128 + 9 and duration >= wall)
         return CommandResult(
             exit_code=TIMED_OUT if timed_out else code,
             output=reader.cap.text(),
@@ -860,6 +911,10 @@ class PodSandbox:
             return
         with contextlib.suppress(SandboxFault):
             self.close()
+
+
+def _discard(chunk: bytes) -> None:
+    pass
 
 
 def _bounded_writer(file: BinaryIO, bound: int) -> Callable[[bytes], None]:
