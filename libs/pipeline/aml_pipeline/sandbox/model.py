@@ -3,6 +3,10 @@ kinds of failure the coding track must count apart."""
 
 from __future__ import annotations
 
+import contextlib
+from types import TracebackType
+from typing import Self
+
 from pydantic import BaseModel, ConfigDict, Field
 
 MIB = 1 << 20
@@ -81,3 +85,26 @@ class CommandResult(BaseModel):
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and not self.timed_out
+
+
+class ClosedOnExit:
+    """`with` a sandbox: closed (removed) when the block ends. A block leaving with an error
+    keeps that error: a failed removal would say less."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if error is None:
+            self.close()
+            return
+        with contextlib.suppress(SandboxFault):
+            self.close()

@@ -51,7 +51,6 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any, BinaryIO, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -74,6 +73,7 @@ from .model import (
     GIB,
     MIB,
     TIMED_OUT,
+    ClosedOnExit,
     CommandResult,
     SandboxFault,
     SandboxLimits,
@@ -541,7 +541,7 @@ def _tree_of_tar(store: ObjectStore, archive: Path, limits: SandboxLimits) -> Tr
     return TreeScan(_write_trees(store, entries), entries, frozenset(not_utf8))
 
 
-class PodSandbox:
+class PodSandbox(ClosedOnExit):
     """One snapshot's sandbox pod. Synchronous like `Sandbox` (one thread at a time runs its
     commands; `interrupt` and `close` may come from another). Use as a context manager: the pod
     is deleted on exit, whatever happened."""
@@ -896,21 +896,6 @@ class PodSandbox:
                     failure = failure or f"sandbox directory {self.root} could not be removed"
             if failure:
                 raise SandboxFault(failure)
-
-    def __enter__(self) -> PodSandbox:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        if error is None:
-            self.close()
-            return
-        with contextlib.suppress(SandboxFault):
-            self.close()
 
 
 def _discard(chunk: bytes) -> None:

@@ -15,18 +15,17 @@ process or file outside the sandbox is its. Run by another user, commands run as
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from types import TracebackType
 
 from . import bwrap
 from .gitdiff import ObjectStore, TreeScan, scan, unified_diff
 from .model import (
+    ClosedOnExit,
     CommandResult,
     SandboxFault,
     SandboxLimits,
@@ -84,7 +83,7 @@ def _chown_tree(tree: Path, uid: int) -> None:
             os.lchown(os.path.join(directory, name), uid, uid)
 
 
-class Sandbox:
+class Sandbox(ClosedOnExit):
     """One snapshot's sandbox. Synchronous, and meant for a worker thread (`asyncio.to_thread`):
     the coding agent drives it through mini-swe-agent's synchronous environment interface
     (`execute(command) -> {"output", "returncode"}`), which runs in a thread of its own anyway,
@@ -239,22 +238,6 @@ class Sandbox:
         _coreutils("rm", "-rf", "--one-file-system", "--", str(self.root))
         if self.root.exists():
             raise SandboxFault(f"sandbox {self.root} could not be removed")
-
-    def __enter__(self) -> Sandbox:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        if error is None:
-            self.close()
-            return
-        # The error already leaving the block says more than a failed removal would.
-        with contextlib.suppress(SandboxFault):
-            self.close()
 
 
 def require_sandbox() -> None:
