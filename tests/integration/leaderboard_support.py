@@ -49,8 +49,16 @@ def results(job_id: str, correct: Mapping[str, int], excluded: str | None = None
     """What the scheduler stores as `results`: `correct[category]` of PER_CATEGORY questions
     judged CORRECT (F1 1.0, BLEU-1 0.8; the others 0.25 and 0.2) in each category of DATASET,
     and in `excluded`, a category Overall leaves out, when given."""
+    exclusions = {DATASET: [excluded]} if excluded else {}
+    return aggregate(job_id, "completed", outcomes(correct, excluded), exclusions).model_dump(
+        mode="json"
+    )
+
+
+def outcomes(correct: Mapping[str, int], excluded: str | None = None) -> list[QuestionOutcome]:
+    """The question outcomes behind `results`."""
     categories = (*CATEGORIES, excluded) if excluded else CATEGORIES
-    outcomes = [
+    return [
         QuestionOutcome(
             dataset_id=DATASET,
             category_name=category,
@@ -63,8 +71,6 @@ def results(job_id: str, correct: Mapping[str, int], excluded: str | None = None
         for position, category in enumerate(categories)
         for index in range(PER_CATEGORY)
     ]
-    exclusions = {DATASET: [excluded]} if excluded else {}
-    return aggregate(job_id, "completed", outcomes, exclusions).model_dump(mode="json")
 
 
 def gate(at: datetime, passed: bool = True) -> Document:

@@ -229,7 +229,13 @@ async def test_review_publishes_approved_jobs_only(gateway: Gateway, db: Any, cl
         "published_at",
         "declared_models",
         "repository_url",
+        "efficiency",
+        "tied_with_above",
     }
+    # Results computed before efficiency figures existed: the entry has none.
+    assert top["efficiency"] is None
+    # The first entry of a board has none above it.
+    assert top["tied_with_above"] is None
     every_board = ok(await gw.client.get("/v1/leaderboard"))
     assert [e["overall"]["accuracy"] for e in every_board["entries"]] == [0.85, 0.75, 0.6]
     assert every_board["board"] is None

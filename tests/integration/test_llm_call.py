@@ -13,7 +13,7 @@ import pytest
 from openai import APIStatusError, AsyncOpenAI
 
 from aml_participant_simulator.server import serve_in_thread
-from aml_pipeline.llm import MalformedReply, complete
+from aml_pipeline.llm import ChatReply, MalformedReply, complete, complete_reply
 
 
 @dataclass
@@ -104,4 +104,16 @@ async def test_an_error_status_is_the_clients_status_error(
     with pytest.raises(APIStatusError) as raised:
         await complete(client, "m", "q", 8)
     assert raised.value.status_code == 503
+    await client.close()
+
+
+async def test_the_reply_comes_with_the_tokens_the_provider_counted(
+    llm: tuple[ScriptedLLM, AsyncOpenAI],
+) -> None:
+    """The platform's own model use (efficiency figures): `usage` as reported, 0 without it."""
+    scripted, client = llm
+    usage = {"prompt_tokens": 412, "completion_tokens": 7, "total_tokens": 419}
+    scripted.replies += [(200, completion("Paris") | {"usage": usage}), (200, completion("Rome"))]
+    assert await complete_reply(client, "m", "Where?", 8) == ChatReply("Paris", 412, 7)
+    assert await complete_reply(client, "m", "Where?", 8) == ChatReply("Rome", 0, 0)
     await client.close()

@@ -35,6 +35,7 @@ from aml_devtools.tracefiles import TraceSpan, read_spans, traces_of
 from aml_participant_simulator import Outcome, Script, Simulator, running_simulator
 from aml_participant_simulator.script import EndpointScript
 from aml_runtime.db import read_time
+from aml_runtime.stores import Stores
 
 pytestmark = pytest.mark.integration
 
@@ -334,6 +335,10 @@ async def test_full_run_after_the_smoke_survives_a_killed_answerer(
     results = _results(platform, job_id, key)
     await _assert_results_recompute(db, job_id, results)
     assert _table(results) == _approx(_table(baseline["results"]))
+    # A full run keeps its questions' values in Overall for the board's ties; the smoke none.
+    kept = await Stores.over(db).leaderboard.headline_outcomes_of(job_id)
+    assert kept is not None and len(kept.values) == results["overall"]["scored"]
+    assert await Stores.over(db).leaderboard.headline_outcomes_of(baseline["job_id"]) is None
     for held_constant in ("spec_hash", "code_hash", "dataset_bundle_hash"):
         assert status[held_constant] == baseline["status"][held_constant]
     # The second full run of the season waits 30 days after this one completed.

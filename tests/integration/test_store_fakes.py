@@ -47,6 +47,7 @@ from aml_runtime.documents import (
 )
 from aml_runtime.stores import Stores
 from aml_runtime.stores.jobs import RetentionFacts
+from aml_runtime.stores.leaderboard import OUTCOMES_ENCODING, HeadlineOutcomes
 
 # The fakes live beside the unit tests that use them, which import them by name from there.
 sys.path.append(str(Path(__file__).resolve().parents[1] / "unit"))
@@ -86,6 +87,7 @@ _MEMORY: dict[str, tuple[str, str]] = {
     "lane_pauses": ("outages", "lane_pauses"),
     "outages": ("outages", "outages"),
     "leaderboard": ("leaderboard", "leaderboard"),
+    "headline_outcomes": ("leaderboard", "headline_outcomes"),
     "versions": ("accounts", "versions"),
     "secrets": ("accounts", "secrets"),
 }
@@ -1035,6 +1037,94 @@ async def test_a_call_is_recorded_and_the_latest_one_found(world: World) -> None
     assert await audit.latest_call(job_id, "answer") is None
 
 
+async def test_a_jobs_calls_are_read_item_by_item_in_attempt_order(world: World) -> None:
+    """The efficiency figures' read: only the fields they use, without `_id`, each item's
+    records together and in attempt order, whatever order they were written in."""
+    audit = world.stores.audit
+    job_id = fresh("job")
+    answered = {"latency_ms": 12.5, "status": 200, "error_class": None, "validation": "valid"}
+
+    def attempt(item: str, n: int, outcome: str, **fields: Any) -> Document:
+        return {
+            "job_id": job_id,
+            "stage": "search",
+            "item_id": item,
+            "delivery": 1,
+            "operation": "search",
+            "attempt": n,
+            "started_at": T1,
+            "queued_ms": 3.0,
+            "outcome": outcome,
+            **fields,
+        }
+
+    retried = attempt("q-b", 1, "retry", latency_ms=30.0, status=503, error_class=None)
+    second = attempt("q-b", 2, "ok", **answered)
+    first = attempt("q-a", 1, "ok", **answered)
+    poll = {**attempt("c-1", 2, "ok", **answered), "stage": "add", "operation": "add_status"}
+    add = {**attempt("c-1", 1, "ok", latency_ms=7.0, status=202), "stage": "add"}
+    add["operation"] = "add"
+    elsewhere = {**attempt("q-c", 1, "ok", **answered), "job_id": fresh("job")}
+    for record in (second, poll, first, retried, elsewhere, add):
+        await audit.record_attempt(dict(record))
+
+    kept = ("item_id", "operation", "attempt", "latency_ms", "status", "error_class")
+    found = await listed(audit.attempts_by_item(job_id))
+    assert [(r["item_id"], r["attempt"]) for r in found] == [
+        ("c-1", 1), ("c-1", 2), ("q-a", 1), ("q-b", 1), ("q-b", 2)
+    ]  # fmt: skip
+    assert found[3] == {**{name: retried[name] for name in kept}, "outcome": "retry"}
+    valid = {"outcome": "ok", "validation": "valid"}
+    assert found[2] == {**{name: first[name] for name in kept}, **valid}
+    assert await listed(audit.attempts_by_item(fresh("job"))) == []
+
+
+async def test_a_jobs_answer_figures_and_chunk_datasets_are_read_as_projections(
+    world: World,
+) -> None:
+    records, plans = world.stores.records, world.stores.plans
+    job_id, user = fresh("job"), fresh("user")
+    figures = {
+        "candidates_returned": 5,
+        "candidates_used": 2,
+        "retrieved_tokens": 120,
+        "retrieved_bytes": 700,
+        "used_tokens": 40,
+        "tokens_in": 300,
+        "tokens_out": 9,
+    }
+    done, older, failed = fresh("item"), fresh("item"), fresh("item")
+    await world.seed(
+        "answers",
+        {"_id": done, "job_id": job_id, "state": "done", "answer": "Paris", **figures},
+        {"_id": older, "job_id": job_id, "state": "done", "answer": "Rome", "context_tokens": 3},
+        {"_id": failed, "job_id": job_id, "state": "failed", "failure": "down"},
+        {"_id": fresh("item"), "job_id": fresh("job"), "state": "done", **figures},
+    )
+    assert by_id(await listed(records.answer_figures(job_id))) == by_id(
+        [{"_id": done, "state": "done", **figures}, {"_id": older, "state": "done"}]
+    )
+
+    first, second = a_chunk(job_id, user, 1), a_chunk(job_id, user, 2, dataset_id="other")
+    await plans.insert_chunks([first, second, a_chunk(fresh("job"), fresh("user"), 1)])
+    assert by_id(await listed(plans.chunk_datasets(job_id))) == [
+        {"_id": first.id, "dataset_id": "synthetic"},
+        {"_id": second.id, "dataset_id": "other"},
+    ]
+    # A dataset's own Search top_k travels with what the completion reads of each question.
+    coding = a_question(job_id, user, 7, top_k=100)
+    await plans.insert_questions([coding])
+    assert await listed(plans.questions_of(job_id)) == [
+        {
+            "_id": coding.id,
+            "dataset_id": "synthetic",
+            "category_name": "facts",
+            "question_id": "q7",
+            "top_k": 100,
+        }
+    ]
+
+
 # -- outages ---------------------------------------------------------------------------------------
 
 
@@ -1161,6 +1251,26 @@ async def test_every_leaderboard_entry_is_read(world: World) -> None:
     mine = {entry["_id"] for entry in entries}
     found = [entry async for entry in world.stores.leaderboard.entries() if entry["_id"] in mine]
     assert by_id(found) == by_id(entries)
+
+
+async def test_a_runs_headline_values_are_kept_compact_and_read_back_whole(world: World) -> None:
+    leaderboard = world.stores.leaderboard
+    job_id, empty_id = fresh("job"), fresh("job")
+    values = {f"locomo/conv-{n // 7}:q{n:04d}": float(n % 3 == 0) for n in range(50)}
+    values["str.1/q0@2"] = 0.375  # a streaming item; a dot, which no BSON key could hold
+    kept = HeadlineOutcomes(job_id=job_id, headline="accuracy", values=values)
+    await leaderboard.keep_headline_outcomes(kept)
+    # A completion repeated (redelivery, another replica) writes the same document again.
+    await leaderboard.keep_headline_outcomes(kept)
+    assert await leaderboard.headline_outcomes_of(job_id) == kept
+    stored = await world.stored("headline_outcomes", job_id)
+    assert stored is not None
+    assert (stored["questions"], stored["encoding"]) == (51, OUTCOMES_ENCODING)
+    assert isinstance(stored["keys"], bytes) and isinstance(stored["values"], bytes)
+    none = HeadlineOutcomes(job_id=empty_id, headline="f1_mean", values={})
+    await leaderboard.keep_headline_outcomes(none)
+    assert await leaderboard.headline_outcomes_of(empty_id) == none
+    assert await leaderboard.headline_outcomes_of(fresh("job")) is None
 
 
 async def test_a_version_is_read_whole_or_as_its_capacity_and_limits(world: World) -> None:

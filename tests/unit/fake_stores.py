@@ -53,7 +53,7 @@ from aml_runtime.documents import (
 from aml_runtime.stores import Stores
 from aml_runtime.stores.access_requests import AccessRequestStore
 from aml_runtime.stores.accounts import AccountStore
-from aml_runtime.stores.audit import AuditStore
+from aml_runtime.stores.audit import EFFICIENCY_FIELDS, AuditStore
 from aml_runtime.stores.capacity import SlotStore
 from aml_runtime.stores.jobs import (
     _ACTIVE_FIELDS,
@@ -65,7 +65,12 @@ from aml_runtime.stores.jobs import (
     JobStore,
     RetentionFacts,
 )
-from aml_runtime.stores.leaderboard import LeaderboardStore
+from aml_runtime.stores.leaderboard import (
+    HeadlineOutcomes,
+    LeaderboardStore,
+    decode_outcomes,
+    encode_outcomes,
+)
 from aml_runtime.stores.outages import OutageStore
 from aml_runtime.stores.plans import (
     _ANNOUNCED_FIELDS,
@@ -74,7 +79,7 @@ from aml_runtime.stores.plans import (
     NEXT_CHUNK_FIELDS,
     PlanStore,
 )
-from aml_runtime.stores.stage_records import StageRecordStore
+from aml_runtime.stores.stage_records import ANSWER_FIGURES, StageRecordStore
 
 Document = dict[str, Any]
 
@@ -563,6 +568,12 @@ class MemoryPlanStore(_MemoryStore):
         for chunk in mine:
             yield chunk
 
+    async def chunk_datasets(self, job_id: str) -> AsyncIterator[Document]:
+        await _round_trip()
+        mine = _select(self.chunks, lambda chunk: chunk.get("job_id") == job_id, ["dataset_id"])
+        for chunk in mine:
+            yield chunk
+
     async def platform_failed_chunks(self, job_id: str) -> int:
         await _round_trip()
         return sum(
@@ -689,6 +700,16 @@ class MemoryStageRecordStore(_MemoryStore):
             final.setdefault(doc["_id"], ScoreDocument.model_validate(doc))
         return final
 
+    async def answer_figures(self, job_id: str) -> AsyncIterator[Document]:
+        await _round_trip()
+        done = _select(
+            self.answers,
+            lambda doc: doc.get("job_id") == job_id and doc.get("state") == "done",
+            ANSWER_FIGURES,
+        )
+        for doc in done:
+            yield doc
+
     async def stamps(self, job_id: str) -> AsyncIterator[tuple[QuestionStage, Document]]:
         await _round_trip()
         stages: tuple[QuestionStage, ...] = ("search", "answer", "score")
@@ -742,6 +763,21 @@ class MemoryAuditStore(_MemoryStore):
         await _round_trip()
         if (record := self.calls.get(record_id)) is not None:
             _set(record, {"validation": outcome})
+
+    async def attempts_by_item(self, job_id: str) -> AsyncIterator[Document]:
+        await _round_trip()
+        wanted = [name for name, kept in EFFICIENCY_FIELDS.items() if kept]
+        mine = _select(self.calls, lambda call: call.get("job_id") == job_id, wanted)
+
+        def by_item(call: Document) -> tuple[bool, str, int]:
+            # A missing item_id sorts first, as null does in MongoDB; ties keep insertion order.
+            item = call.get("item_id")
+            return item is not None, str(item or ""), int(call.get("attempt", 0))
+
+        for call in sorted(mine, key=by_item):
+            # The projection leaves `_id` out.
+            call.pop("_id", None)
+            yield call
 
     async def latest_call(self, job_id: str, stage: str) -> Document | None:
         await _round_trip()
@@ -887,17 +923,28 @@ class MemoryOutageStore(_MemoryStore):
 
 
 class MemoryLeaderboardStore(_MemoryStore):
-    """`aml_runtime.stores.leaderboard.LeaderboardStore`: `leaderboard` (its entries)."""
+    """`aml_runtime.stores.leaderboard.LeaderboardStore`: `leaderboard` (its entries) and
+    `headline_outcomes` (a full run's per-question headline values, as stored: encoded)."""
 
     real = LeaderboardStore
 
     def __init__(self) -> None:
         self.leaderboard: dict[str, Document] = {}
+        self.headline_outcomes: dict[str, Document] = {}
 
     async def entries(self) -> AsyncIterator[Document]:
         await _round_trip()
         for entry in _select(self.leaderboard, lambda entry: True):
             yield entry
+
+    async def keep_headline_outcomes(self, outcomes: HeadlineOutcomes) -> None:
+        await _round_trip()
+        self.headline_outcomes[outcomes.job_id] = _bson(encode_outcomes(outcomes))
+
+    async def headline_outcomes_of(self, job_id: str) -> HeadlineOutcomes | None:
+        await _round_trip()
+        found = _one(self.headline_outcomes, job_id)
+        return None if found is None else decode_outcomes(found)
 
 
 class MemoryAccountStore(_MemoryStore):

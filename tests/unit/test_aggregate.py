@@ -6,6 +6,7 @@ import pytest
 
 from aml_contract.api.results import Metrics
 from aml_evaluation.aggregate import QuestionOutcome, aggregate
+from aml_evaluation.confidence import headline_interval
 
 
 def _q(
@@ -30,7 +31,9 @@ def _q(
 def _metrics(
     questions: int, scored: int, failed: int, correct: int, f1: float | None = None
 ) -> Metrics:
-    """Open questions judged once; unscored ones without a kind count as `failed`."""
+    """Open questions judged once; unscored ones without a kind count as `failed`; the
+    accuracy's interval over their verdicts (tests/unit/test_confidence.py tests it)."""
+    verdicts = [1.0] * correct + [0.0] * (scored - correct)
     return Metrics(
         questions=questions,
         scored=scored,
@@ -40,6 +43,7 @@ def _metrics(
         judge_correct=correct,
         judge_accuracy=correct / scored if scored else None,
         f1_mean=f1,
+        headline_ci=headline_interval(verdicts, correct / scored) if scored else None,
     )
 
 

@@ -169,6 +169,7 @@ def _page(track: Track, entries: list[LeaderboardEntry]) -> str:
         "table": table,
         "charts": charts,
         "chart_data": pages.chart_data(charts),
+        "latency_chart": pages.latency_chart(entries),
     }
     return templates.env.get_template("leaderboard.html").render(context)
 

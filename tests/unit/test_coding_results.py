@@ -14,6 +14,7 @@ from aml_contract.api.results import JobResults, Metrics
 from aml_devtools.tables import render_results
 from aml_evaluation.aggregate import QuestionOutcome, aggregate, results_fingerprint
 from aml_evaluation.coding.grading import GRADING_VERSION
+from aml_evaluation.confidence import headline_interval
 from aml_gateway.ranking import headline
 from aml_pipeline.coding_track import VERIFY_RULE
 from aml_pipeline.evaluation_spec import build_evaluation_spec, coding_agent_config
@@ -63,6 +64,9 @@ def coding_cell(attempts: int, resolved: int, failed: int = 0) -> Metrics:
         attempts=attempts,
         resolved=resolved,
         resolved_rate=resolved / attempts,
+        headline_ci=headline_interval(
+            [1.0] * resolved + [0.0] * (attempts - resolved), resolved / attempts
+        ),
     )
 
 
@@ -130,8 +134,12 @@ def test_earlier_results_keep_their_fields_and_fingerprint() -> None:
     ] + [QuestionOutcome(dataset_id="locomo", category_name="single-hop", scored=True,
                          judge_labels=[None])]  # fmt: skip
     now = aggregate("j0", "completed", outcomes, excluded={}).model_dump(mode="json")
-    assert now["datasets"] == STORED_BEFORE["datasets"]
     assert results_fingerprint(now["datasets"]) == results_fingerprint(STORED_BEFORE["datasets"])
+    # Only the intervals reported since (derived: outside the fingerprint) are new.
+    locomo = now["datasets"]["locomo"]
+    for cell in (locomo["overall"], *locomo["categories"].values()):
+        assert cell.pop("headline_ci") is not None
+    assert now["datasets"] == STORED_BEFORE["datasets"]
 
 
 def test_the_results_table_shows_the_resolved_share() -> None:

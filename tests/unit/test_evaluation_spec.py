@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import json
 
 import pytest
 
+from aml_evaluation.confidence import CONFIDENCE
 from aml_evaluation.prompts import load_prompt
 from aml_evaluation.spec import EvaluationSpec, ModelCall
 from aml_pipeline.evaluation_spec import build_evaluation_spec
@@ -101,6 +103,35 @@ def test_every_setting_of_the_spec_changes_the_hash(field: str, value: object) -
 
 def test_settings_outside_the_spec_do_not_change_the_hash() -> None:
     assert _spec(mongo_url="mongodb://elsewhere").content_hash == _spec().content_hash
+
+
+def test_the_spec_records_how_sure_a_score_is() -> None:
+    """The bootstrap behind every headline interval and the board's ties, with its seed: the
+    same spec hash, the same intervals."""
+    spec = _spec()
+    assert spec.confidence == CONFIDENCE
+    recorded = json.loads(spec.canonical_json())["confidence"]
+    assert recorded == {"method": "bootstrap-percentile-v1", "level": 0.95,
+                        "resamples": 10_000, "seed": 2026, "batch": 100}  # fmt: skip
+    assert spec.summary()["confidence"] == (
+        "bootstrap-percentile-v1: 95%, 10000 resamples (100 per draw), seed 2026"
+    )
+    reseeded = spec.model_copy(update={"confidence": CONFIDENCE.model_copy(update={"seed": 1})})
+    assert reseeded.content_hash != spec.content_hash
+
+
+def test_a_spec_stored_before_the_confidence_field_keeps_its_hash() -> None:
+    """Jobs planned before intervals were reported stored their spec without `confidence`:
+    read back, it hashes to what they recorded (and differs from today's)."""
+    stored = _spec().model_dump(mode="json")
+    del stored["confidence"]
+    del stored["answer_images"], stored["coding"]  # added within the schema before it
+    recorded = hashlib.sha256(
+        json.dumps(stored, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    ).hexdigest()
+    earlier = EvaluationSpec.model_validate(stored)
+    assert earlier.confidence is None and "confidence" not in earlier.summary()
+    assert earlier.content_hash == recorded != _spec().content_hash
 
 
 def test_unknown_prompt_fails() -> None:

@@ -47,3 +47,16 @@ async def test_three_runs_vote() -> None:
     verdict = await judge(scripted(*replies), runs=3, retries=1)
     assert verdict.labels == ["CORRECT", "WRONG", "CORRECT"]
     assert verdict.label == "CORRECT" and verdict.calls == 4
+
+
+async def test_the_tokens_of_every_call_are_summed_retries_included() -> None:
+    replies = [("hmm", 100, 3), ('{"label": "WRONG"}', 101, 7), ('{"label": "CORRECT"}', 90, 6)]
+
+    async def call() -> tuple[str, int, int]:
+        return replies.pop(0)
+
+    verdict = await judge(call, runs=2, retries=1)
+    assert (verdict.labels, verdict.calls) == (["WRONG", "CORRECT"], 3)
+    assert (verdict.tokens_in, verdict.tokens_out) == (291, 16)
+    # A call that reports no tokens (a bare text) counts none.
+    assert (await judge(scripted('{"label": "WRONG"}'))).tokens_in == 0

@@ -20,27 +20,36 @@ def _name(requirement: str) -> str:
     return re.sub(r"[-_.]+", "-", requirement.split("[")[0]).lower()
 
 
+def _versions(versions: set[str]) -> str:
+    """A package pinned once per Python range (numpy, scipy: markers) as one comparable value."""
+    return ",".join(sorted(versions))
+
+
 def _pins(requirements: list[str]) -> dict[str, str]:
-    pins = {}
+    pins: dict[str, set[str]] = {}
     for requirement in requirements:
         spec, _, _ = requirement.partition(";")
         name, separator, version = spec.partition("==")
         assert separator, f"pyproject.toml: {requirement!r} is not pinned with =="
-        pins[_name(name.strip())] = version.strip()
-    return pins
+        pins.setdefault(_name(name.strip()), set()).add(version.strip())
+    return {name: _versions(versions) for name, versions in pins.items()}
 
 
 def _locked(lock: Path) -> dict[str, tuple[str, int]]:
-    """Each locked package: (version, number of hashes)."""
+    """Each locked package: (its versions, the fewest hashes any of them has)."""
     assert lock.is_file(), f"{lock.name} is missing: run `python3 dev.py lock`"
     entries = re.split(r"\n(?=[A-Za-z0-9])", lock.read_text("utf-8"))
-    locked = {}
+    locked: dict[str, list[tuple[str, int]]] = {}
     for entry in entries:
         head = re.match(r"([A-Za-z0-9][\w.-]*)==([^\s;\\]+)", entry)
         if head is None:
             continue
-        locked[_name(head.group(1))] = (head.group(2), entry.count("--hash=sha256:"))
-    return locked
+        pin = (head.group(2), entry.count("--hash=sha256:"))
+        locked.setdefault(_name(head.group(1)), []).append(pin)
+    return {
+        name: (_versions({version for version, _ in pins}), min(hashes for _, hashes in pins))
+        for name, pins in locked.items()
+    }
 
 
 @pytest.fixture(scope="module")

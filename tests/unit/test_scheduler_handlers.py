@@ -428,6 +428,87 @@ async def test_a_clean_completion_records_no_platform_failure(rig: Rig) -> None:
     assert "platform_failure_reason" not in job
 
 
+async def test_a_completion_stores_what_the_results_cost_beside_them(rig: Rig) -> None:
+    """The efficiency figures from the job's audit, answers and scores, with what they were
+    measured under; the results' fingerprinted part (`datasets`) is as without them."""
+    stores = rig.stores
+    finishing_job(stores, final=QUESTIONS)
+    stores.jobs.jobs[JOB]["top_k"] = 10
+    stores.accounts.versions[VERSION] = {
+        "_id": VERSION, "capacity": {"max_concurrency": 3, "max_rps": 7.5}
+    }  # fmt: skip
+
+    async def call(item: str, n: int, operation: str, latency: float, status: int) -> None:
+        await stores.audit.record_attempt(
+            {"job_id": JOB, "item_id": item, "delivery": 1, "operation": operation,
+             "attempt": n, "latency_ms": latency, "status": status,
+             "outcome": "ok" if status == 200 else "retry", "error_class": None}
+        )  # fmt: skip
+
+    await call("a0", 1, "add", 40.0, 200)
+    await call("a1", 1, "add", 60.0, 200)
+    for i in range(QUESTIONS):
+        item = f"{JOB}/synthetic/q{i}"
+        if i == 0:
+            await call(item, 1, "search", 5.0, 429)
+        await call(item, 1 + (i == 0), "search", 100.0 * (i + 1), 200)
+        stores.records.answers[item] |= {
+            "candidates_returned": 4, "candidates_used": 2, "retrieved_tokens": 80,
+            "retrieved_bytes": 400, "used_tokens": 30, "tokens_in": 250, "tokens_out": 6,
+        }  # fmt: skip
+        stores.records.scores[item] |= {"judge_tokens_in": 120, "judge_tokens_out": 3}
+
+    await rig.scheduler.complete_if_done(JOB)
+    results = rig.stores.jobs.jobs[JOB]["results"]
+    figures = results["efficiency"]
+    assert figures["method"] == "efficiency-v1"
+    assert figures["measured_under"] == {
+        "search_top_k": {"synthetic": 10}, "max_concurrency": 3, "max_rps": 7.5,
+        "deployment": "embedded",
+    }  # fmt: skip
+    overall = figures["overall"]
+    assert overall["add"]["items"] == 2 and overall["add"]["first_attempts"]["max_ms"] == 60.0
+    search = overall["search"]
+    assert (search["items"], search["attempts"], search["rate_limited"]) == (3, 4, 1)
+    assert search["first_attempts"]["count"] == 2 and search["retried"]["count"] == 2
+    assert overall["context"]["truncated_questions"] == 3
+    assert overall["context"]["retrieved_tokens_mean"] == 80.0
+    assert overall["llm"] == {
+        "questions": 3, "answer_tokens_in_mean": 250.0, "answer_tokens_out_mean": 6.0,
+        "judge_tokens_in_mean": 120.0, "judge_tokens_out_mean": 3.0,
+    }  # fmt: skip
+    facts = figures["datasets"]["synthetic"]["categories"]["facts"]
+    assert facts["add"] is None and facts["search"]["items"] == 3
+    # What the fingerprint is over is what the aggregation alone gives.
+    assert "efficiency" not in results["datasets"]["synthetic"]
+
+
+@pytest.mark.parametrize("mode", ["full", "smoke"])
+async def test_a_full_run_keeps_its_questions_headline_values(rig: Rig, mode: str) -> None:
+    """What the board's ties compare (aml_gateway.ties): each question counted in Overall with
+    its value in Overall's headline, their mean Overall's figure. A smoke run is never
+    published, so it keeps none."""
+    finishing_job(rig.stores, final=QUESTIONS - 1)
+    rig.stores.jobs.jobs[JOB]["mode"] = mode
+    wrong = f"{JOB}/synthetic/q1"
+    rig.stores.records.scores[wrong] |= {"judge_label": "WRONG", "judge_labels": ["WRONG"]}
+    failed = f"{JOB}/synthetic/q2"
+    rig.stores.records.searches[failed] = {"_id": failed, "job_id": JOB, "state": "failed",
+        "failure_kind": "contract_error", "failure": "not JSON"}  # fmt: skip
+    rig.stores.jobs.jobs[JOB]["progress"]["questions_final"] += 1
+    await rig.scheduler.complete_if_done(JOB)
+    job = rig.stores.jobs.jobs[JOB]
+    assert job["state"] == "completed"
+    kept = await rig.stores.leaderboard.headline_outcomes_of(JOB)
+    if mode == "smoke":
+        assert kept is None
+        return
+    assert kept is not None
+    # The failed question is outside the headline, as in the results.
+    assert (kept.headline, kept.values) == ("accuracy", {"synthetic/q0": 1.0, "synthetic/q1": 0.0})
+    assert job["results"]["overall"]["accuracy"] == sum(kept.values.values()) / len(kept.values)
+
+
 def test_platform_failures_in_words() -> None:
     outcomes = [
         QuestionOutcome(dataset_id="d", category_name="c", scored=False, failure_kind=kind)

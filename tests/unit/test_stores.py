@@ -35,6 +35,7 @@ OWNERS: dict[str, str] = {
     "run_usage": "aml_runtime/stores/accounts.py",
     "access_requests": "aml_runtime/stores/access_requests.py",
     "leaderboard": "aml_runtime/stores/leaderboard.py",
+    "headline_outcomes": "aml_runtime/stores/leaderboard.py",
     "searches": "aml_runtime/stores/stage_records.py",
     "answers": "aml_runtime/stores/stage_records.py",
     "scores": "aml_runtime/stores/stage_records.py",

@@ -41,7 +41,7 @@ from aml_devtools.platform import (
     start_platform,
 )
 from aml_devtools.stack import DataDirBusyError, EmbeddedStack, StackConfig
-from aml_devtools.tables import category_numbers, render_results
+from aml_devtools.tables import category_numbers, render_efficiency, render_results
 from aml_evaluation.prompts import load_prompt
 from aml_evaluation.punkt import PunktDataError, require_punkt_tab
 from aml_evaluation.registry import (
@@ -55,7 +55,7 @@ from aml_evaluation.registry import (
 from aml_evaluation.scoring import BLEU_VERSION, CODING_SCORER, F1_VARIANTS
 from aml_pipeline.coding_track import registered_tasks, verify_limits
 from aml_pipeline.evaluation_spec import build_evaluation_spec
-from aml_pipeline.llm import complete, make_llm_client
+from aml_pipeline.llm import ChatReply, complete_reply, make_llm_client
 from aml_pipeline.sandbox import SandboxUnavailable, require_sandbox
 from aml_runtime.settings import EvaluationSettings, LLMSettings
 
@@ -267,6 +267,7 @@ def _demo(platform: Any, stack: EmbeddedStack, dataset: str, timeout: float) -> 
     print()
     numbers = category_numbers(results["datasets"], Path(platform.env["AML_DATASETS_ROOT"]))
     print(render_results(results, numbers))
+    print("\n" + render_efficiency(results.get("efficiency")))
     if track == "coding":
         print(f"\n{coding_demo.closing_note(platform.env)}")
     else:
@@ -387,8 +388,8 @@ async def _rescore(args: argparse.Namespace) -> int:
             llm = make_llm_client(settings)
             client, model, max_tokens = llm, settings.judge_model, settings.judge_max_tokens
 
-            async def call(text: str) -> str:
-                return await complete(client, model, text, max_tokens)
+            async def call(text: str) -> ChatReply:
+                return await complete_reply(client, model, text, max_tokens)
 
             prompt = load_prompt(settings.judge_prompt)
             abstention = load_prompt(settings.judge_abstention_prompt)
@@ -427,6 +428,7 @@ async def _rescore(args: argparse.Namespace) -> int:
     print(f"F1 variant {variant}; BLEU-1 {BLEU_VERSION}; judge: {judged_by}")
     numbers = {dataset.dataset_id: {name: n for n, name in dataset.categories.items()}}
     print(render_results(results.model_dump(mode="json"), numbers))
+    print("\n".join(rescore.efficiency_lines(rows)))
     if args.rows:
         args.rows.write_text("".join(row.model_dump_json() + "\n" for row in rows))
     if args.json:

@@ -43,6 +43,11 @@ The rows go through the live pipeline's aggregate() with the same outcomes a job
 answers records (a streaming item carries its point's ordinal, so the dataset's results are
 split by point as a job's are), so a rescored results file reports the numbers and headline
 that job would.
+
+Of a job's efficiency figures (`JobResults.efficiency`) a rescoring has no latency and no
+retrieved context: a predictions file carries neither participant calls nor candidates, and the
+output says so rather than inventing them. With `--judge`, each row records the judge's tokens
+as the provider reported them, summarised per judged question (`efficiency_lines`).
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ from aml_evaluation.coding.source import CodingTaskUnavailable
 from aml_evaluation.datasets import Dataset, Question, question_at_point, question_id
 from aml_evaluation.judging import (
     JUDGE_PARSER_VERSION,
+    JudgeReply,
     JudgeVerdict,
     judge,
     judge_prompt_for,
@@ -166,6 +172,10 @@ class QuestionRow(BaseModel):
     resolved: bool | None = None
     resolution_reason: str | None = None
     task_type: str | None = None
+    # The LLM judge's tokens over its calls for this question, when this rescoring asked it
+    # (absent otherwise: labels from a file cost nothing here).
+    judge_tokens_in: int | None = Field(default=None, exclude_if=lambda value: value is None)
+    judge_tokens_out: int | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class JudgeSource(BaseModel):
@@ -329,10 +339,13 @@ async def score_questions(
             )
             continue
         runs: list[JudgeLabel | None] | None = None
+        used: dict[str, int] = {}
         if labels is not None:
             runs = labels.get(item.key)
         elif judge is not None:
-            runs = (await judge(question, answer)).labels
+            judged = await judge(question, answer)
+            runs = judged.labels
+            used = {"judge_tokens_in": judged.tokens_in, "judge_tokens_out": judged.tokens_out}
         scores = open_answer_scores(answer, question.answer, question.category, variant)
         rows.append(
             row.model_copy(
@@ -342,6 +355,7 @@ async def score_questions(
                     "judge_labels": runs or [],
                     "f1": scores.f1,
                     "bleu1": scores.bleu1,
+                    **used,
                 }
             )
         )
@@ -395,7 +409,7 @@ def judge_asked(dataset: Dataset) -> bool:
 
 
 def llm_judge(
-    call: Callable[[str], Awaitable[str]],
+    call: Callable[[str], Awaitable[JudgeReply]],
     prompt: Prompt,
     abstention_prompt: Prompt,
     runs: int,
@@ -420,6 +434,25 @@ def llm_judge(
         return await judge(lambda: call(text), runs, retries)
 
     return verdict
+
+
+def efficiency_lines(rows: Iterable[QuestionRow]) -> list[str]:
+    """What a rescoring can say of the efficiency figures a job reports (JobResults.efficiency):
+    its inputs carry no participant calls and no retrieved candidates, so neither latency nor
+    retrieved context; only the judge's tokens when this rescoring asked the LLM judge."""
+    lines = [
+        "efficiency: latency and retrieved context not available (a predictions file carries "
+        "no participant calls or candidates)"
+    ]
+    judged = [row for row in rows if row.judge_tokens_in is not None]
+    if judged:
+        tokens_in = sum(row.judge_tokens_in or 0 for row in judged) / len(judged)
+        tokens_out = sum(row.judge_tokens_out or 0 for row in judged) / len(judged)
+        lines.append(
+            f"judge model use: {tokens_in:.1f} tokens in / {tokens_out:.1f} out per judged "
+            f"question ({len(judged)} judged by the LLM here)"
+        )
+    return lines
 
 
 def sandbox_verifier(

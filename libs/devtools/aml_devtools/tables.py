@@ -1,6 +1,7 @@
 """The tables the `aml` commands print. `render_results` is the results table of `aml demo`,
 `aml rescore` and `aml team results`/`watch`, so every command shows a job's numbers alike (a
 coding job's in a layout of its own: attempts and resolved shares, `render_coding_results`);
+`render_efficiency` is what a job's results cost, after them (`aml team results`/`watch`);
 `render_table` lays out the plain column listings (`aml team versions|datasets|audit`,
 `aml dataset list`).
 """
@@ -234,4 +235,77 @@ def render_table(
         for line in [header, *rows]
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def render_efficiency(efficiency: dict[str, Any] | None) -> str:
+    """What a job's results cost (`JobResults.efficiency`, aml_evaluation.efficiency), job and
+    datasets: the participant's Search and Add latency (first attempts that succeeded; the
+    retried ones, timeouts, 429s and errors counted apart), the retrieved context per question
+    against what the answer model used, and the platform's own model use per question."""
+    if not efficiency:
+        return "efficiency: not available (results computed before it was reported)"
+    under = efficiency["measured_under"]
+    top_k = ", ".join(f"{name} {k}" for name, k in under["search_top_k"].items()) or "-"
+    rate = "-" if under["max_rps"] is None else f"{under['max_rps']:g}/s"
+    concurrency = "-" if under["max_concurrency"] is None else str(under["max_concurrency"])
+    lines = [
+        f"efficiency ({efficiency['method']}): latency as seen from deployment "
+        f"{under['deployment']!r}, network included",
+        f"measured under: top_k {top_k}; declared concurrency {concurrency}, rate {rate}",
+    ]
+    cells = [("Overall", efficiency["overall"])] + [
+        (name, data["overall"]) for name, data in efficiency["datasets"].items()
+    ]
+
+    def figure(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    calls = [
+        [
+            name,
+            label,
+            str(stats["items"]),
+            str(stats["attempts"]),
+            *(figure(stats["first_attempts"][p]) for p in ("p50_ms", "p95_ms", "p99_ms", "max_ms")),
+            str(stats["retried"]["count"]),
+            str(stats["timeouts"]),
+            str(stats["rate_limited"]),
+            str(stats["errors"]),
+        ]
+        for name, cell in cells
+        for label, stats in (("Search", cell.get("search")), ("Add", cell.get("add")))
+        if stats
+    ]
+    header = ["", "calls", "items", "attempts", "p50 ms", "p95 ms", "p99 ms", "max ms",
+              "retried", "timeouts", "429s", "errors"]  # fmt: skip
+    lines.append(render_table(header, calls, empty="no participant calls recorded"))
+    per_question = []
+    for name, cell in cells:
+        context, llm = cell.get("context") or {}, cell.get("llm") or {}
+        if not context and not llm:
+            continue
+        truncated = f"{context['truncated_questions']}/{context['questions']}" if context else "-"
+        per_question.append(
+            [
+                name,
+                figure(context.get("retrieved_tokens_mean")),
+                figure(context.get("used_tokens_mean")),
+                truncated,
+                f"{figure(llm.get('answer_tokens_in_mean'))} / "
+                f"{figure(llm.get('answer_tokens_out_mean'))}",
+                f"{figure(llm.get('judge_tokens_in_mean'))} / "
+                f"{figure(llm.get('judge_tokens_out_mean'))}",
+            ]
+        )
+    header = ["per question", "retrieved tokens", "used tokens", "truncated",
+              "answer in / out", "judge in / out"]  # fmt: skip
+    if per_question:
+        lines += ["", render_table(header, per_question)]
+    lines += [
+        "latency: first attempts that succeeded, request sent to response received; retried:",
+        "  the attempts of calls that needed more than one (counted, not in the percentiles)",
+        "tokens: words (wc-v1) of the candidates returned / of those within the answer model's",
+        "  context budget; answer model tokens per question, the judge's per judged question",
+    ]
     return "\n".join(lines)

@@ -33,7 +33,7 @@ import httpx
 
 from aml_contract.api.jobs import FullRunChecklist
 from aml_contract.api.vocabulary import STAGES
-from aml_devtools.tables import category_numbers, render_results, render_table
+from aml_devtools.tables import category_numbers, render_efficiency, render_results, render_table
 
 DEFAULT_API_URL = "http://127.0.0.1:8000"
 API_URL_ENV = "AML_API_URL"
@@ -492,12 +492,14 @@ def _duration(seconds: float) -> str:
 def print_results(api: Api, job_id: str, out: TextIO, status: dict[str, Any] | None = None) -> None:
     """The results table, after a line saying why the run is not publishable when the
     platform failed items of it (the numbers are then incomplete, through no fault of the
-    team's)."""
+    team's), then the efficiency table."""
     status = status or api.call("GET", f"/v1/jobs/{job_id}")
     if state_words(status) != status["state"]:
         print(f"job {job_id} {state_words(status)}", file=out)
     results = api.call("GET", f"/v1/jobs/{job_id}/results")
     print(render_results(results, category_numbers(results["datasets"])), file=out)
+    # What the numbers cost, after them (latency, retrieved context, the platform's model use).
+    print("\n" + render_efficiency(results.get("efficiency")), file=out)
 
 
 def print_errors(status: dict[str, Any], out: TextIO) -> None:

@@ -34,6 +34,13 @@ Rules, in the order they apply:
   dataset whose attempts carry a task type also reports `task_types`, its overall split by it.
   Cells without coding attempts have none of these fields, so their results, and fingerprints,
   are as before.
+- Every cell with a headline figure reports `headline_ci`, its 95% interval: a seeded bootstrap
+  over the values the figure is the mean of (`aml_evaluation.confidence`): 1/0 per verdict for
+  `accuracy`, per verified attempt for `resolved_rate`, the F1 of each scored open question for
+  `f1_mean`. It follows from those values, so the fingerprint leaves it out.
+- The same values of the questions that count in Overall, keyed by question
+  (`headline_values`), are what two results are compared over on the board (the paired
+  bootstrap of `aml_evaluation.confidence.tied`).
 """
 
 from __future__ import annotations
@@ -48,8 +55,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from aml_contract.api.results import DatasetResults, Headline, JobResults, Metrics
+from aml_contract.api.results import DatasetResults, Headline, Interval, JobResults, Metrics
 from aml_contract.api.vocabulary import JobState
+from aml_evaluation.confidence import headline_interval
 
 JudgeLabel = Literal["CORRECT", "WRONG"]
 JUDGE_FAILURE = "judge_failure"
@@ -149,7 +157,7 @@ class _Tally:
                 run[0] += label == "CORRECT"
                 run[1] += 1
 
-    def metrics(self) -> Metrics:
+    def metrics(self, intervals: _Intervals | None = None) -> Metrics:
         per_run = [correct / judged for correct, judged in self.runs if judged]
         correct = self.judge_correct + self.option_correct
         # Unjudged questions have no verdict, so they are outside the accuracy.
@@ -163,6 +171,7 @@ class _Tally:
             if self.attempts
             else {}
         )
+        headline = _headline(verdicts, self.f1_values, self.attempts)
         return Metrics(
             questions=self.questions,
             scored=self.scored,
@@ -175,14 +184,40 @@ class _Tally:
             option_correct=self.option_correct,
             option_questions=self.options,
             option_accuracy=self.option_correct / self.options if self.options else None,
-            headline=_headline(verdicts, self.f1_values, self.attempts),
+            headline=headline,
             f1_mean=_mean(self.f1_values),
             bleu1_mean=_mean(self.bleu_values),
+            headline_ci=(intervals or _Intervals()).of(self, headline, correct, verdicts),
             judge_runs=max(1, len(self.runs)),
             judge_run_accuracy_mean=_mean(per_run),
             judge_run_accuracy_spread=statistics.pstdev(per_run) if per_run else None,
             **coding,
         )
+
+
+@dataclass
+class _Intervals:
+    """One aggregation's headline intervals by the values they are over, which is all an
+    interval depends on: a job's Overall and its only dataset's overall have the same values,
+    and the bootstrap is most of what aggregation costs (docs/performance.md)."""
+
+    known: dict[tuple[object, ...], Interval | None] = field(default_factory=dict)
+
+    def of(self, tally: _Tally, headline: Headline, correct: int, verdicts: int) -> Interval | None:
+        """0/1 values are rebuilt from their counts, since the bootstrap sorts them anyway."""
+        if headline == "f1_mean":
+            key: tuple[object, ...] = ("f1", *sorted(tally.f1_values))
+            if key not in self.known:
+                self.known[key] = headline_interval(tally.f1_values, _mean(tally.f1_values))
+            return self.known[key]
+        coding = headline == "resolved_rate"
+        ones, total = (tally.resolved, tally.attempts) if coding else (correct, verdicts)
+        if not total:
+            return None
+        if (ones, total) not in self.known:
+            values = [0.0] * (total - ones) + [1.0] * ones
+            self.known[(ones, total)] = headline_interval(values, ones / total)
+        return self.known[(ones, total)]
 
 
 def _headline(verdicts: int, f1_values: list[float], attempts: int = 0) -> Headline:
@@ -194,16 +229,20 @@ def _headline(verdicts: int, f1_values: list[float], attempts: int = 0) -> Headl
     return "f1_mean" if not verdicts and f1_values else "accuracy"
 
 
-def _point_metrics(points: dict[int, _Tally] | None) -> dict[str, Metrics] | None:
+def _point_metrics(
+    points: dict[int, _Tally] | None, intervals: _Intervals
+) -> dict[str, Metrics] | None:
     if not points:
         return None
-    return {str(index): points[index].metrics() for index in sorted(points)}
+    return {str(index): points[index].metrics(intervals) for index in sorted(points)}
 
 
-def _task_type_metrics(task_types: dict[str, _Tally] | None) -> dict[str, Metrics] | None:
+def _task_type_metrics(
+    task_types: dict[str, _Tally] | None, intervals: _Intervals
+) -> dict[str, Metrics] | None:
     if not task_types:
         return None
-    return {name: task_types[name].metrics() for name in sorted(task_types)}
+    return {name: task_types[name].metrics(intervals) for name in sorted(task_types)}
 
 
 def _mean(values: list[float]) -> float | None:
@@ -238,24 +277,73 @@ def aggregate(
             task_types = per_task_type.setdefault(outcome.dataset_id, {})
             task_types.setdefault(outcome.task_type, _Tally()).add(outcome)
     variants = f1_variants or {}
+    intervals = _Intervals()
     datasets = {
         dataset_id: DatasetResults(
             dataset_id=dataset_id,
-            overall=per_dataset.get(dataset_id, _Tally()).metrics(),
-            categories={name: tally.metrics() for name, tally in sorted(categories.items())},
+            overall=per_dataset.get(dataset_id, _Tally()).metrics(intervals),
+            categories={
+                name: tally.metrics(intervals) for name, tally in sorted(categories.items())
+            },
             excluded_from_overall=sorted(excluded.get(dataset_id, [])),
-            points=_point_metrics(per_point.get(dataset_id)),
-            task_types=_task_type_metrics(per_task_type.get(dataset_id)),
+            points=_point_metrics(per_point.get(dataset_id), intervals),
+            task_types=_task_type_metrics(per_task_type.get(dataset_id), intervals),
             **({"f1_variant": variants[dataset_id]} if dataset_id in variants else {}),
         )
         for dataset_id, categories in sorted(per_category.items())
     }
-    return JobResults(job_id=job_id, state=state, overall=overall.metrics(), datasets=datasets)
+    overall_metrics = overall.metrics(intervals)
+    return JobResults(job_id=job_id, state=state, overall=overall_metrics, datasets=datasets)
+
+
+def question_key(outcome: QuestionOutcome) -> str | None:
+    """How a question is named across jobs of the same dataset: `<dataset_id>/<question_id>`,
+    and `@<point ordinal>` for a streaming question's item at one point; None without an id."""
+    if outcome.question_id is None:
+        return None
+    key = f"{outcome.dataset_id}/{outcome.question_id}"
+    return key if outcome.point_index is None else f"{key}@{outcome.point_index}"
+
+
+def headline_value(outcome: QuestionOutcome, headline: Headline) -> float | None:
+    """What one question adds to a cell's `headline` figure, the figure being their mean (the
+    rules of `_Tally.add`); None for a question outside it (failed, no verdict for
+    `accuracy`, no F1 for `f1_mean`, not a coding attempt for `resolved_rate`)."""
+    if outcome.failure is not None:
+        return None
+    if headline == "resolved_rate":
+        return None if outcome.resolved is None else float(outcome.resolved)
+    if outcome.resolved is not None:
+        return None
+    if headline == "f1_mean":
+        return None if outcome.multiple_choice else outcome.f1
+    if outcome.multiple_choice:
+        return float(bool(outcome.choice_correct))
+    return float(outcome.judge_label == "CORRECT") if outcome.judged else None
+
+
+def headline_values(
+    outcomes: Iterable[QuestionOutcome], excluded: dict[str, list[str]], headline: Headline
+) -> dict[str, float]:
+    """Question key -> its value in Overall's `headline` figure, over the questions that count
+    in Overall (the excluded categories left out): their mean is Overall's figure."""
+    values: dict[str, float] = {}
+    for outcome in outcomes:
+        if outcome.category_name in excluded.get(outcome.dataset_id, []):
+            continue
+        key, value = question_key(outcome), headline_value(outcome, headline)
+        if key is not None and value is not None:
+            values[key] = value
+    return values
 
 
 # Metrics computed from others in the fingerprint: left out, so adding one to the results
 # does not change the fingerprint of the same numbers (results stored before it was added).
-_DERIVED_METRICS = frozenset({"option_accuracy", "headline"})
+# `headline_ci` follows from the per-question values and the spec's bootstrap.
+_DERIVED_METRICS = frozenset({"option_accuracy", "headline", "headline_ci"})
+# A derived metric that is an object (an interval) is told from a category of the same name,
+# whose metrics are an object too, by its fields.
+_INTERVAL_FIELDS = frozenset(Interval.model_fields)
 
 
 def results_fingerprint(datasets: Mapping[str, Any]) -> str:
@@ -264,19 +352,23 @@ def results_fingerprint(datasets: Mapping[str, Any]) -> str:
     store that reads `1.0` back as `1` gives the same fingerprint. Two jobs with the same
     fingerprint reported the same numbers for every dataset and category (R-3.8 duplicates).
     Derived metrics (`option_accuracy` = option_correct / option_questions, `headline` which
-    follows from the counts) are left out."""
+    follows from the counts, `headline_ci` from the per-question values) are left out."""
     canonical = json.dumps(
         _canonical(datasets), sort_keys=True, separators=(",", ":"), ensure_ascii=False
     )
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
+def _derived(key: Any, item: Any) -> bool:
+    if key not in _DERIVED_METRICS:
+        return False
+    return not isinstance(item, Mapping) or set(item) == _INTERVAL_FIELDS
+
+
 def _canonical(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {
-            str(key): _canonical(item)
-            for key, item in value.items()
-            if key not in _DERIVED_METRICS or isinstance(item, Mapping)
+            str(key): _canonical(item) for key, item in value.items() if not _derived(key, item)
         }
     if isinstance(value, list | tuple):
         return [_canonical(item) for item in value]

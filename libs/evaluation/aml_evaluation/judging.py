@@ -41,11 +41,19 @@ ABSTENTION_RULES: Final = frozenset({LONGMEMEVAL_ABSTENTION_RULE})
 RAW_KEPT_CHARS: Final = 2000
 
 
+# A judge call's reply: its text, or its text with the tokens the provider counted in and out
+# (aml_pipeline.llm.ChatReply is such a tuple).
+JudgeReply = str | tuple[str, int, int]
+
+
 class JudgeVerdict(BaseModel):
     label: JudgeLabel | None
     labels: list[JudgeLabel | None]
     replies: list[str]
     calls: int
+    # Summed over the calls (0 when the call reports no tokens): the platform's own model use.
+    tokens_in: int = 0
+    tokens_out: int = 0
 
 
 def majority(labels: Sequence[JudgeLabel | None]) -> JudgeLabel | None:
@@ -61,24 +69,34 @@ def majority(labels: Sequence[JudgeLabel | None]) -> JudgeLabel | None:
 
 
 async def judge(
-    call: Callable[[], Awaitable[str]], runs: int = 1, retries: int = 0
+    call: Callable[[], Awaitable[JudgeReply]], runs: int = 1, retries: int = 0
 ) -> JudgeVerdict:
     """`runs` independent verdicts; a run whose reply cannot be read is asked again up to
     `retries` times, and stays None after that."""
     labels: list[JudgeLabel | None] = []
     replies: list[str] = []
-    calls = 0
+    calls = tokens_in = tokens_out = 0
     for _ in range(runs):
         label: JudgeLabel | None = None
         for _ in range(1 + retries):
             reply = await call()
+            if not isinstance(reply, str):
+                reply, used_in, used_out = reply
+                tokens_in, tokens_out = tokens_in + used_in, tokens_out + used_out
             calls += 1
             replies.append(reply[:RAW_KEPT_CHARS])
             label = parse_judge_label(reply)
             if label is not None:
                 break
         labels.append(label)
-    return JudgeVerdict(label=majority(labels), labels=labels, replies=replies, calls=calls)
+    return JudgeVerdict(
+        label=majority(labels),
+        labels=labels,
+        replies=replies,
+        calls=calls,
+        tokens_in=tokens_in,
+        tokens_out=tokens_out,
+    )
 
 
 def load_judge_rule_prompts() -> dict[str, Prompt]:

@@ -10,11 +10,18 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from aml_evaluation.confidence import ConfidenceMethod
+
 # /2 added `judge_abstention`, the judge call for questions without a gold answer; /3 added
 # `judge_rules`, the judge calls of questions that carry a judge rule (LongMemEval's types).
 SPEC_SCHEMA: Final = "aml-eval-spec/3"
-# Fields added within the schema, with the default that a spec without them means.
-_ADDED_FIELD_DEFAULTS: Final[dict[str, object]] = {"answer_images": True, "coding": None}
+# Fields added within the schema, with the default that a spec without them means: a spec
+# stored before one was added keeps its hash. `confidence` None: results reported no interval.
+_ADDED_FIELD_DEFAULTS: Final[dict[str, object]] = {
+    "answer_images": True,
+    "coding": None,
+    "confidence": None,
+}
 
 
 class _Frozen(BaseModel):
@@ -91,6 +98,11 @@ class EvaluationSpec(_Frozen):
         default=None,
         description="The coding track's agent and verify rules; set in coding jobs' specs only.",
     )
+    confidence: ConfidenceMethod | None = Field(
+        default=None,
+        description="How sure a score is (aml_evaluation.confidence): the bootstrap of every "
+        "headline figure's interval and of the board's ties, its level, resamples and seed.",
+    )
 
     def canonical_json(self) -> bytes:
         """Sorted keys, no insignificant whitespace: the bytes the hash is taken over. A field
@@ -130,7 +142,18 @@ class EvaluationSpec(_Frozen):
             },
             "judge_runs": str(self.judge_runs),
             **{f"scorer.{name}": version for name, version in sorted(self.scorers.items())},
+            **(self.confidence_summary() if self.confidence is not None else {}),
             **(self.coding_summary() if self.coding is not None else {}),
+        }
+
+    def confidence_summary(self) -> dict[str, str]:
+        confidence = self.confidence
+        if confidence is None:
+            return {}
+        return {
+            "confidence": f"{confidence.method}: {confidence.level:.0%}, "
+            f"{confidence.resamples} resamples ({confidence.batch} per draw), "
+            f"seed {confidence.seed}"
         }
 
     def coding_summary(self) -> dict[str, str]:

@@ -11,6 +11,7 @@ import nltk  # type: ignore[import-untyped]
 
 from aml_evaluation.chunker import CHUNKER_VERSION
 from aml_evaluation.coding.grading import GRADING_VERSION
+from aml_evaluation.confidence import CONFIDENCE
 from aml_evaluation.context import CONTEXT_RULE, ESTIMATE_COUNTER
 from aml_evaluation.judging import JUDGE_PARSER_VERSION, load_judge_rule_prompts
 from aml_evaluation.prompts import load_prompt
@@ -156,4 +157,6 @@ def build_evaluation_spec(settings: EvaluationSettings, *, coding: bool = False)
         word_counter=WORD_COUNTER_VERSION,
         answer_images=settings.answer_model_images,
         coding=build_coding_spec(settings) if coding else None,
+        # Fixed, like the scorers' versions: the bootstrap aggregate() runs.
+        confidence=CONFIDENCE,
     )

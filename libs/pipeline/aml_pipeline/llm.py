@@ -77,7 +77,27 @@ async def complete(
 
     With `outages`, a call that finds the endpoint down pauses the LLM stages of every replica
     (`aml_pipeline.outages`) and waits, then asks again, the same request; an outage longer than
-    `outage_seconds` fails it as the platform's own (`FinalFailure`, platform_error)."""
+    `outage_seconds` fails it as the platform's own (`FinalFailure`, platform_error).
+
+    The reply's text; `complete_reply` gives the tokens the provider counted with it."""
+    reply = await complete_reply(
+        client, model, prompt, max_tokens, admission, seed, outages, outage_seconds
+    )
+    return reply.text
+
+
+async def complete_reply(
+    client: AsyncOpenAI,
+    model: str,
+    prompt: str | Sequence[ContentPart],
+    max_tokens: int,
+    admission: Admission | None = None,
+    seed: int = 0,
+    outages: Outages | None = None,
+    outage_seconds: float = 1800.0,
+) -> ChatReply:
+    """`complete`, with the reply's `usage` (prompt and completion tokens, 0 where the provider
+    reports none): what the answer and score documents record of the platform's own model use."""
     failing_since: float | None = None
     while True:
         if outages is not None and outages.is_paused(LLM_CAPACITY_KEY):
@@ -87,7 +107,7 @@ async def complete(
                 raise FinalFailure(FailureKind.PLATFORM_ERROR, exc.reason) from None
         started = time.time()
         try:
-            text = await _complete_once(client, model, prompt, max_tokens, admission, seed)
+            reply = await _complete_once(client, model, prompt, max_tokens, admission, seed)
         except Exception as exc:
             if outages is None or not llm_down(exc):
                 raise
@@ -103,7 +123,7 @@ async def complete(
             continue
         if outages is not None:
             await outages.succeeded(LLM_CAPACITY_KEY)
-        return text
+        return reply
 
 
 async def _complete_once(
@@ -113,7 +133,7 @@ async def _complete_once(
     max_tokens: int,
     admission: Admission | None,
     seed: int,
-) -> str:
+) -> ChatReply:
     # The parts are built in OpenAI's shape (aml_evaluation stays free of the SDK's types).
     message: ChatCompletionUserMessageParam = {
         "role": "user",
@@ -126,7 +146,7 @@ async def _complete_once(
         "max_tokens": max_tokens,
         "seed": seed,
     }
-    return await _chat(client, model, body, admission, reply_text)
+    return await _chat(client, model, body, admission, chat_reply)
 
 
 async def _chat(

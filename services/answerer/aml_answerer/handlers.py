@@ -21,6 +21,7 @@ from aml_answerer.settings import AnswererSettings
 from aml_contract.messages import QuestionWork
 from aml_contract.participant import ImageUrlPart, SearchRequest
 from aml_evaluation.context import TokenCount, fit_candidates, model_image
+from aml_evaluation.efficiency import retrieved_size
 from aml_evaluation.prompts import IMAGE_PLACEHOLDER, Prompt, answer_content, question_with_options
 from aml_pipeline.capacity import lend_turn
 from aml_pipeline.coding_agent import AgentConfig, ChatMessage, ContextExhausted, PlatformFailure
@@ -33,7 +34,7 @@ from aml_pipeline.coding_track import (
     solve,
 )
 from aml_pipeline.evaluation_spec import token_counter_name
-from aml_pipeline.llm import ContextLengthExceeded, complete, complete_chat
+from aml_pipeline.llm import ContextLengthExceeded, complete_chat, complete_reply
 from aml_pipeline.outages import Outages
 from aml_pipeline.sandbox import Sandbox, SandboxUnavailable
 from aml_pipeline.stage_worker import StageCall
@@ -124,7 +125,10 @@ class SolveTask:
             raise
         except SandboxUnavailable as unavailable:
             raise FinalFailure(FailureKind.PLATFORM_ERROR, str(unavailable)) from None
-        return answer_fields(solution, agent, settings.answer_model)
+        fields = answer_fields(solution, agent, settings.answer_model)
+        # What the Search returned against what the agent's prompt kept (efficiency figures).
+        size = retrieved_size(candidates, solution.memory.kept)
+        return fields | size.model_dump()
 
     async def agent_config(self) -> AgentConfig:
         if isinstance(self.agent, AgentConfig):
@@ -174,7 +178,7 @@ class AnswerQuestion:
         sent = [url for url in shown if takes_images and model_image(url)]
         # Without the images, the question says where they were, as a memory's line does.
         text += f" {IMAGE_PLACEHOLDER}" * (len(shown) - len(sent))
-        answer = await complete(
+        reply = await complete_reply(
             self.llm,
             self.settings.answer_model,
             answer_content(self.prompt, context.memories, text, sent),
@@ -183,12 +187,15 @@ class AnswerQuestion:
             outages=self.outages,
             outage_seconds=self.settings.llm_outage_seconds,
         )
+        # What the Search returned, by the frozen word counter (the same for every answer
+        # model), against what fitted the budget: the efficiency figures' retrieved context.
+        size = retrieved_size(candidates, len(context.memories))
         images = {
             "images_sent": context.images + len(sent),
             "images_withheld": context.images_withheld + len(shown) - len(sent),
         }
         return {
-            "answer": answer.strip(),
+            "answer": reply.text.strip(),
             "model": self.settings.answer_model,
             "prompt": self.prompt.name,
             "prompt_sha256": self.prompt.sha256,
@@ -196,6 +203,10 @@ class AnswerQuestion:
             "candidates_used": len(context.memories),
             "context_tokens": context.tokens,
             "token_counter": token_counter_name(self.settings),
+            **size.model_dump(),
+            # The answer model's use, as the provider counted it.
+            "tokens_in": reply.tokens_in,
+            "tokens_out": reply.tokens_out,
             # Only when there were images, so a text question's document is as before.
             **({name: count for name, count in images.items() if count}),
         }

@@ -3,6 +3,8 @@ I/O). The templates in `templates/` lay it out; `static/` sorts tables and draws
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -10,7 +12,7 @@ from typing import Any, Literal, get_args
 from urllib.parse import quote, urlencode
 
 from aml_contract.api.leaderboard import LeaderboardEntry
-from aml_contract.api.results import Metrics
+from aml_contract.api.results import LatencyStats, MeasuredUnder, Metrics
 from aml_contract.api.vocabulary import Board, Track
 from aml_evaluation.coding.bundle import CONDITIONS
 from aml_gateway.ranking import headline
@@ -26,6 +28,7 @@ BOARD_NAMES: dict[Board, str] = {"academic": "Academic", "industrial": "Industri
 # How many entries a category chart compares (the table has them all).
 CHART_ENTRIES = 8
 DASH = "—"
+EN_DASH = "\u2013"
 # How a category kept out of Overall is named where a mark cannot be (chart labels).
 NOT_IN_OVERALL = "not in Overall"
 # The track whose headline is the share of resolved attempts (R-2.5): its boards show resolved
@@ -66,6 +69,14 @@ class Cell:
     href: str | None = None
     # The row's header cell (the system or version name).
     row_header: bool = False
+    # A mark after the text, shown but not read (a tie, another deployment; a note under the
+    # table explains it), and the words it stands for, read but not shown.
+    mark: str = ""
+    mark_text: str = ""
+    # A smaller second line under the text (the headline's 95% interval), and the words that
+    # introduce it to screen readers.
+    detail: str = ""
+    detail_label: str = ""
 
 
 @dataclass(frozen=True)
@@ -78,6 +89,18 @@ class Column:
     narrow: bool = False
     # A category reported apart, counted in no overall (LoCoMo's adversarial one).
     excluded: bool = False
+    # Lower is better (latency, tokens): the first selection sorts ascending.
+    ascending_first: bool = False
+
+
+@dataclass(frozen=True)
+class Note:
+    """A line under a table saying what a mark in it means (`mark` empty: what a detail line
+    is); `key` completes its element id."""
+
+    key: str
+    mark: str
+    text: str
 
 
 @dataclass
@@ -88,6 +111,7 @@ class Table:
     # The column the rows arrive sorted by, and how.
     sorted_by: int | None = None
     sorted_direction: Literal["ascending", "descending"] = "descending"
+    notes: list[Note] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -113,13 +137,32 @@ class Chart:
     axis: str = "Accuracy (%)"
 
 
-def _metric(metrics: Metrics | None) -> Cell:
+def interval_text(metrics: Metrics | None) -> str:
+    """The headline's 95% interval in the headline's own units, its ends joined by an en dash
+    (58.9 to 63.4 percent, or 0.501 to 0.545 for a mean token F1); "" where the results carry
+    none."""
+    interval = metrics.headline_ci if metrics is not None else None
+    if metrics is None or interval is None or headline(metrics) is None:
+        return ""
+    if metrics.headline == "f1_mean":
+        return f"{interval.low:.3f}{EN_DASH}{interval.high:.3f}"
+    return f"{interval.low * 100:.1f}{EN_DASH}{interval.high * 100:.1f}"
+
+
+INTERVAL_LABEL = "95% interval "
+
+
+def _metric(metrics: Metrics | None, interval: bool = False) -> Cell:
     """The headline of a cell: a percentage, or "F1 0.523" where the cell was scored without a
-    judge (token F1 is no share of correct answers, so it is never shown as one)."""
+    judge (token F1 is no share of correct answers, so it is never shown as one); with
+    `interval`, its 95% interval as a second line where the results carry one."""
     value = headline(metrics) if metrics is not None else None
+    detail = interval_text(metrics) if interval else ""
+    label = INTERVAL_LABEL if detail else ""
     if value is not None and metrics is not None and metrics.headline == "f1_mean":
-        return Cell(f"F1 {value:.3f}", f"{value:.6f}")
-    return Cell(percent(value), "" if value is None else f"{value:.6f}")
+        return Cell(f"F1 {value:.3f}", f"{value:.6f}", detail=detail, detail_label=label)
+    value_text = "" if value is None else f"{value:.6f}"
+    return Cell(percent(value), value_text, detail=detail, detail_label=label)
 
 
 def _option_accuracy(metrics: Metrics | None) -> Cell:
@@ -226,6 +269,143 @@ def excluded_categories(entries: Iterable[LeaderboardEntry]) -> dict[str, set[st
     return excluded
 
 
+# -- cost and certainty (what each entry's results cost, how sure its Overall is) -------------
+
+TIE_MARK = "="
+OTHER_DEPLOYMENT_MARK = "‡"
+OTHER_DEPLOYMENT_TEXT = " (measured from another deployment)"
+# Beside the figures they qualify: what answering cost, and what it was measured under.
+COST_COLUMNS = (
+    Column("Search p50 (ms)", ascending_first=True),
+    Column("Search p95 (ms)", ascending_first=True),
+    Column("Retrieved tokens", ascending_first=True),
+    Column("Measured under", "text"),
+)
+
+
+def search_latency(entry: LeaderboardEntry) -> LatencyStats | None:
+    """The Search latency a board shows: the attempts that succeeded at their question's first
+    try, the participant's own service time (retried calls are reported apart)."""
+    efficiency = entry.efficiency
+    search = efficiency.overall.search if efficiency is not None else None
+    return search.first_attempts if search is not None else None
+
+
+def retrieved_tokens(entry: LeaderboardEntry) -> float | None:
+    """Mean tokens of every candidate Search returned, per question."""
+    efficiency = entry.efficiency
+    context = efficiency.overall.context if efficiency is not None else None
+    return context.retrieved_tokens_mean if context is not None else None
+
+
+def milliseconds(value: float) -> str:
+    return f"{value:.1f}" if value < 10 else f"{value:,.0f}"
+
+
+def measured_under(conditions: MeasuredUnder) -> str:
+    """What an entry's figures were measured under, in one line: the platform deployment,
+    Search top_k (per dataset where they differ) and the version's declared capacity."""
+    top_k = sorted(set(conditions.search_top_k.values()))
+    parts = [conditions.deployment]
+    if len(top_k) == 1:
+        parts.append(f"top_k {top_k[0]}")
+    elif top_k:
+        parts.append(
+            "top_k " + ", ".join(f"{d} {k}" for d, k in sorted(conditions.search_top_k.items()))
+        )
+    concurrency = conditions.max_concurrency
+    parts.append("concurrency not declared" if concurrency is None else f"{concurrency} at once")
+    rate = conditions.max_rps
+    parts.append("rate not declared" if rate is None else f"{rate:g} req/s")
+    return " · ".join(parts)
+
+
+def majority_deployment(entries: Sequence[LeaderboardEntry]) -> str | None:
+    """The platform deployment most of the entries with figures were measured from (on a tie,
+    the best-ranked entry's of those); None where no entry has figures."""
+    labels = [e.efficiency.measured_under.deployment for e in entries if e.efficiency]
+    if not labels:
+        return None
+    counts = Counter(labels)
+    most = max(counts.values())
+    return next(label for label in labels if counts[label] == most)
+
+
+def other_deployment(entry: LeaderboardEntry, majority: str | None) -> bool:
+    """Whether the entry's figures were measured from another deployment than the majority's:
+    its latency crossed another network and does not compare with theirs."""
+    efficiency = entry.efficiency
+    return efficiency is not None and efficiency.measured_under.deployment != majority
+
+
+def _measured(text: str, value: str, other: bool) -> Cell:
+    """A cost cell, marked where it was measured from another deployment than most."""
+    if not other:
+        return Cell(text, value)
+    return Cell(text, value, mark=OTHER_DEPLOYMENT_MARK, mark_text=OTHER_DEPLOYMENT_TEXT)
+
+
+def cost_cells(entry: LeaderboardEntry, other: bool) -> list[Cell]:
+    """The COST_COLUMNS of an entry: dashes where its results carry no figures."""
+    latency = search_latency(entry)
+    cells = []
+    for percentile in (latency.p50_ms, latency.p95_ms) if latency else (None, None):
+        if percentile is None:
+            cells.append(Cell(DASH))
+        else:
+            cells.append(_measured(milliseconds(percentile), f"{percentile:.3f}", other))
+    tokens = retrieved_tokens(entry)
+    cells.append(Cell(DASH) if tokens is None else Cell(f"{tokens:,.0f}", f"{tokens:.3f}"))
+    if entry.efficiency is None:
+        cells.append(Cell(DASH))
+    else:
+        text = measured_under(entry.efficiency.measured_under)
+        cells.append(_measured(text, text, other))
+    return cells
+
+
+def _rank(rank: int, entry: LeaderboardEntry) -> Cell:
+    """The entry's place; marked where it is tied with the entry ranked just above."""
+    if entry.tied_with_above and rank > 1:
+        return Cell(str(rank), str(rank), mark=TIE_MARK, mark_text=f", tied with rank {rank - 1}")
+    return Cell(str(rank), str(rank))
+
+
+def board_notes(entries: Sequence[LeaderboardEntry], majority: str | None) -> list[Note]:
+    """What the board's marks and second lines mean, for those it shows."""
+    notes = []
+    if any(interval_text(entry.overall) for entry in entries):
+        notes.append(
+            Note(
+                "intervals",
+                "",
+                "The smaller figures under each Overall are its 95% confidence interval: a "
+                "seeded bootstrap over the questions (method and seed in the evaluation spec).",
+            )
+        )
+    if any(entry.tied_with_above for entry in entries[1:]):
+        notes.append(
+            Note(
+                "ties",
+                TIE_MARK,
+                "Tied with the entry ranked just above: a paired bootstrap over the questions "
+                "both answered does not tell their Overall apart at 95% confidence, so their "
+                "order may be chance.",
+            )
+        )
+    if any(other_deployment(entry, majority) for entry in entries):
+        notes.append(
+            Note(
+                "deployments",
+                OTHER_DEPLOYMENT_MARK,
+                "Measured from another platform deployment than most entries on this board "
+                f"({majority}): its latency crossed another network and does not compare "
+                "with theirs.",
+            )
+        )
+    return notes
+
+
 def board_table(entries: Sequence[LeaderboardEntry], caption: str) -> Table:
     """The board's entries, ranked. On the coding track Overall and every dataset, condition
     and task type cell is the share of resolved attempts; "Resolved" and "Attempts" stand where
@@ -241,10 +421,12 @@ def board_table(entries: Sequence[LeaderboardEntry], caption: str) -> Table:
         Column("Version", "text", narrow=True),
         Column("Overall"),
         Column("Resolved" if coding else "Overall F1"),
+        *COST_COLUMNS,
         Column("Team", "text"),
         Column("Board", "text"),
         Column("Declared models", "text"),
     ]
+    majority = majority_deployment(entries)
     choices = multiple_choice_datasets(entries)
     for dataset_id, categories in datasets:
         columns.append(Column(dataset_id))
@@ -259,11 +441,12 @@ def board_table(entries: Sequence[LeaderboardEntry], caption: str) -> Table:
     table = Table(caption, columns, sorted_by=3, sorted_direction="descending")
     for rank, entry in enumerate(entries, start=1):
         row = [
-            Cell(str(rank), str(rank)),
+            _rank(rank, entry),
             Cell(entry.system_name, entry.system_name, system_href(entry.system_name), True),
             Cell(entry.version_label, entry.version_label),
-            _metric(entry.overall),
+            _metric(entry.overall, interval=True),
             _second(entry.overall, coding),
+            *cost_cells(entry, other_deployment(entry, majority)),
             Cell(entry.team_name, entry.team_name),
             Cell(BOARD_NAMES[entry.board], entry.board),
             Cell(_models(entry), _models(entry)),
@@ -281,6 +464,7 @@ def board_table(entries: Sequence[LeaderboardEntry], caption: str) -> Table:
             row.extend(_metric(split.get(t)) for t in task_types.get(dataset_id, []))
         row += [_count(entry.overall), _published(entry.published_at)]
         table.rows.append(row)
+    table.notes = board_notes(entries, majority)
     return table
 
 
@@ -334,6 +518,167 @@ def charts_heading(track: Track) -> str:
     return "Resolved per memory condition" if track == CODING else "Accuracy per category"
 
 
+# The latency chart's drawing, in the SVG's own units (it scales to the page's width: at a
+# phone's 390 px, to about 0.9, its 13-unit text to about 12 px).
+SCATTER_WIDTH = 400
+SCATTER_HEIGHT = 300
+
+
+@dataclass(frozen=True)
+class Box:
+    left: float
+    top: float
+    right: float
+    bottom: float
+
+
+# Room for the value labels and the axis titles around the plot.
+SCATTER_PLOT = Box(left=58, top=14, right=376, bottom=242)
+
+
+@dataclass(frozen=True)
+class Tick:
+    at: float
+    label: str
+
+
+@dataclass(frozen=True)
+class Point:
+    """One entry on the latency chart: its place, its 95% interval as a vertical line (where
+    its results carry one), its rank drawn beside it and its accessible name; a link to the
+    system's history."""
+
+    x: float
+    y: float
+    low: float | None
+    high: float | None
+    label: str
+    name: str
+    href: str
+    other_deployment: bool
+
+
+@dataclass
+class ScatterChart:
+    """A chart drawn on the server as SVG (no script): `points` on `plot`, with the ticks of
+    each axis; `left_out` names the entries it cannot place, and why."""
+
+    id: str
+    title: str
+    description: str
+    x_axis: str
+    y_axis: str
+    x_ticks: list[Tick]
+    y_ticks: list[Tick]
+    points: list[Point]
+    left_out: list[str]
+    width: int = SCATTER_WIDTH
+    height: int = SCATTER_HEIGHT
+    plot: Box = SCATTER_PLOT
+
+
+def nice_ticks(low: float, high: float, steps: int) -> list[float]:
+    """Round values, 1, 2, 2.5 or 5 times a power of ten apart, from `low` or below to `high`
+    or above, about `steps` steps in all."""
+    span = high - low if high > low else (abs(high) or 1.0)
+    raw = span / steps
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw * (1 - 1e-9))
+    start = math.floor(low / step + 1e-9)
+    stop = max(math.ceil(high / step - 1e-9), start + 1)
+    return [round(index * step, 10) for index in range(start, stop + 1)]
+
+
+def _scale(value: float, ticks: list[float], start: float, end: float) -> float:
+    return round(start + (value - ticks[0]) / (ticks[-1] - ticks[0]) * (end - start), 1)
+
+
+def latency_chart(entries: Sequence[LeaderboardEntry]) -> ScatterChart:
+    """Overall against Search p95 latency, one point per entry (a system version) of the
+    board, with its 95% interval where known; entries without a p95 or an Overall left out,
+    named. Up and to the left is better."""
+    majority = majority_deployment(entries)
+    placed: list[tuple[int, LeaderboardEntry, float, float]] = []
+    left_out = []
+    for rank, entry in enumerate(entries, start=1):
+        latency = search_latency(entry)
+        p95 = latency.p95_ms if latency is not None else None
+        value = headline(entry.overall)
+        name = f"{entry.system_name} {entry.version_label}"
+        if p95 is None:
+            left_out.append(f"{name} (no latency figures)")
+        elif value is None:
+            left_out.append(f"{name} (no Overall)")
+        else:
+            placed.append((rank, entry, p95, value))
+    f1 = bool(placed) and all(e.overall.headline == "f1_mean" for _, e, _, _ in placed)
+    coding = is_coding(entries)
+    lows = [_low_high(e.overall, v)[0] for _, e, _, v in placed]
+    highs = [_low_high(e.overall, v)[1] for _, e, _, v in placed]
+    x_values = nice_ticks(0.0, max((p95 for _, _, p95, _ in placed), default=1.0), 4)
+    y_values = nice_ticks(min(lows, default=0.0), max(highs, default=1.0), 4)
+    plot = SCATTER_PLOT
+    points = []
+    for rank, entry, p95, value in placed:
+        low, high = _low_high(entry.overall, value)
+        interval = interval_text(entry.overall)
+        other = other_deployment(entry, majority)
+        described = [
+            f"Rank {rank}: {entry.system_name} {entry.version_label}",
+            f"Overall {_metric(entry.overall).text}"
+            + (f" ({INTERVAL_LABEL}{interval})" if interval else ""),
+            f"Search p95 {milliseconds(p95)} ms"
+            + (", measured from another deployment" if other else ""),
+        ]
+        points.append(
+            Point(
+                x=_scale(p95, x_values, plot.left, plot.right),
+                y=_scale(value, y_values, plot.bottom, plot.top),
+                low=_scale(low, y_values, plot.bottom, plot.top) if interval else None,
+                high=_scale(high, y_values, plot.bottom, plot.top) if interval else None,
+                label=str(rank),
+                name=", ".join(described),
+                href=system_href(entry.system_name),
+                other_deployment=other,
+            )
+        )
+    y_axis = "Overall resolved (%)" if coding else "Overall accuracy (%)"
+    if f1:
+        y_axis = "Overall (mean token F1)"
+    y_label = _plain if f1 else _percent_tick
+    return ScatterChart(
+        id="chart-latency",
+        title="Overall against Search p95 latency",
+        description=(
+            "Each entry of the board is a point: its Overall upwards, with its 95% interval "
+            "as a vertical line where known, against the 95th percentile of its Search latency "
+            "in milliseconds, as seen from the platform, across. Up and to the left is better. "
+            "Each point is labelled with the entry's rank and links to the system's page; "
+            "hollow points were measured from another platform deployment. The table above "
+            "has every figure."
+        ),
+        x_axis="Search p95 latency (ms)",
+        y_axis=y_axis,
+        x_ticks=[Tick(_scale(v, x_values, plot.left, plot.right), _plain(v)) for v in x_values],
+        y_ticks=[Tick(_scale(v, y_values, plot.bottom, plot.top), y_label(v)) for v in y_values],
+        points=points,
+        left_out=left_out,
+    )
+
+
+def _plain(value: float) -> str:
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:g}"
+
+
+def _percent_tick(share: float) -> str:
+    return f"{round(share * 100, 6):g}%"
+
+
+def _low_high(metrics: Metrics, value: float) -> tuple[float, float]:
+    interval = metrics.headline_ci
+    return (value, value) if interval is None else (interval.low, interval.high)
+
+
 @dataclass(frozen=True)
 class TrackHistory:
     track: Track
@@ -374,7 +719,7 @@ def system_histories(entries: Sequence[LeaderboardEntry]) -> list[TrackHistory]:
                 Cell(entry.version_label, entry.version_label, row_header=True),
                 Cell(BOARD_NAMES[entry.board], entry.board),
                 Cell(entry.team_name, entry.team_name),
-                _metric(entry.overall),
+                _metric(entry.overall, interval=True),
                 _second(entry.overall, coding),
             ]
             for dataset_id, _ in datasets:

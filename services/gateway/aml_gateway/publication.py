@@ -32,6 +32,7 @@ from aml_gateway.progress import stored_gate
 from aml_gateway.ranking import ranked
 from aml_gateway.refusals import Conflict, NotFound, echoed
 from aml_gateway.services import Services
+from aml_gateway.ties import Ties, mark_ties
 from aml_runtime.db import Document, read_time
 from aml_runtime.stores import Stores
 from aml_runtime.stores.leaderboard import LeaderboardStore
@@ -126,6 +127,9 @@ def entry_document(
         "track": job["track"],
         "overall": results["overall"],
         "datasets": results["datasets"],
+        # What the results cost and were measured under, beside them (absent on results
+        # computed before it was reported: the entry then has none either).
+        **({"efficiency": results["efficiency"]} if results.get("efficiency") else {}),
         **{name: job[name] for name in _JOB_HASHES},
         "answer_model": answer_model,
         "published_at": published_at,
@@ -237,20 +241,30 @@ async def disqualify(svc: Services, entry_id: str, reason: str) -> PublicationRe
     return record(found)
 
 
-async def _public(stores: Stores, query: Document) -> list[LeaderboardEntry]:
+async def _shown(stores: Stores, query: Document) -> list[Document]:
     documents = await stores.leaderboard.standing_entries(query, LIST_LIMIT)
     # Belt and braces: an entry is public only while its job is approved.
     approved = await stores.jobs.approved_among(d["job_id"] for d in documents)
-    return [public_entry(d) for d in documents if d["job_id"] in approved]
+    return [d for d in documents if d["job_id"] in approved]
+
+
+async def _public(stores: Stores, query: Document) -> list[LeaderboardEntry]:
+    return [public_entry(d) for d in await _shown(stores, query)]
 
 
 async def board_entries(
-    stores: Stores, track: Track, board: Board | None
+    stores: Stores, track: Track, board: Board | None, ties: Ties | None = None
 ) -> list[LeaderboardEntry]:
+    """The board's entries in rank order; with `ties` (the process's, `Services.ties`), each
+    says whether it is distinguishable from the one above it (`tied_with_above`)."""
     query: Document = {"track": track}
     if board is not None:
         query["board"] = board
-    return ranked(await _public(stores, query))
+    documents = await _shown(stores, query)
+    entries = ranked(public_entry(d) for d in documents)
+    if ties is None:
+        return entries
+    return await mark_ties(stores, ties, entries, {d["entry_id"]: d["job_id"] for d in documents})
 
 
 async def board_counts(stores: Stores) -> dict[tuple[Track, Board], int]:

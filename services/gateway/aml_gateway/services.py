@@ -14,6 +14,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_gateway.limits import Limits
 from aml_gateway.settings import GatewaySettings
+from aml_gateway.ties import Ties
 from aml_runtime.broker import Bus, JetStreamBus
 from aml_runtime.clock import now
 from aml_runtime.db import Document
@@ -33,6 +34,8 @@ class Services:
     # Questions per category of each dataset this process could read, keyed by (dataset id,
     # datasets root, bundle hash): `GET /v1/datasets` reads and hash-checks a file once.
     dataset_counts: dict[tuple[str, Path, str], dict[int, int]] = field(default_factory=dict)
+    # The boards' ties, by the entry ids shown (`aml_gateway.ties`): computed once per board.
+    ties: Ties = field(default_factory=Ties)
     # Per-address brakes on access requests and failed authentications (`aml_gateway.limits`).
     limits: Limits = field(init=False)
     # Submissions announced over the broker's connection (`aml_runtime.broker.Bus`).

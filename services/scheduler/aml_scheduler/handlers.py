@@ -4,6 +4,7 @@ guarded updates, so a redelivered event or the periodic reconciliation changes n
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -12,6 +13,7 @@ from datetime import datetime, timedelta
 
 import structlog
 
+from aml_contract.api.results import JobResults
 from aml_contract.messages import (
     AddDone,
     JobSubmitted,
@@ -20,7 +22,7 @@ from aml_contract.messages import (
     QuestionWork,
     SearchDone,
 )
-from aml_evaluation.aggregate import QuestionOutcome, aggregate
+from aml_evaluation.aggregate import QuestionOutcome, aggregate, headline_values
 from aml_evaluation.chunker import chunker_version
 from aml_evaluation.registry import DatasetFileError, bundle_hash, open_dataset_stream
 from aml_evaluation.spec import EvaluationSpec
@@ -50,12 +52,15 @@ from aml_runtime.db import Document, read_time
 from aml_runtime.documents import (
     ACTIVE_JOB_STATES,
     FailureKind,
+    JobDocument,
     ScoreDocument,
     StageRecord,
 )
 from aml_runtime.secrets import SecretBox
 from aml_runtime.stores import Stores
+from aml_runtime.stores.leaderboard import HeadlineOutcomes
 from aml_runtime.telemetry import item_trace
+from aml_scheduler.job_efficiency import EfficiencyReading, job_efficiency
 from aml_scheduler.planning import (
     PART_TURNS,
     WRITTEN_PAIRS_HELD,
@@ -499,8 +504,18 @@ class ScheduleJobs:
         # in the status and fail the publication gate). Other stages' batches are often still
         # in their window here, so a change is the normal case, not an anomaly.
         await repair_counters(self.stores, job_id, at_completion=True)
-        outcomes = await self.outcomes(job_id)
-        results = aggregate(job_id, "completed", outcomes, job.excluded_categories, job.f1_variants)
+        reading = EfficiencyReading(job.top_k)
+        outcomes = await self.outcomes(job_id, reading)
+        # The intervals' bootstrap takes about half a second at 10,000 questions: off the loop
+        # that serves every other job's events.
+        results = await asyncio.to_thread(
+            aggregate, job_id, "completed", outcomes, job.excluded_categories, job.f1_variants
+        )
+        capacity = await self._capacity(job.version_id)
+        results.efficiency = await job_efficiency(
+            self.stores, job, reading, capacity, self.settings.deployment_label
+        )
+        await keep_headline_outcomes(self.stores, job, outcomes, results)
         # A failed Add fails its job at once (`on_add_done`), so a completed job normally has
         # none (its counter says so without reading the job's chunks); counted all the same,
         # so that no platform failure goes unnoticed.
@@ -525,13 +540,35 @@ class ScheduleJobs:
                 log.warning("job.completed_with_platform_failures", job_id=job_id, reason=reason)
             await publish_finished(self.bus, job_id, "completed")
 
-    async def outcomes(self, job_id: str) -> list[QuestionOutcome]:
-        """Each question's final record: its score, or the stage where it failed and why."""
+    async def outcomes(
+        self, job_id: str, reading: EfficiencyReading | None = None
+    ) -> list[QuestionOutcome]:
+        """Each question's final record: its score, or the stage where it failed and why. Each
+        question and its record are also shown to `reading` (the efficiency figures)."""
         final = await self.stores.records.final_records(job_id)
         outcomes = []
         async for question in self.stores.plans.questions_of(job_id):
-            outcomes.append(question_outcome(question, final.get(question["_id"])))
+            record = final.get(question["_id"])
+            outcomes.append(question_outcome(question, record))
+            if reading is not None:
+                reading.question(question, record)
         return outcomes
+
+
+async def keep_headline_outcomes(
+    stores: Stores, job: JobDocument, outcomes: list[QuestionOutcome], results: JobResults
+) -> None:
+    """A full run's per-question values in its Overall headline, which the board compares with
+    the entry ranked above it (`aml_gateway.ties`). Kept before the job completes: a completion
+    repeated after a crash writes the same document, and the outcomes are final by then. A
+    smoke run is never published, so it keeps none."""
+    if job.mode != "full":
+        return
+    headline = results.overall.headline
+    values = headline_values(outcomes, job.excluded_categories, headline)
+    await stores.leaderboard.keep_headline_outcomes(
+        HeadlineOutcomes(job_id=job.id, headline=headline, values=values)
+    )
 
 
 def platform_failed(outcomes: Iterable[QuestionOutcome]) -> int:

@@ -21,3 +21,7 @@ class SchedulerSettings(ParticipantCallSettings, EvaluationSettings):
     # ten of the version's declared request periods nor twice the participant call timeout;
     # aml_scheduler.watchdog).
     job_stall_seconds: float = Field(default=1800.0, gt=0)
+    # Where this deployment calls participants from (e.g. its cloud region), named in every
+    # job's efficiency figures (`measured_under.deployment`): latency is measured from here,
+    # network included, so figures compare only between results of the same deployment.
+    deployment_label: str = "embedded"

@@ -47,7 +47,7 @@ from aml_pipeline.coding_track import (
     score_fields,
     verify,
 )
-from aml_pipeline.llm import complete
+from aml_pipeline.llm import ChatReply, complete_reply
 from aml_pipeline.outages import Outages
 from aml_pipeline.sandbox import Sandbox, SandboxLimits, SandboxUnavailable
 from aml_pipeline.stage_worker import StageCall
@@ -179,8 +179,8 @@ class ScoreAnswer:
             )
         settings = self.settings
 
-        async def ask() -> str:
-            return await complete(
+        async def ask() -> ChatReply:
+            return await complete_reply(
                 self.llm,
                 settings.judge_model,
                 text,
@@ -198,6 +198,9 @@ class ScoreAnswer:
             "judge_labels": verdict.labels,
             "judge_replies": verdict.replies,
             "judge_calls": verdict.calls,
+            # The platform's own model use (efficiency figures), as the provider counted it.
+            "judge_tokens_in": verdict.tokens_in,
+            "judge_tokens_out": verdict.tokens_out,
             "judge_model": settings.judge_model,
             "judge_prompt": prompt.name,
             "judge_prompt_sha256": prompt.sha256,

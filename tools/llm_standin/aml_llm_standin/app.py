@@ -65,7 +65,8 @@ class ChatRequest(BaseModel):
 
 
 def _estimate_tokens(text: str) -> int:
-    # The answer and judge replies' `usage`, which the platform does not read: its own estimate.
+    # The answer and judge replies' `usage` (the platform records it as its own model use):
+    # an estimate, deterministic for any text.
     return math.ceil(len(text.encode("utf-8")) / 3)
 
 

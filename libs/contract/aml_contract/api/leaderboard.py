@@ -7,7 +7,7 @@ from datetime import datetime
 from pydantic import BaseModel, Field
 
 from aml_contract.api.access_requests import DeclaredModels
-from aml_contract.api.results import DatasetResults, Metrics
+from aml_contract.api.results import DatasetResults, JobEfficiency, Metrics
 from aml_contract.api.vocabulary import Board, Track
 
 
@@ -32,6 +32,20 @@ class LeaderboardEntry(BaseModel):
     )
     repository_url: str | None = Field(
         default=None, description="The method's repository (academic board)."
+    )
+    efficiency: JobEfficiency | None = Field(
+        default=None,
+        description="What the results cost (latency as seen from the platform, network "
+        "included; retrieved context; the platform's model use) and what they were measured "
+        "under. Absent for results computed before it was reported.",
+    )
+    tied_with_above: bool | None = Field(
+        default=None,
+        description="On a board only: whether this entry's Overall is statistically "
+        "indistinguishable from the entry ranked just above (paired bootstrap over the "
+        "questions both answered, 95%; method and seed in the evaluation spec). null for the "
+        "first entry and where no paired comparison is possible (no per-question outcomes "
+        "kept, or no question in common).",
     )
 
 

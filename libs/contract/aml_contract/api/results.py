@@ -12,6 +12,15 @@ from aml_contract.api.vocabulary import JobState, Track
 Headline = Literal["accuracy", "f1_mean", "resolved_rate"]
 
 
+class Interval(BaseModel):
+    """A confidence interval of a headline figure (`low` <= the figure <= `high`, as a share in
+    [0, 1] like the figure): a seeded bootstrap over the cell's scored questions, its method,
+    level, resamples and seed in the evaluation spec (`confidence`)."""
+
+    low: float
+    high: float
+
+
 class Metrics(BaseModel):
     """One cell of the results table. Failed questions (participant outage, contract error,
     judge failure) are counted apart, by kind, and never scored as wrong."""
@@ -69,6 +78,13 @@ class Metrics(BaseModel):
     )
     f1_mean: float | None
     bleu1_mean: float | None = None
+    headline_ci: Interval | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description="95% confidence interval of the headline figure (bootstrap over the cell's "
+        "scored questions; method and seed in the evaluation spec). Absent on results computed "
+        "before it was reported, and on a cell without a headline figure.",
+    )
     judge_runs: int = Field(default=1, description="Judge calls per question (majority vote).")
     judge_run_accuracy_mean: float | None = Field(
         default=None, description="Mean over judge runs of each run's own accuracy."
@@ -102,6 +118,106 @@ class DatasetResults(BaseModel):
     )
 
 
+class LatencyStats(BaseModel):
+    """Latency of participant calls as the participant served them (the audit's `latency_ms`:
+    request sent to response received, the platform's queueing excluded), from a histogram of
+    log-spaced buckets: each percentile is its bucket's upper bound, within `resolution` of the
+    exact order statistic; `max_ms` is exact."""
+
+    count: int
+    p50_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    max_ms: float | None
+    resolution: float = Field(description="Relative width of a histogram bucket (0.02: 2%).")
+
+
+class CallStats(BaseModel):
+    """One operation's HTTP calls to the participant (Add with its status polls, or Search)."""
+
+    items: int = Field(description="Work items (an Add request, a question's Search).")
+    attempts: int = Field(description="HTTP attempts, retries included.")
+    first_attempts: LatencyStats = Field(
+        description="Attempts that succeeded at their item's first try."
+    )
+    retried: LatencyStats = Field(
+        description="Every attempt of items that needed more than one (the retries and the "
+        "attempts they retried)."
+    )
+    timeouts: int = Field(description="Attempts that got no answer within the timeout.")
+    rate_limited: int = Field(description="Attempts answered 429.")
+    errors: int = Field(description="Other failed attempts: 5xx, connection errors, bad bodies.")
+
+
+class ContextStats(BaseModel):
+    """What the participant's Search returned per question and how much of it reached the
+    answer model after the evaluation spec's context budget (R-4.5 word counter for tokens)."""
+
+    questions: int = Field(description="Questions answered from a Search's candidates.")
+    candidates_returned_mean: float | None
+    retrieved_tokens_mean: float | None = Field(
+        description="Tokens of every returned candidate (frozen word counter), per question."
+    )
+    retrieved_bytes_mean: float | None = Field(
+        description="UTF-8 bytes of every returned candidate's text, per question."
+    )
+    candidates_used_mean: float | None = Field(
+        description="Candidates that fitted the answer model's context budget, per question."
+    )
+    used_tokens_mean: float | None = Field(
+        description="Tokens of the candidates that reached the answer model, per question."
+    )
+    truncated_questions: int = Field(
+        description="Questions where some returned candidates did not fit the context budget."
+    )
+
+
+class LLMUse(BaseModel):
+    """The platform's own model use per question (as the provider counted it)."""
+
+    questions: int
+    answer_tokens_in_mean: float | None
+    answer_tokens_out_mean: float | None
+    judge_tokens_in_mean: float | None
+    judge_tokens_out_mean: float | None
+
+
+class Efficiency(BaseModel):
+    """What one cell's results cost: the participant's latency, its retrieved context and the
+    platform's model use. `add` is reported per job and per dataset only (an Add belongs to no
+    question category)."""
+
+    add: CallStats | None = None
+    search: CallStats | None = None
+    context: ContextStats | None = None
+    llm: LLMUse | None = None
+
+
+class DatasetEfficiency(BaseModel):
+    overall: Efficiency
+    categories: dict[str, Efficiency]
+
+
+class MeasuredUnder(BaseModel):
+    """The conditions the efficiency figures were measured under: figures compare only between
+    results measured under the same ones."""
+
+    search_top_k: dict[str, int] = Field(description="Dataset id -> Search top_k.")
+    max_concurrency: int | None = Field(description="The version's declared concurrency.")
+    max_rps: float | None = Field(description="The version's declared request rate.")
+    deployment: str = Field(
+        description="The platform deployment's label an operator sets (AML_DEPLOYMENT_LABEL, "
+        "e.g. its region): latency includes the network between it and the participant."
+    )
+
+
+class JobEfficiency(BaseModel):
+    method: str = Field(description="The versioned rule the figures were computed by.")
+    measured_under: MeasuredUnder
+    overall: Efficiency
+    datasets: dict[str, DatasetEfficiency]
+
+
 class JobResults(BaseModel):
     job_id: str
     state: JobState
@@ -113,3 +229,10 @@ class JobResults(BaseModel):
     )
     overall: Metrics
     datasets: dict[str, DatasetResults]
+    efficiency: JobEfficiency | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description="What the results cost, beside them (latency, retrieved context, the "
+        "platform's model use); outside the results fingerprint. Absent on results computed "
+        "before it was reported.",
+    )

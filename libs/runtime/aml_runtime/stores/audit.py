@@ -5,7 +5,8 @@ One record per HTTP attempt, written by the adder's and the searcher's `CallReco
 (`aml_pipeline.audit`): inserted as the attempt ends, and on the answered attempt the contract
 validation's outcome, written with it or, rarely, set on it afterwards. The gateway shows a
 job's records to its team a page at a time; the stall watchdog reads a stalled job's latest
-call. Retention keeps the records (their metadata is what the audit shows).
+call; the scheduler streams a completed job's records once, item by item, for its efficiency
+figures. Retention keeps the records (their metadata is what the audit shows).
 
 Every filter, update, sort and option below is the one its caller sent before this store
 existed: a record is written once per attempt (the hottest write of a participant call), the
@@ -17,6 +18,7 @@ with `.get`."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 from bson import ObjectId
@@ -24,6 +26,21 @@ from pymongo import ASCENDING, DESCENDING
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aml_runtime.db import Document
+
+# What the efficiency figures read of a record (aml_evaluation.efficiency.CallAttempt), once
+# per record of a completed job: a projection, not the record.
+EFFICIENCY_FIELDS = {
+    "_id": 0,
+    "item_id": 1,
+    "request_id": 1,
+    "operation": 1,
+    "attempt": 1,
+    "latency_ms": 1,
+    "status": 1,
+    "error_class": 1,
+    "outcome": 1,
+    "validation": 1,
+}
 
 
 def _of_item(item_id: str) -> Document:
@@ -78,6 +95,15 @@ class AuditStore:
         if after is not None:
             query["_id"] = {"$gt": after}
         return await self._db.calls.find(query).sort("_id", ASCENDING).limit(limit + 1).to_list()
+
+    async def attempts_by_item(self, job_id: str) -> AsyncIterator[Document]:
+        """Every record of the job, only `EFFICIENCY_FIELDS`, each item's records together in
+        `attempt` order (sorted by `item_id`, then `attempt`: the `(job_id, item_id, attempt)`
+        index serves the sort, the `job_id` index the filter on nx-27017), so a reader holds one
+        item at a time. Once per completed job, streamed."""
+        found = self._db.calls.find({"job_id": job_id}, EFFICIENCY_FIELDS)
+        async for record in found.sort([("item_id", ASCENDING), ("attempt", ASCENDING)]):
+            yield record
 
     async def latest_call(self, job_id: str, stage: str) -> Document | None:
         """The job's record at `stage` started last, as stored (read with `.get`). Once per

@@ -10,7 +10,8 @@ nothing). The scheduler then releases the Adds in each user's order (`chain_chun
 facts and Search body (`question`, `question_user`, `search_body`); the searcher looks up who a
 returned text was written for (`written_owners`); the progress repair and the stall watchdog
 read the chunks' states (`chunk_states`, `pending_chunks`); the completion reads what an outcome
-names of every question (`questions_of`, `platform_failed_chunks`); the gateway pages through
+names of every question (`questions_of`, `platform_failed_chunks`) and which dataset each Add
+was of (`chunk_datasets`); the gateway pages through
 a coding job's attempts for its owner (`attempts_page`); retention empties the bodies and drops
 the written texts (`purge_bodies`, `drop_written`).
 
@@ -56,6 +57,8 @@ _OUTCOME_FIELDS = {
     "point_index": 1,
     # A coding attempt's task type (absent elsewhere): results split by it.
     "task_type": 1,
+    # The Search top_k a dataset declares (absent: the job's): what efficiency was measured under.
+    "top_k": 1,
 }
 # What names a coding attempt on its job's page (never its Search body or problem statement).
 _ATTEMPT_FIELDS = {
@@ -178,6 +181,12 @@ class PlanStore:
         async for chunk in self._db.add_chunks.find({"job_id": job_id}, {"state": 1, "at_us": 1}):
             yield chunk
 
+    async def chunk_datasets(self, job_id: str) -> AsyncIterator[Document]:
+        """Every chunk of the job, only its `dataset_id` (which dataset an Add's calls count in:
+        once per completed job of several datasets, the `job_id` index)."""
+        async for chunk in self._db.add_chunks.find({"job_id": job_id}, {"dataset_id": 1}):
+            yield chunk
+
     async def platform_failed_chunks(self, job_id: str) -> int:
         """How many of the job's chunks failed by the platform itself (`platform_error`)."""
         failed = self._db.add_chunks.find(
@@ -217,8 +226,8 @@ class PlanStore:
 
     async def questions_of(self, job_id: str) -> AsyncIterator[Document]:
         """Every question of the job, only what its outcome names (`dataset_id`,
-        `category_name`, `question_id`, `point_index`, `task_type`): once per job, the `job_id`
-        index."""
+        `category_name`, `question_id`, `point_index`, `task_type`) and its Search `top_k`
+        where the dataset declares one: once per job, the `job_id` index."""
         async for question in self._db.questions.find({"job_id": job_id}, _OUTCOME_FIELDS):
             yield question
 

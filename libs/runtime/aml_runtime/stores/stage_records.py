@@ -6,10 +6,10 @@ A record is inserted once per question and stage by `aml_pipeline.question_stage
 id) settles a redelivery or a concurrent delivery, whose insert fails with `DuplicateKeyError`
 and reads the state that stands (`store_outcome`, `state_of`). The next stage reads what it
 was not handed with its work (the answerer a search's candidates, the scorer an answer), the
-scheduler reads whether held searches are final and each question's final record when the job
-completes, the stall watchdog reads held searches too, the progress repair recounts the
-records' states and times, the gateway shows a search and a coding job's attempts to their
-team, and retention empties their bodies.
+scheduler reads whether held searches are final and each question's final record (and its
+answer's figures) when the job completes, the stall watchdog reads held searches too, the
+progress repair recounts the records' states and times, the gateway shows a search and a
+coding job's attempts to their team, and retention empties their bodies.
 
 Every filter, update, projection and option below is the one its caller sent before this
 store existed: the hot ones are served by the indexes of `aml_runtime.documents` on nx-27017
@@ -70,6 +70,19 @@ _ATTEMPT_FIELDS: dict[QuestionStage, Document] = {
         "patch_rejected": 1,
     },
     "score": {"state": 1, "failure_kind": 1, "failure": 1, "resolved": 1, "reason": 1},
+}
+
+
+# What the efficiency figures read of an answer (aml_evaluation.efficiency.AnswerUse).
+ANSWER_FIGURES = {
+    "state": 1,
+    "candidates_returned": 1,
+    "candidates_used": 1,
+    "retrieved_tokens": 1,
+    "retrieved_bytes": 1,
+    "used_tokens": 1,
+    "tokens_in": 1,
+    "tokens_out": 1,
 }
 
 
@@ -170,6 +183,14 @@ class StageRecordStore:
         async for doc in self._db.scores.find({"job_id": job_id}, {"test_log": 0}):
             final.setdefault(doc["_id"], ScoreDocument.model_validate(doc))
         return final
+
+    async def answer_figures(self, job_id: str) -> AsyncIterator[Document]:
+        """The job's `done` answers, only `ANSWER_FIGURES` (the efficiency figures, once per
+        completed job: the `job_id` index, streamed; a failed answer holds none of them)."""
+        found = self._db.answers.find({"job_id": job_id}, ANSWER_FIGURES)
+        async for doc in found:
+            if doc.get("state") == "done":
+                yield doc
 
     async def stamps(self, job_id: str) -> AsyncIterator[tuple[QuestionStage, Document]]:
         """Every record of the job with its stage, only its `state` and `at_us` (the progress

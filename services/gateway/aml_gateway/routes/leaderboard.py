@@ -22,8 +22,9 @@ async def get_leaderboard(
     svc: ServicesDep, track: Track = "textual", board: Board | None = None
 ) -> Leaderboard:
     """One track's board (all boards when `board` is left out), best Overall first, with the
-    per-dataset and per-category metrics of every entry."""
-    entries = await publication.board_entries(svc.stores, track, board)
+    per-dataset and per-category metrics of every entry and whether it is distinguishable
+    from the entry above it (`tied_with_above`)."""
+    entries = await publication.board_entries(svc.stores, track, board, svc.ties)
     return Leaderboard(track=track, board=board, entries=entries)
 
 

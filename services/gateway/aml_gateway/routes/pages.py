@@ -56,7 +56,7 @@ async def leaderboard_page(
         return _not_found(request, "There is no such track or board.")
     counts = await publication.board_counts(svc.stores)
     chosen_track, chosen_board = pages.choose_board(counts, track, board)
-    entries = await publication.board_entries(svc.stores, chosen_track, chosen_board)
+    entries = await publication.board_entries(svc.stores, chosen_track, chosen_board, svc.ties)
     title = f"{pages.TRACK_NAMES[chosen_track]} track, {pages.BOARD_NAMES[chosen_board]} board"
     charts = pages.category_charts(entries)
     return _render(
@@ -71,6 +71,7 @@ async def leaderboard_page(
             "table": pages.board_table(entries, f"{title}: entries by Overall"),
             "charts": charts,
             "chart_data": pages.chart_data(charts),
+            "latency_chart": pages.latency_chart(entries),
         },
     )
 

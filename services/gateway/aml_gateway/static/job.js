@@ -345,6 +345,8 @@
   }
 
   function renderResults(results) {
+    // What the results cost is drawn by efficiency.js, from the same answer.
+    document.dispatchEvent(new CustomEvent("aml:results", { detail: results }));
     var coding = results.track === "coding";
     $("results-generic").hidden = coding;
     $("coding-block").hidden = !coding;

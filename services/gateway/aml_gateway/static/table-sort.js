@@ -24,7 +24,8 @@
     var direction;
     if (current === "ascending") direction = "descending";
     else if (current === "descending") direction = "ascending";
-    else direction = kind === "number" ? "descending" : "ascending";
+    // A column where lower is better (latency) says so; the others start from the top.
+    else direction = button.getAttribute("data-first") || (kind === "number" ? "descending" : "ascending");
 
     var body = table.tBodies[0];
     var rows = Array.prototype.slice.call(body.rows);
