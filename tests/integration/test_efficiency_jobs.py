@@ -7,14 +7,18 @@ truncated) and one whose first answers to some Searches are a 503, a 429 and a t
 retried, left out of the first attempts).
 
 Latency is measured by the platform (request sent to response received), so it is the drawn
-latency plus the way through loopback and the simulator's own handling: the figures are
-asserted between the drawn order statistic and that plus `LOOPBACK_MS`, with the bucket's 2%."""
+latency plus the way through loopback and the simulator's own handling, which a loaded
+two-core machine stretches without bound. So each figure is asserted against both ends: the
+exact order statistic of the latencies the audit recorded, within the histogram's 2% (what the
+figure claims), and never below the order statistic the participant drew (each recorded
+latency holds its drawn one), with only a loose sanity bound above it."""
 
 from __future__ import annotations
 
 import json
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,11 +51,12 @@ if _MISSING:
 JOB_TIMEOUT = 120.0
 DATASET = "synthetic"
 RESOLUTION = 0.02
-# The platform's time around the participant's on loopback (the simulator's own handling, the
-# way through loopback, reading the answer): 5-12 ms measured, generous on a loaded machine.
-LOOPBACK_MS = 30.0
-# Each attempt's deadline (AML_PARTICIPANT_TIMEOUT_SECONDS): a slower answer is a timeout.
-TIMEOUT_SECONDS = 1.0
+# Far above the way through loopback on a quiet machine (a few ms), yet far below the drawn
+# latencies' spread: a figure above drawn + this is not measuring the participant.
+SANITY_MS = 1000.0
+# Each attempt's deadline (AML_PARTICIPANT_TIMEOUT_SECONDS): a slower answer is a timeout. Far
+# above the scripted latencies, so a loaded machine does not turn an ordinary call into one.
+TIMEOUT_SECONDS = 3.0
 CAPACITY = {"max_concurrency": 4, "max_rps": 50}
 DEPLOYMENT = "loopback-test"
 
@@ -78,7 +83,15 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
         yield start_platform(stack, config)
 
 
-def run(platform: Platform, team: str, script: Script) -> tuple[dict[str, Any], Simulator]:
+@dataclass
+class Run:
+    results: dict[str, Any]
+    simulator: Simulator
+    job_id: str
+    key: str
+
+
+def run(platform: Platform, team: str, script: Script) -> Run:
     """A smoke job (the synthetic dataset) against a simulated participant: its results, and
     the simulator that recorded every request."""
     simulator = Simulator(script)
@@ -95,8 +108,31 @@ def run(platform: Platform, team: str, script: Script) -> tuple[dict[str, Any], 
         timeout=30,
     )
     assert response.status_code == 200, response.text
-    results: dict[str, Any] = response.json()
-    return results, simulator
+    return Run(response.json(), simulator, job_id, key)
+
+
+def audited_latencies(platform: Platform, done: Run, operation: str) -> list[float]:
+    """`latency_ms` of the job's successful first attempts of `operation`, from its audit."""
+    latencies, cursor = [], None
+    while True:
+        params: dict[str, Any] = {"limit": 500, **({"cursor": cursor} if cursor else {})}
+        response = httpx.get(
+            f"{platform.gateway_url}/v1/jobs/{done.job_id}/audit",
+            params=params,
+            headers={"Authorization": f"Bearer {done.key}"},
+            timeout=30,
+        )
+        assert response.status_code == 200, response.text
+        page = response.json()
+        latencies += [
+            record["latency_ms"]
+            for record in page["records"]
+            if record["operation"] == operation and record["attempt"] == 1
+            and record["outcome"] == "ok"
+        ]  # fmt: skip
+        cursor = page["next_cursor"]
+        if cursor is None:
+            return latencies
 
 
 def nearest_rank(values: list[float], percent: int) -> float:
@@ -104,9 +140,11 @@ def nearest_rank(values: list[float], percent: int) -> float:
     return ordered[max(1, math.ceil(percent * len(ordered) / 100)) - 1]
 
 
-def assert_measured(reported: float, drawn: float) -> None:
-    """A reported figure against the participant's own (drawn) time, in ms."""
-    assert drawn <= reported <= (drawn + LOOPBACK_MS) * (1 + RESOLUTION), (reported, drawn)
+def assert_measured(reported: float, audited: float, drawn: float) -> None:
+    """A reported percentile against the same order statistic of the audited latencies (its
+    histogram bucket's upper bound: at most 2% above) and of the participant's drawn ones."""
+    assert audited <= reported <= audited * (1 + RESOLUTION) + 1e-9, (reported, audited)
+    assert drawn <= reported <= drawn + SANITY_MS, (reported, drawn)
 
 
 def test_a_known_latency_distribution_comes_out_as_drawn(platform: Platform) -> None:
@@ -114,8 +152,8 @@ def test_a_known_latency_distribution_comes_out_as_drawn(platform: Platform) -> 
         search=EndpointScript(latency=UniformLatency(kind="uniform", low=0.05, high=0.3, seed=5)),
         add=EndpointScript(latency=FixedLatency(kind="fixed", seconds=0.1)),
     )
-    results, simulator = run(platform, "team-latency", script)
-    figures = results["efficiency"]
+    done = run(platform, "team-latency", script)
+    simulator, figures = done.simulator, done.results["efficiency"]
     assert figures["method"] == "efficiency-v1"
     assert figures["measured_under"] == {
         "search_top_k": {DATASET: 100}, "max_concurrency": 4, "max_rps": 50.0,
@@ -128,15 +166,20 @@ def test_a_known_latency_distribution_comes_out_as_drawn(platform: Platform) -> 
     assert (search["items"], search["attempts"], search["retried"]["count"]) == (30, 30, 0)
     first = search["first_attempts"]
     assert first["count"] == 30 and first["resolution"] == RESOLUTION
+    audited = audited_latencies(platform, done, "search")
+    assert len(audited) == 30
     for percent in (50, 95, 99):
-        assert_measured(first[f"p{percent}_ms"], nearest_rank(drawn, percent))
-    assert max(drawn) <= first["max_ms"] <= max(drawn) + LOOPBACK_MS
+        reported = first[f"p{percent}_ms"]
+        assert_measured(reported, nearest_rank(audited, percent), nearest_rank(drawn, percent))
+    assert first["max_ms"] == max(audited) and max(drawn) <= first["max_ms"]
 
     adds = [r for r in simulator.requests if r.endpoint == "add"]
     add = figures["overall"]["add"]
     assert add["items"] == add["first_attempts"]["count"] == len(adds)
+    audited_adds = audited_latencies(platform, done, "add")
     for percent in (50, 95):
-        assert_measured(add["first_attempts"][f"p{percent}_ms"], 100.0)
+        reported = add["first_attempts"][f"p{percent}_ms"]
+        assert_measured(reported, nearest_rank(audited_adds, percent), 100.0)
     # Per dataset as per job (one dataset); per category, Searches only.
     dataset = figures["datasets"][DATASET]
     assert dataset["overall"]["search"] == search
@@ -163,8 +206,8 @@ def test_oversized_candidates_are_retrieved_in_full_and_mostly_lost(platform: Pl
     search = EndpointScript(
         then=Outcome(status=200, body=body, headers={"content-type": "application/json"})
     )
-    results, _ = run(platform, "team-oversized", Script(search=search))
-    context = results["efficiency"]["overall"]["context"]
+    done = run(platform, "team-oversized", Script(search=search))
+    context = done.results["efficiency"]["overall"]["context"]
     texts = [str(candidate["content"]) for candidate in candidates]
     words = [count_words(text) for text in texts]
     # The context budget (200 tokens here) keeps only the first, always kept, candidate.
@@ -187,8 +230,8 @@ def test_retried_calls_are_counted_apart_from_first_attempts(platform: Platform)
             slow: [slow_answer],
         }
     )
-    results, simulator = run(platform, "team-retried", Script(search=search))
-    calls = results["efficiency"]["overall"]["search"]
+    done = run(platform, "team-retried", Script(search=search))
+    simulator, calls = done.simulator, done.results["efficiency"]["overall"]["search"]
     assert (calls["items"], calls["attempts"]) == (30, 33)
     assert (calls["timeouts"], calls["rate_limited"], calls["errors"]) == (1, 1, 1)
     assert calls["first_attempts"]["count"] == 27

@@ -55,6 +55,13 @@ async def test_nats_with_jetstream_is_healthy(nats_url: str) -> None:
     assert await check_nats(nats_url, 2.0) is None
 
 
+async def test_a_server_list_is_healthy_while_one_of_them_answers(nats_url: str) -> None:
+    # A cluster's URLs, the first of them down: nats-py picks them in random order.
+    down = f"nats://127.0.0.1:{free_port()}"
+    for _ in range(5):
+        assert await check_nats(f"{down},{nats_url}", 2.0) is None
+
+
 async def test_unreachable_nats_is_unhealthy() -> None:
     problem = await check_nats(f"nats://127.0.0.1:{free_port()}", 2.0)
     assert problem is not None and "cannot connect" in problem

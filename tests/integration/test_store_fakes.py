@@ -35,7 +35,7 @@ from pymongo.errors import DuplicateKeyError
 
 from aml_contract.participant import user_chunk_id
 from aml_runtime.clock import micros, now
-from aml_runtime.db import Document, read_time
+from aml_runtime.db import CLIENT_OPTIONS, Document, read_time
 from aml_runtime.documents import (
     AddChunkDocument,
     FailureKind,
@@ -43,6 +43,7 @@ from aml_runtime.documents import (
     QuestionDocument,
     ScoreDocument,
     StageRecord,
+    code_hashes_of,
     ensure_indexes,
 )
 from aml_runtime.stores import Stores
@@ -57,6 +58,7 @@ from fake_stores import (
     MemoryAuditStore,
     MemoryJobStore,
     MemoryLeaderboardStore,
+    MemoryLimitStore,
     MemoryOutageStore,
     MemoryPlanStore,
     MemorySlotStore,
@@ -122,7 +124,11 @@ class World:
 
 @pytest.fixture(scope="module")
 async def database(mongo_url: str) -> AsyncIterator[AsyncDatabase[Document]]:
-    client: AsyncMongoClient[Document] = AsyncMongoClient(mongo_url, tz_aware=True)
+    # With the services' own client options (majority writes and reads, journaling, retries:
+    # `aml_runtime.db.connect`), which nx-27017 accepts.
+    client: AsyncMongoClient[Document] = AsyncMongoClient(
+        mongo_url, tz_aware=True, **CLIENT_OPTIONS
+    )
     db = client["aml_store_fakes_it"]
     await ensure_indexes(db)
     yield db
@@ -384,6 +390,22 @@ async def test_complete_and_fail_change_only_a_job_they_may_end(world: World) ->
     assert await jobs.fail(running, "add", kind, "too late", T3) is None
     assert like(await world.stored("jobs", running), completed) == completed
     assert await jobs.fail(fresh("job"), "add", kind, "no such job", T3) is None
+
+
+async def test_each_build_that_touches_a_job_is_recorded_once(world: World) -> None:
+    jobs = world.stores.jobs
+    job_id = fresh("job")
+    await world.seed("jobs", a_job(job_id, state="running", planned=True))
+
+    await jobs.record_code_hash(job_id, "code-1")
+    await jobs.record_code_hash(job_id, "code-1")
+    stored = await world.stored("jobs", job_id)
+    assert stored is not None and code_hashes_of(stored) == ["code-1"]
+    await jobs.record_code_hash(job_id, "code-2")
+    ending: Document = {"results": {}, "platform_failures": 0, "platform_failure_reason": None}
+    assert await jobs.complete(job_id, finished_at=T1, code_hash="code-3", **ending) is True
+    stored = await world.stored("jobs", job_id)
+    assert stored is not None and code_hashes_of(stored) == ["code-1", "code-2", "code-3"]
 
 
 async def test_of_concurrent_endings_of_a_job_one_takes(world: World) -> None:
@@ -1306,6 +1328,33 @@ async def test_a_version_is_read_whole_or_as_its_capacity_and_limits(world: Worl
 
 # -- the fakes themselves --------------------------------------------------------------------------
 
+# -- rate limits ----------------------------------------------------------------------------------
+
+
+async def test_a_bucket_only_grows_and_gives_at_most_its_tokens_to_concurrent_takes(
+    world: World,
+) -> None:
+    """The two operations `aml_gateway.limits.SharedRateLimiter` takes a token with: a bucket
+    at 100 s of burst 3 and a token every 2 s has tokens while `tat` is at most 104."""
+    limits = world.stores.limits
+    key, created = fresh("auth_failures/192.0.2.1"), fresh("access_requests/192.0.2.2")
+    keep = now() + timedelta(hours=1)
+    assert await limits.bucket(key) is None
+    assert await limits.take(key, 1000.0, 2.0, keep) is None  # no bucket: nothing to take from
+    assert await limits.catch_up(key, 100.0, keep) == 100.0
+    assert await limits.catch_up(key, 90.0, keep) == 100.0  # never moved back
+    assert await limits.bucket(key) == 100.0
+    taken = await asyncio.gather(*(limits.take(key, 104.0, 2.0, keep) for _ in range(12)))
+    assert sorted(tat for tat in taken if tat is not None) == [102.0, 104.0, 106.0]
+    assert await limits.bucket(key) == 106.0
+    assert await limits.catch_up(key, 105.0, keep) == 106.0
+    assert await limits.catch_up(key, 200.0, keep) == 200.0
+    # Created by many at once: one bucket, each of them sees it.
+    caught = await asyncio.gather(*(limits.catch_up(created, 50.0, keep) for _ in range(8)))
+    assert caught == [50.0] * 8
+    assert await limits.bucket(created) == 50.0
+
+
 FAKES = [
     MemoryJobStore,
     MemoryPlanStore,
@@ -1316,6 +1365,7 @@ FAKES = [
     MemoryAccountStore,
     MemorySlotStore,
     MemoryAccessRequestStore,
+    MemoryLimitStore,
 ]
 
 

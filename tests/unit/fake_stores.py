@@ -71,6 +71,7 @@ from aml_runtime.stores.leaderboard import (
     decode_outcomes,
     encode_outcomes,
 )
+from aml_runtime.stores.limits import LimitStore
 from aml_runtime.stores.outages import OutageStore
 from aml_runtime.stores.plans import (
     _ANNOUNCED_FIELDS,
@@ -332,6 +333,12 @@ class MemoryJobStore(_MemoryStore):
             },
         )
 
+    async def record_code_hash(self, job_id: str, code_hash: str) -> None:
+        await _round_trip()
+        job = self.jobs.get(job_id)
+        if job is not None:
+            _set(job, {f"code_hashes.{code_hash}": True})
+
     async def complete(
         self,
         job_id: str,
@@ -340,6 +347,7 @@ class MemoryJobStore(_MemoryStore):
         results: Document,
         platform_failures: int,
         platform_failure_reason: str | None,
+        code_hash: str | None = None,
     ) -> bool:
         await _round_trip()
         job = self.jobs.get(job_id)
@@ -353,6 +361,8 @@ class MemoryJobStore(_MemoryStore):
         }
         if platform_failure_reason is not None:
             fields["platform_failure_reason"] = platform_failure_reason
+        if code_hash is not None:
+            fields[f"code_hashes.{code_hash}"] = True
         _set(job, fields)
         return True
 
@@ -992,6 +1002,35 @@ class MemoryAccessRequestStore(_MemoryStore):
     real = AccessRequestStore
 
 
+class MemoryLimitStore(_MemoryStore):
+    """`aml_runtime.stores.limits.LimitStore`: `buckets` (`rate_limits`, by `<limit>/<address>`).
+    No TTL here: a bucket stays, which reads as the full bucket the deleted one would."""
+
+    real = LimitStore
+
+    def __init__(self) -> None:
+        self.buckets: dict[str, Document] = {}
+
+    async def bucket(self, key: str) -> float | None:
+        await _round_trip()
+        found = self.buckets.get(key)
+        return None if found is None else float(found["tat"])
+
+    async def catch_up(self, key: str, now: float, expires: datetime) -> float:
+        await _round_trip()
+        found = self.buckets.setdefault(key, {"_id": key, "tat": now, "expires": expires})
+        _set(found, {"tat": max(found["tat"], now), "expires": max(found["expires"], expires)})
+        return float(found["tat"])
+
+    async def take(self, key: str, at_most: float, step: float, expires: datetime) -> float | None:
+        await _round_trip()
+        found = self.buckets.get(key)
+        if found is None or found["tat"] > at_most:
+            return None
+        _set(found, {"tat": found["tat"] + step, "expires": max(found["expires"], expires)})
+        return float(found["tat"])
+
+
 # -- the bundle ------------------------------------------------------------------------------------
 
 
@@ -1009,6 +1048,7 @@ class MemoryStores:
     accounts: MemoryAccountStore = field(default_factory=MemoryAccountStore)
     access_requests: MemoryAccessRequestStore = field(default_factory=MemoryAccessRequestStore)
     leaderboard: MemoryLeaderboardStore = field(default_factory=MemoryLeaderboardStore)
+    limits: MemoryLimitStore = field(default_factory=MemoryLimitStore)
 
     def typed(self) -> Stores:
         """These fakes where the code expects the real stores (they answer what it asks)."""
@@ -1022,6 +1062,7 @@ class MemoryStores:
             accounts=cast(AccountStore, self.accounts),
             access_requests=cast(AccessRequestStore, self.access_requests),
             leaderboard=cast(LeaderboardStore, self.leaderboard),
+            limits=cast(LimitStore, self.limits),
         )
 
 

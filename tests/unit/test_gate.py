@@ -188,6 +188,20 @@ def test_no_checks_is_not_a_pass() -> None:
             "missing: the job records no pipeline code hash (baseline 'code-1')",
         ),
         (
+            {"code_hashes": ["code-1", "code-2"]},
+            "code_hash",
+            "mixed code: the job's items were processed by builds code-1, code-2 (submitted under "
+            "code-1): the services were replaced mid-job (a rolling upgrade), the platform's "
+            "doing; run the job again",
+        ),
+        (
+            {"code_hashes": ["code-2"]},
+            "code_hash",
+            "mixed code: the job's items were processed by builds code-2 (submitted under "
+            "code-1): the services were replaced mid-job (a rolling upgrade), the platform's "
+            "doing; run the job again",
+        ),
+        (
             {"dataset_bundle_hash": "bundle-0"},
             "dataset_bundle_hash",
             "dataset bundle hash 'bundle-0' differs from the baseline 'bundle-1'",
@@ -317,6 +331,18 @@ def test_job_facts_from_the_stored_document() -> None:
     facts = job_facts(job_document(), {"add": StageCounts(done=4), **stages}, 0)
     assert facts == good_job()
     assert gate_passed(run_gate(facts, BASELINE, []))
+
+
+def test_one_build_recorded_on_the_job_passes_and_two_do_not() -> None:
+    stages = {stage: StageCounts(done=13) for stage in ("search", "answer", "score")}
+    stages["add"] = StageCounts(done=4)
+    # As nx-27017 keeps a `$set` true: 1.
+    one = job_facts(job_document(code_hashes={"code-1": 1}), stages, 0)
+    assert one.code_hashes == ["code-1"]
+    assert gate_passed(run_gate(one, BASELINE, []))
+    two = job_facts(job_document(code_hashes={"code-2": True, "code-1": True}), stages, 0)
+    assert two.code_hashes == ["code-1", "code-2"]
+    assert set(failing(run_gate(two, BASELINE, []))) == {"code_hash"}
 
 
 def test_question_counts_include_excluded_categories() -> None:

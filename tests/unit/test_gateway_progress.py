@@ -216,6 +216,22 @@ def test_a_job_completed_with_platform_failures_is_not_publishable_nor_charged()
         assert status.state_summary == f"completed — not publishable: {SPOILED}; not charged"
 
 
+def test_a_job_processed_by_two_builds_is_not_publishable_nor_charged() -> None:
+    """A rolling upgrade replaced the services mid-job: the platform's doing, not the team's."""
+    mixed = _job(state="completed", finished_at=FINISHED, code_hash="a" * 64,
+                 code_hashes={"a" * 64: True, "b" * 64: True})  # fmt: skip
+    status = status_of(mixed, VERSION, [], NOW)
+    assert status.code_hashes == ["a" * 64, "b" * 64]
+    assert status.publishable is False and status.charged is False
+    assert status.not_publishable_reason is not None
+    assert status.not_publishable_reason.startswith("mixed code: ")
+    assert status.not_publishable_reason.endswith("not charged to your quota")
+    assert "(mixed code); not charged" in status.state_summary
+    # One build throughout: as any completed job.
+    single = status_of(mixed | {"code_hashes": {"a" * 64: True}}, VERSION, [], NOW)
+    assert (single.charged, single.state_summary) == (True, "completed")
+
+
 def test_failed_jobs_are_not_publishable_and_charged_when_the_participant_failed() -> None:
     theirs = _job(state="failed", finished_at=FINISHED, failure_kind="contract_error",
                   failure="add: the response is not JSON")  # fmt: skip

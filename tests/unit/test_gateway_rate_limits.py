@@ -1,13 +1,26 @@
 """The gateway's per-address token buckets and body cap (`aml_gateway.limits`), without a
-server: refill, Retry-After, bounded memory, address keys."""
+server: refill, Retry-After, bounded memory, address keys; the shared buckets over the fake of
+their store (two limiters on one store are two gateway replicas), and what each limit does
+when the store does not answer."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import cast
 
+import pytest
+from fake_stores import MemoryLimitStore
+from pymongo.errors import ServerSelectionTimeoutError
 from starlette.types import Message
 
-from aml_gateway.limits import BodyLimit, RateLimiter, client_address
+from aml_gateway.limits import (
+    BodyLimit,
+    LimitUnavailable,
+    RateLimiter,
+    SharedRateLimiter,
+    client_address,
+)
+from aml_runtime.stores.limits import LimitStore
 
 
 class Clock:
@@ -44,6 +57,87 @@ def test_memory_is_bounded_by_forgetting_the_least_recently_seen() -> None:
     limiter.wait("kept")  # seen again: moved to the recent end
     limiter.take("one-more")
     assert limiter.take("kept") is not None  # still remembered, still empty
+
+
+def _shared(
+    store: MemoryLimitStore, clock: Clock, fails_closed: bool = True, **changes: float
+) -> SharedRateLimiter:
+    return SharedRateLimiter(
+        cast(LimitStore, store),
+        "auth_failures",
+        int(changes.get("burst", 3)),
+        changes.get("per_second", 0.5),
+        100,
+        fails_closed=fails_closed,
+        what="failed authentications",
+        clock=clock,
+    )
+
+
+def test_a_shared_bucket_has_the_semantics_of_the_local_one() -> None:
+    async def run() -> None:
+        clock = Clock()
+        clock.at = 1000.0
+        limiter = _shared(MemoryLimitStore(), clock)
+        assert [await limiter.take("a") for _ in range(3)] == [None, None, None]
+        assert await limiter.take("a") == 2.0  # one token every 2 s
+        assert await limiter.wait("a") == 2.0
+        assert await limiter.wait("b") is None  # another address is not affected
+        clock.at = 1001.0
+        assert await limiter.take("a") == 1.0
+        clock.at = 1002.0
+        assert await limiter.wait("a") is None
+        assert await limiter.take("a") is None
+        clock.at = 3000.0
+        # Earned back up to the burst, never more.
+        taken = [await limiter.take("a") for _ in range(4)]
+        assert taken[:3] == [None, None, None] and taken[3] is not None
+
+    asyncio.run(run())
+
+
+def test_two_replicas_share_one_bucket_even_when_they_take_at_once() -> None:
+    async def run() -> None:
+        clock = Clock()
+        clock.at = 1000.0
+        store = MemoryLimitStore()
+        one, two = _shared(store, clock, burst=5), _shared(store, clock, burst=5)
+        # Three failures on each: the sixth, on either replica, finds the bucket empty.
+        assert [await one.take("a") for _ in range(3)] == [None, None, None]
+        assert [await two.take("a") for _ in range(2)] == [None, None]
+        assert await two.take("a") is not None
+        assert await one.wait("a") is not None  # `one` learns it from the store
+        # Twenty takes at once across both from a full bucket: five succeed.
+        racing = [_shared(store, clock, burst=5) for _ in range(4)]
+        taken = await asyncio.gather(*(racing[n % 4].take("c") for n in range(20)))
+        assert taken.count(None) == 5
+
+    asyncio.run(run())
+
+
+class _Down(MemoryLimitStore):
+    async def bucket(self, key: str) -> float | None:
+        raise ServerSelectionTimeoutError("no server")
+
+    async def catch_up(self, key: str, now: float, expires: object) -> float:  # type: ignore[override]
+        raise ServerSelectionTimeoutError("no server")
+
+
+def test_without_the_store_failed_auth_fails_closed_access_requests_per_process() -> None:
+    async def run() -> None:
+        clock = Clock()
+        closed = _shared(_Down(), clock)
+        with pytest.raises(LimitUnavailable) as refused:
+            await closed.wait("a")
+        assert refused.value.status_code == 503 and refused.value.headers
+        with pytest.raises(LimitUnavailable):
+            await closed.take("a")
+        # Falls back to this process's bucket: still a limit, the same one per process.
+        fallback = _shared(_Down(), clock, fails_closed=False)
+        assert [await fallback.take("a") for _ in range(3)] == [None, None, None]
+        assert await fallback.take("a") is not None
+
+    asyncio.run(run())
 
 
 def test_client_addresses() -> None:

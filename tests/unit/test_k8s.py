@@ -305,6 +305,26 @@ def test_autoscaling_names_what_the_code_declares(overlay: str) -> None:
             assert stage_of[name] in subjects.WORK_PREFIX
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_gateway_scales_out_on_cpu_with_its_limits_shared(overlay: str) -> None:
+    """An autoscaler for the gateway alone (its per-address limits are kept in MongoDB, so they
+    hold at any replica count: tests/integration/test_gateway_replicas.py), on CPU, which needs
+    the pods' CPU requests; no KEDA ScaledObject scales it as well (two would fight)."""
+    autoscalers = _of(overlay, "HorizontalPodAutoscaler")
+    assert set(autoscalers) == {"gateway"}
+    spec = autoscalers["gateway"]["spec"]
+    target = {"apiVersion": "apps/v1", "kind": "Deployment", "name": "gateway"}
+    assert spec["scaleTargetRef"] == target
+    assert 1 <= spec["minReplicas"] <= spec["maxReplicas"]
+    ((metric,),) = [spec["metrics"]]
+    assert metric["resource"]["name"] == "cpu"
+    assert "cpu" in _container(_of(overlay, "Deployment")["gateway"])["resources"]["requests"]
+    scaled = _of(overlay, "ScaledObject").values()
+    assert "gateway" not in {s["spec"]["scaleTargetRef"]["name"] for s in scaled}
+    manifest = (K8S / "base" / "gateway.yaml").read_text()
+    assert "shared by every" in manifest and "replica" in manifest
+
+
 # -- Prometheus ---------------------------------------------------------------------------------
 
 

@@ -152,7 +152,8 @@ async def test_a_job_the_scheduler_completes_is_gated_once(rig: Rig) -> None:
         unused,
         unused,
         evaluation_spec,
-        "c",
+        # The build the job was submitted under: the completion records it on the job.
+        BASELINE.code_hash,
     )
 
     await scheduler.complete_if_done("j1")

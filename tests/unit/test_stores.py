@@ -48,6 +48,7 @@ OWNERS: dict[str, str] = {
     "capacity_slots": "aml_runtime/stores/capacity.py",
     "lane_pauses": "aml_runtime/stores/outages.py",
     "outages": "aml_runtime/stores/outages.py",
+    "rate_limits": "aml_runtime/stores/limits.py",
 }
 # The names `aml_runtime.documents` gives these collections (`JOBS` for "jobs", ...).
 CONSTANTS: dict[str, str] = {

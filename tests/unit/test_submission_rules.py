@@ -269,6 +269,12 @@ def test_what_is_charged(
     assert charged(cast(JobState, state), kind, platform_failures) is expected
 
 
+def test_a_run_on_mixed_code_is_not_charged() -> None:
+    assert charged("completed", None, 0, mixed_code=True) is False
+    assert run(1, mixed_code=True).counts_against_quota is False
+    assert run(1).counts_against_quota is True
+
+
 def test_a_smoke_completed_with_platform_failures_is_not_a_passed_smoke() -> None:
     """Those questions checked nothing of the participant end to end; not charged, the smoke
     is simply run again, at once."""

@@ -16,10 +16,12 @@ from collections.abc import Callable, Iterable, Iterator
 import httpcore
 import httpx
 import pytest
+from fake_stores import MemoryLimitStore
 from fastapi import FastAPI
 from pydantic import SecretStr
 
 from aml_gateway.deps import Services
+from aml_gateway.limits import Limits
 from aml_gateway.routes import admin
 from aml_gateway.settings import GatewaySettings
 from aml_pipeline.participants import Attempt, CallFailed, Endpoint, ParticipantClient, RetryPolicy
@@ -445,7 +447,10 @@ def gateway() -> Iterator[httpx.AsyncClient]:
     app.include_router(admin.router)
     settings = GatewaySettings(admin_token=SecretStr(ADMIN_TOKEN), allow_loopback_targets=False)
     # URLs are refused before any store is touched, so none is needed here.
-    app.state.services = Services(settings, db=None, broker=None, box=None)  # type: ignore[arg-type]
+    services = Services(settings, db=None, broker=None, box=None)  # type: ignore[arg-type]
+    # The admin check reads the shared failed-authentication count: from a fake store here.
+    services.limits = Limits.from_settings(settings, MemoryLimitStore())  # type: ignore[arg-type]
+    app.state.services = services
     yield httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app),
         base_url="http://gateway.test",

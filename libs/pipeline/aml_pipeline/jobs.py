@@ -20,6 +20,7 @@ from aml_contract.messages import JobFinished, message_id
 from aml_pipeline.capacity import Capacity
 from aml_pipeline.participants import Endpoint
 from aml_pipeline.progress import count_error
+from aml_runtime import codehash
 from aml_runtime.broker import Bus, publish
 from aml_runtime.clock import micros, now
 from aml_runtime.db import Document
@@ -161,12 +162,22 @@ _FINISHED_KEPT_SECONDS = 3600.0
 @dataclass
 class JobStates:
     """A stage process's view of its jobs' state (and `top_k`), so that an item checks its job
-    is still active without a read of its own."""
+    is still active without a read of its own.
+
+    It also records this process's build on every active job it is asked about, once per job
+    (`JobStore.record_code_hash`), before the item that asked is worked on: a job whose items
+    two builds processed (a rolling upgrade that replaced workers mid-job) says so, and the
+    publication gate refuses it."""
 
     stores: Stores
     broker: NatsBroker
+    # This process's build (`aml_runtime.codehash`).
+    code_hash: str = field(default_factory=codehash.code_hash)
     _jobs: dict[str, tuple[float, Document | None]] = field(default_factory=dict, init=False)
     _finished_watch: Subscription | None = field(default=None, init=False)
+    # Jobs this process has recorded its build on; bounded like `_jobs` (a job forgotten is
+    # recorded again: the same write, a no-op).
+    _recorded: set[str] = field(default_factory=set, init=False)
 
     async def get(self, job_id: str) -> Document | None:
         """The job's state (and `top_k`), read at most once per `_JOB_READ_SECONDS`. A failed
@@ -185,8 +196,19 @@ class JobStates:
         if cached is not None and cached[0] > moment:
             return cached[1]
         job = await self.stores.jobs.stage_view(job_id)
+        if job is not None and job["state"] in ACTIVE_JOB_STATES:
+            await self._record_build(job_id)
         self._keep(job_id, moment + _JOB_READ_SECONDS, job)
         return job
+
+    async def _record_build(self, job_id: str) -> None:
+        if job_id in self._recorded:
+            return
+        # A failed write raises: the item is retried, and nothing is processed unrecorded.
+        await self.stores.jobs.record_code_hash(job_id, self.code_hash)
+        if len(self._recorded) >= _JOB_READS_KEPT:
+            self._recorded.clear()
+        self._recorded.add(job_id)
 
     async def _finished(self, msg: Msg) -> None:
         try:

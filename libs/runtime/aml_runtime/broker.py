@@ -8,7 +8,7 @@ import contextlib
 import json
 import math
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Protocol, TypeVar
 
@@ -23,7 +23,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy as JsAckPolicy
 from nats.js.api import ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import APIError, BadRequestError, NotFoundError
 from opentelemetry import propagate
 from opentelemetry.sdk.trace import TracerProvider
 from pydantic import BaseModel, ValidationError
@@ -89,22 +89,71 @@ def make_broker(
     themselves."""
     options = reconnect_options(settings)
     if tracer_provider is None:
-        return NatsBroker(settings.nats_url, logger=None, **options)
+        return NatsBroker(settings.nats_servers, logger=None, **options)
     telemetry = NatsTelemetryMiddleware(
         tracer_provider=tracer_provider, include_messages_counters=False
     )
-    return NatsBroker(settings.nats_url, logger=None, middlewares=(telemetry,), **options)
+    return NatsBroker(settings.nats_servers, logger=None, middlewares=(telemetry,), **options)
 
 
-async def declare_streams(broker: NatsBroker) -> None:
-    """Create the streams if absent, so publishers never race the consumers' start-up."""
-    js = broker.connection.jetstream()
-    for config in _STREAMS:
+class StreamReplicasUnavailable(RuntimeError):
+    """The NATS deployment cannot hold the streams with the replicas asked for: one line for
+    the operator, not a retry (no restart of the service would change it)."""
+
+
+# JetStream's error codes for a stream whose replicas the cluster cannot place: replicas above
+# 1 on a server that is not clustered; fewer JetStream nodes (or too little room on them) than
+# replicas, which a cluster reports as either of the other two (nats-server's errors.json).
+_NOT_CLUSTERED = 10074
+_INSUFFICIENT_RESOURCES = 10023
+_NO_SUITABLE_PEERS = 10005
+_CANNOT_PLACE = (_NOT_CLUSTERED, _INSUFFICIENT_RESOURCES, _NO_SUITABLE_PEERS)
+
+
+def stream_configs(replicas: int) -> tuple[StreamConfig, ...]:
+    return tuple(replace(config, num_replicas=replicas) for config in _STREAMS)
+
+
+async def declare_streams(broker: NatsBroker, replicas: int | None = None) -> None:
+    """Create the streams if absent, so publishers never race the consumers' start-up, with
+    `replicas` copies each (None: `AML_STREAM_REPLICAS` of this process's environment); an
+    existing stream is brought up (or down) to them. Raises `StreamReplicasUnavailable` when
+    the cluster cannot place them."""
+    if replicas is None:
+        replicas = CommonSettings().stream_replicas
+    await declare_streams_on(broker.connection, replicas)
+
+
+async def declare_streams_on(connection: Client, replicas: int) -> None:
+    """`declare_streams` over a plain nats-py connection (a start check has no broker yet)."""
+    js = connection.jetstream()
+    for config in stream_configs(replicas):
         try:
-            await js.add_stream(config=config)
-        except BadRequestError:
-            # Exists with another configuration (an older release): bring it up to date.
-            await js.update_stream(config=config)
+            try:
+                await js.add_stream(config=config)
+            except BadRequestError as exc:
+                if exc.err_code in _CANNOT_PLACE:
+                    raise
+                # Exists with another configuration (an older release, other replicas): bring
+                # it up to date.
+                await js.update_stream(config=config)
+        except APIError as exc:
+            if exc.err_code in _CANNOT_PLACE:
+                raise StreamReplicasUnavailable(
+                    _replicas_problem(str(config.name), replicas, exc)
+                ) from None
+            raise
+
+
+def _replicas_problem(stream: str, replicas: int, exc: APIError) -> str:
+    if exc.err_code == _NOT_CLUSTERED:
+        where = "the NATS server is a single server, not a JetStream cluster"
+    else:
+        where = f"the NATS cluster has fewer than {replicas} JetStream nodes available"
+    return (
+        f"stream {stream} cannot have {replicas} replicas (AML_STREAM_REPLICAS): {where} "
+        f"({exc.description}); run {replicas} clustered nodes or lower AML_STREAM_REPLICAS"
+    )
 
 
 # How long an event subscriber's pull waits at the broker for a message (nats-py's default).

@@ -4,6 +4,7 @@ takes part in evaluating a job, so a published number names the exact code behin
 from __future__ import annotations
 
 import hashlib
+import os
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -19,6 +20,7 @@ PIPELINE_PACKAGES = (
     "aml_answerer",
     "aml_scorer",
 )
+CODE_HASH_OVERRIDE = "AML_CODE_HASH_OVERRIDE"
 _SOURCE_SUFFIXES = frozenset({".py", ".txt", ".json"})
 
 
@@ -38,7 +40,15 @@ def package_files(name: str) -> list[tuple[str, Path]]:
 
 def code_hash(packages: tuple[str, ...] = PIPELINE_PACKAGES) -> str:
     """sha256 over (relative path, sha256 of bytes) of every source file, in path order: the
-    same files give the same hash wherever the packages are installed."""
+    same files give the same hash wherever the packages are installed.
+
+    `AML_CODE_HASH_OVERRIDE`, when set, is the pipeline's hash instead: a test and operator
+    hook that makes one process present itself as another build (a rolling upgrade replayed on
+    one machine, tests/integration/test_rolling_upgrade.py). A deployment never sets it: a
+    published number would then name code it did not run."""
+    override = os.environ.get(CODE_HASH_OVERRIDE, "").strip()
+    if override and packages == PIPELINE_PACKAGES:
+        return override
     digest = hashlib.sha256()
     for name in packages:
         for relative, path in package_files(name):

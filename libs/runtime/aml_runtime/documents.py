@@ -8,6 +8,7 @@ writer is optional, since documents written before it lack it."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal, NamedTuple
@@ -53,6 +54,8 @@ RUN_USAGE = "run_usage"
 # Open outages, one per capacity key, and the history of closed ones (aml_pipeline.outages).
 LANE_PAUSES = "lane_pauses"
 OUTAGES = "outages"
+# The gateway's per-address token buckets, shared by its replicas (aml_runtime.stores.limits).
+RATE_LIMITS = "rate_limits"
 
 ItemStage = Literal["add", "search", "answer", "score"]
 ITEM_STAGES: tuple[ItemStage, ...] = ("add", "search", "answer", "score")
@@ -102,6 +105,8 @@ class Index(NamedTuple):
     collection: str
     keys: tuple[tuple[str, int], ...]
     unique: bool = False
+    # A TTL index: a document goes once the date in its (single) key field is this long past.
+    expire_after_seconds: int | None = None
 
 
 def _index(collection: str, *fields: str, unique: bool = False) -> Index:
@@ -152,12 +157,18 @@ GATEWAY_INDEXES: tuple[Index, ...] = (
     _index(LEADERBOARD, "job_id", unique=True),
     _index(LEADERBOARD, "track", "board"),
     _index(LEADERBOARD, "system_name"),
+    # A bucket goes once it is full again (`expires`), so the collection holds only the
+    # addresses limited now, however many have been seen.
+    Index(RATE_LIMITS, (("expires", ASCENDING),), expire_after_seconds=0),
 )
 
 
 async def ensure_indexes(db: AsyncDatabase[Document], indexes: tuple[Index, ...] = INDEXES) -> None:
     for index in indexes:
-        await db[index.collection].create_index(list(index.keys), unique=index.unique)
+        options: dict[str, Any] = {"unique": index.unique}
+        if index.expire_after_seconds is not None:
+            options["expireAfterSeconds"] = index.expire_after_seconds
+        await db[index.collection].create_index(list(index.keys), **options)
 
 
 # -- documents ----------------------------------------------------------------------------------
@@ -182,6 +193,28 @@ class JobTotals(BaseModel):
 
     add: int
     questions: int
+
+
+def code_hashes_of(job: Mapping[str, Any]) -> list[str]:
+    """The code hashes recorded on a stored job (`JobDocument.code_hashes`), sorted; none on a
+    job no stage has worked on yet, or recorded before stages recorded them."""
+    recorded = job.get("code_hashes")
+    return sorted(recorded) if isinstance(recorded, Mapping) else []
+
+
+def mixed_code(code_hash: str | None, code_hashes: Sequence[str]) -> str | None:
+    """Why a job's results come from mixed code, or None: its items were processed by more
+    than one build, or by one other than the build recorded at submission (`code_hash`). The
+    publication gate's reason (aml_publisher.gate), and the approval's (aml_gateway.publication)."""
+    if not set(code_hashes) - {code_hash} or (len(code_hashes) == 1 and code_hash is None):
+        return None
+    builds = ", ".join(value[:12] for value in code_hashes)
+    submitted = code_hash[:12] if code_hash else "none recorded"
+    return (
+        f"mixed code: the job's items were processed by builds {builds} (submitted under "
+        f"{submitted}): the services were replaced mid-job (a rolling upgrade), the platform's "
+        "doing; run the job again"
+    )
 
 
 class JobDocument(Stored):
@@ -210,6 +243,11 @@ class JobDocument(Stored):
     spec: dict[str, Any] = Field(default_factory=dict)
     spec_hash: str | None = None
     code_hash: str | None = None
+    # Every build that processed the job's items, as a set: code hash -> true, one entry added
+    # by each stage process at its first item of the job and by the scheduler as it completes
+    # it (`JobStore.record_code_hash`). A map rather than an array because nx-27017 ignores
+    # `$addToSet`; `code_hashes_of` reads it.
+    code_hashes: dict[str, Any] = Field(default_factory=dict)
     dataset_bundles: dict[str, str] = Field(default_factory=dict)
     dataset_bundle_hash: str | None = None
     users: list[str] = Field(default_factory=list)
@@ -239,6 +277,11 @@ class JobDocument(Stored):
     @property
     def active(self) -> bool:
         return self.state in ACTIVE_JOB_STATES
+
+    @property
+    def mixed_code(self) -> str | None:
+        """Why its results come from mixed code (`mixed_code`), or None."""
+        return mixed_code(self.code_hash, sorted(self.code_hashes))
 
 
 class AddChunkDocument(Stored):

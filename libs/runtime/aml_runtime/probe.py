@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import httpx
 import nats
 
-from aml_runtime.settings import CommonSettings
+from aml_runtime.settings import CommonSettings, nats_servers
 
 
 async def check_http(url: str, timeout: float) -> str | None:
@@ -35,10 +35,13 @@ async def check_http(url: str, timeout: float) -> str | None:
 
 
 async def check_nats(url: str, timeout: float) -> str | None:
-    """None when the server at `url` accepts a connection and JetStream answers account info."""
+    """None when a server of `url` (one, or a cluster's separated by commas) accepts a
+    connection and JetStream answers account info."""
     try:
         client = await asyncio.wait_for(
-            nats.connect(url, allow_reconnect=False, connect_timeout=max(1, round(timeout))),
+            nats.connect(
+                nats_servers(url), allow_reconnect=False, connect_timeout=max(1, round(timeout))
+            ),
             timeout,
         )
     except Exception as exc:  # any failure to connect means unhealthy

@@ -37,7 +37,13 @@ from opentelemetry.sdk.trace import TracerProvider
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
-from aml_runtime.broker import Bus, JetStreamBus, declare_streams, make_broker
+from aml_runtime.broker import (
+    Bus,
+    JetStreamBus,
+    StreamReplicasUnavailable,
+    declare_streams,
+    make_broker,
+)
 from aml_runtime.db import Document, connect
 from aml_runtime.documents import ensure_indexes
 from aml_runtime.logging import configure_logging
@@ -51,6 +57,9 @@ log = structlog.get_logger()
 
 # The exit status of a service that gave up on its broker, its database or its launcher.
 DEPENDENCY_LOST_EXIT_CODE = 3
+# The exit status of a service whose configuration the deployment cannot honour (streams with
+# more replicas than the NATS cluster has nodes): a restart would fail the same way.
+MISCONFIGURED_EXIT_CODE = 2
 # Background tasks get this long to end once cancelled at shutdown.
 _CANCEL_WAIT_SECONDS = 3.0
 # After asking the application to stop, the guard waits this long for a clean shutdown.
@@ -182,11 +191,11 @@ class DependencyGuard:
         _exit_now()
 
 
-def _exit_now() -> None:
+def _exit_now(code: int = DEPENDENCY_LOST_EXIT_CODE) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    os._exit(DEPENDENCY_LOST_EXIT_CODE)
+    os._exit(code)
 
 
 def serve(
@@ -222,7 +231,13 @@ def serve(
         if settings.metrics_port:
             await ops.start(settings.metrics_host, settings.metrics_port)
         await runtime.broker.connect()
-        await declare_streams(runtime.broker)
+        try:
+            await declare_streams(runtime.broker, settings.stream_replicas)
+        except StreamReplicasUnavailable as exc:
+            # One line for the operator instead of a traceback per supervisor restart.
+            log.error("service.streams_unavailable", reason=str(exc))
+            print(f"cannot start: {exc}", file=sys.stderr)
+            _exit_now(MISCONFIGURED_EXIT_CODE)
         await ensure_indexes(runtime.db)
 
     @app.after_startup

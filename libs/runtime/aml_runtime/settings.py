@@ -19,8 +19,15 @@ RATE_MARGIN_SECONDS = 0.1
 class CommonSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AML_", extra="ignore")
 
-    # The NATS server (JetStream enabled) every service publishes to and consumes from.
+    # The NATS server (JetStream enabled) every service publishes to and consumes from; a
+    # cluster's servers separated by commas (`nats://a:4222,nats://b:4222`), so that a client
+    # can connect and reconnect while any one of them is down.
     nats_url: str = "nats://127.0.0.1:4222"
+    # Copies of each stream the JetStream cluster keeps (1 on a single server; 3 on a
+    # three-node cluster, which then survives the loss of any one node). Streams are created
+    # and brought up to this at start-up; a service exits with one line saying so when the
+    # cluster has fewer JetStream nodes.
+    stream_replicas: int = Field(default=1, ge=1, le=5)
     # MongoDB (a replica set in production: the platform relies on majority writes).
     mongo_url: str = "mongodb://127.0.0.1:27017/?directConnection=true"
     # The database holding every job, item, audit and leaderboard document.
@@ -54,6 +61,16 @@ class CommonSettings(BaseSettings):
     # Set by the embedded stack to its launcher's pid: a worker exits once the launcher is no
     # longer its parent (unset: no such check).
     stack_pid: int | None = None
+
+    @property
+    def nats_servers(self) -> list[str]:
+        """`nats_url` as the server list every NATS client is given (nats-py takes one URL per
+        entry; it does not split a comma-separated string)."""
+        return nats_servers(self.nats_url)
+
+
+def nats_servers(url: str) -> list[str]:
+    return [server.strip() for server in url.split(",") if server.strip()]
 
 
 class EvaluationSettings(CommonSettings):

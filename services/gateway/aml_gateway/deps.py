@@ -35,18 +35,20 @@ def bearer(authorization: str | None) -> str | None:
     return authorization[7:].strip() or None
 
 
-def check_not_blocked(request: Request) -> None:
-    """429 for an address that has used up its failed authentications (checked before a
-    credential is looked at, so a blocked address costs no database read)."""
+async def check_not_blocked(request: Request) -> None:
+    """429 for an address that has used up its failed authentications, counted by every
+    gateway replica together (checked before a credential is looked at; an address this
+    process already knows to be blocked costs no database read). 503 when the shared count
+    cannot be read: this limit fails closed (`aml_gateway.limits.Limits`)."""
     svc = services(request)
-    waiting = svc.limits.auth_failures.wait(client_address(request.scope))
+    waiting = await svc.limits.auth_failures.wait(client_address(request.scope))
     if waiting is not None:
         raise too_many(waiting, "failed authentications", svc.clock())
 
 
-def auth_failed(request: Request, status: int, reason: str) -> HTTPException:
+async def auth_failed(request: Request, status: int, reason: str) -> HTTPException:
     """The refusal of a credential, counted against the caller's address."""
-    services(request).limits.auth_failures.take(client_address(request.scope))
+    await services(request).limits.auth_failures.take(client_address(request.scope))
     return HTTPException(status, {"reason": reason})
 
 
@@ -62,13 +64,13 @@ async def current_team(
     body is read (`GuardedRoute`); FastAPI's own call returns the same team."""
     done = _cached(request)
     if "team" not in done:
-        check_not_blocked(request)
+        await check_not_blocked(request)
         token = bearer(authorization)
         if token is None:
-            raise auth_failed(request, 401, "send the Leaderboard API Key as a Bearer token")
+            raise await auth_failed(request, 401, "send the Leaderboard API Key as a Bearer token")
         team = await services(request).stores.accounts.team_by_key_hash(key_hash(token))
         if team is None:
-            raise auth_failed(request, 401, "unknown Leaderboard API Key")
+            raise await auth_failed(request, 401, "unknown Leaderboard API Key")
         done["team"] = team
     found: Document = done["team"]
     return found
@@ -89,23 +91,23 @@ async def require_admin(
     done = _cached(request)
     if "admin" in done:
         return
-    check_not_blocked(request)
+    await check_not_blocked(request)
     expected = services(request).settings.admin_token.get_secret_value()
     # A missing token is refused like a wrong one (403): admin routes answer no one else.
     given = bearer(authorization) or ""
     if not expected or not hmac.compare_digest(given.encode(), expected.encode()):
-        raise auth_failed(request, 403, "admin access required")
+        raise await auth_failed(request, 403, "admin access required")
     done["admin"] = True
 
 
 async def access_request_allowance(request: Request) -> None:
-    """One access request from the caller's address (429 with Retry-After beyond the limit),
-    taken before the body is read."""
+    """One access request from the caller's address (429 with Retry-After beyond the limit,
+    counted by every gateway replica together), taken before the body is read."""
     done = _cached(request)
     if "access_request" in done:
         return
     svc = services(request)
-    waiting = svc.limits.access_request_rate.take(client_address(request.scope))
+    waiting = await svc.limits.access_request_rate.take(client_address(request.scope))
     if waiting is not None:
         raise too_many(waiting, "access requests", svc.clock())
     done["access_request"] = True

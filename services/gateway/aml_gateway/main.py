@@ -22,7 +22,12 @@ from aml_gateway.limits import BodyLimit
 from aml_gateway.routes import access, admin, datasets, jobs, leaderboard, pages, reviews, versions
 from aml_gateway.services import Services
 from aml_gateway.settings import GatewaySettings
-from aml_runtime.broker import declare_streams, make_broker
+from aml_runtime.broker import (
+    StreamReplicasUnavailable,
+    declare_streams,
+    declare_streams_on,
+    make_broker,
+)
 from aml_runtime.clock import now
 from aml_runtime.db import Document, connect
 from aml_runtime.documents import GATEWAY_INDEXES, INDEXES, ensure_indexes
@@ -84,7 +89,7 @@ async def unreachable(settings: GatewaySettings) -> str | None:
     try:
         connection = await asyncio.wait_for(
             nats.connect(
-                settings.nats_url,
+                servers=settings.nats_servers,
                 allow_reconnect=False,
                 connect_timeout=timeout,
                 max_reconnect_attempts=0,
@@ -92,11 +97,18 @@ async def unreachable(settings: GatewaySettings) -> str | None:
             ),
             timeout + 1,
         )
-        await connection.close()
     except Exception as exc:  # any failure to connect is reported the same way
         cause = errors[-1] if errors else exc
         reason = str(cause) or type(cause).__name__
         return f"cannot reach NATS at {redacted(settings.nats_url)}: {reason}"
+    try:
+        # The streams as every service declares them: a cluster too small for
+        # AML_STREAM_REPLICAS is named here, in one line, rather than in a startup traceback.
+        await declare_streams_on(connection, settings.stream_replicas)
+    except StreamReplicasUnavailable as exc:
+        return f"cannot start: {exc}"
+    finally:
+        await connection.close()
     mongo: AsyncMongoClient[Document] = AsyncMongoClient(
         settings.mongo_url, serverSelectionTimeoutMS=int(timeout * 1000)
     )
@@ -130,7 +142,7 @@ def create_app(
         client, db = connect(settings)
         broker = make_broker(settings, tracing)
         await broker.connect()
-        await declare_streams(broker)
+        await declare_streams(broker, settings.stream_replicas)
         await ensure_indexes(db, INDEXES + GATEWAY_INDEXES)
         services = Services(settings, db, broker, SecretBox(settings.secret_keys), clock)
         # An approval interrupted between its two writes gets its entry now.

@@ -17,7 +17,7 @@ from aml_pipeline.llm import LLM_CAPACITY_KEY
 from aml_pipeline.outages import LanePause, open_pauses
 from aml_pipeline.progress import ITEM_STAGES, stage_counts, waiting_stage
 from aml_runtime.db import Document, read_time
-from aml_runtime.documents import ACTIVE_JOB_STATES, FailureKind, JobDocument
+from aml_runtime.documents import ACTIVE_JOB_STATES, FailureKind, JobDocument, code_hashes_of
 from aml_runtime.stores import Stores
 
 
@@ -117,12 +117,18 @@ def status_of(
         platform_failures=stored.platform_failures or 0,
         publishable=publishable,
         not_publishable_reason=not_publishable,
-        charged=charged(stored.state, stored.failure_kind, stored.platform_failures or 0),
+        charged=charged(
+            stored.state,
+            stored.failure_kind,
+            stored.platform_failures or 0,
+            stored.mixed_code is not None,
+        ),
         spec=stored.spec,
         spec_hash=stored.spec_hash,
         dataset_bundle_hash=stored.dataset_bundle_hash,
         dataset_bundles=stored.dataset_bundles,
         code_hash=stored.code_hash,
+        code_hashes=code_hashes_of(job),
         answer_model=stored.spec.get("answer_model"),
         system_name=version.get("system_name"),
         version_label=version.get("version_label"),
@@ -151,6 +157,8 @@ def publication_outlook(
     says so first: the gate would fail it too, but only as one failed check among others."""
     if job.state == "completed" and job.platform_failures:
         return False, f"{_platform_reason(job)}: not publishable; {NOT_CHARGED}"
+    if job.state == "completed" and (mixed := job.mixed_code) is not None:
+        return False, f"{mixed}: not publishable; {NOT_CHARGED}"
     if job.state == "failed":
         void = not charged(job.state, job.failure_kind, 0)
         return False, f"the job failed: {job.failure or 'no reason recorded'}" + (
@@ -169,6 +177,8 @@ def state_summary(job: JobDocument) -> str:
     not spoil, and a failure said to be the platform's when it was (neither is charged)."""
     if job.state == "completed" and job.platform_failures:
         return f"completed — not publishable: {_platform_reason(job)}; not charged"
+    if job.state == "completed" and job.mixed_code is not None:
+        return "completed — not publishable: processed by two builds (mixed code); not charged"
     if job.state == "failed" and not charged(job.state, job.failure_kind, 0):
         return "failed — by the platform (platform_error); not charged"
     return job.state

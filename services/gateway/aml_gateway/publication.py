@@ -34,6 +34,7 @@ from aml_gateway.refusals import Conflict, NotFound, echoed
 from aml_gateway.services import Services
 from aml_gateway.ties import Ties, mark_ties
 from aml_runtime.db import Document, read_time
+from aml_runtime.documents import code_hashes_of, mixed_code
 from aml_runtime.stores import Stores
 from aml_runtime.stores.leaderboard import LeaderboardStore
 
@@ -115,6 +116,10 @@ def entry_document(
         missing.append("results")
     if missing:
         raise Conflict(f"job {job['_id']} cannot be published: no {', '.join(missing)}")
+    # The gate refused such a job already; checked again at the last write before the board.
+    mixed = mixed_code(job.get("code_hash"), code_hashes_of(job))
+    if mixed is not None:
+        raise Conflict(f"job {job['_id']} cannot be published: {mixed}")
     assert isinstance(results, Mapping)
     declaration = version.get("declaration") or {}
     document: Document = {

@@ -36,7 +36,8 @@ class Services:
     dataset_counts: dict[tuple[str, Path, str], dict[int, int]] = field(default_factory=dict)
     # The boards' ties, by the entry ids shown (`aml_gateway.ties`): computed once per board.
     ties: Ties = field(default_factory=Ties)
-    # Per-address brakes on access requests and failed authentications (`aml_gateway.limits`).
+    # Per-address brakes on access requests and failed authentications (`aml_gateway.limits`),
+    # kept in `stores.limits`, so they hold for every replica together.
     limits: Limits = field(init=False)
     # Submissions announced over the broker's connection (`aml_runtime.broker.Bus`).
     bus: Bus = field(init=False)
@@ -45,9 +46,9 @@ class Services:
     stores: Stores = field(init=False)
 
     def __post_init__(self) -> None:
-        self.limits = Limits.from_settings(self.settings)
         self.bus = JetStreamBus(self.broker)
         self.stores = Stores.over(self.db)
+        self.limits = Limits.from_settings(self.settings, self.stores.limits)
 
 
 def key_hash(key: str) -> str:

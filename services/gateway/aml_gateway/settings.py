@@ -57,8 +57,11 @@ class GatewaySettings(ParticipantCallSettings):
     auth_failure_burst: int = Field(default=30, ge=1, le=100_000)
     # How fast a client address earns failed authentications back, per minute.
     auth_failures_per_minute: float = Field(default=30.0, gt=0, le=1_000_000)
-    # Client addresses the two limits above remember (IPv6 by /64); beyond it the address seen
-    # least recently is forgotten, so memory stays bounded under a flood of addresses.
+    # The limits above are kept in MongoDB and hold for every gateway replica together; the
+    # collection stays bounded by itself (a bucket is deleted once full again). This bounds what
+    # each process remembers beside them (addresses known to be blocked, and the per-process
+    # buckets access requests fall back to while MongoDB does not answer), IPv6 by /64; beyond
+    # it the address seen least recently is forgotten, so memory stays bounded under a flood.
     rate_limit_addresses: int = Field(default=10_000, ge=1, le=10_000_000)
 
     def startup_problem(self) -> str | None:

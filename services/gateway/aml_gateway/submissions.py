@@ -89,14 +89,19 @@ _ALL_TIME = Season(
 )
 
 
-def charged(state: JobState, failure_kind: FailureKind | None, platform_failures: int) -> bool:
+def charged(
+    state: JobState,
+    failure_kind: FailureKind | None,
+    platform_failures: int,
+    mixed_code: bool = False,
+) -> bool:
     """Whether a job counts against its team's quota: not when the platform failed it
-    (`platform_error`), nor when it completed with items the platform failed (its results are
-    incomplete through no fault of the team's, so it cannot be published). A queued or running
-    job counts until it ends."""
+    (`platform_error`), nor when it completed with items the platform failed or on mixed code
+    (a rolling upgrade replaced the services mid-job): its results cannot be published through
+    no fault of the team's. A queued or running job counts until it ends."""
     if state == "failed":
         return failure_kind != FailureKind.PLATFORM_ERROR
-    return not (state == "completed" and platform_failures > 0)
+    return not (state == "completed" and (platform_failures > 0 or mixed_code))
 
 
 class PriorRun(BaseModel):
@@ -113,6 +118,8 @@ class PriorRun(BaseModel):
     failure_kind: FailureKind | None = None
     # Items of a completed job the platform itself failed (`platform_error`).
     platform_failures: int = 0
+    # Its items were processed by more than one build (`JobDocument.mixed_code`).
+    mixed_code: bool = False
     # A completed smoke in which no item failed because of the participant (R-3.5); it
     # qualifies a full run only if it is also charged (`qualifies`).
     passed: bool = False
@@ -123,7 +130,7 @@ class PriorRun(BaseModel):
 
     @property
     def counts_against_quota(self) -> bool:
-        return charged(self.state, self.failure_kind, self.platform_failures)
+        return charged(self.state, self.failure_kind, self.platform_failures, self.mixed_code)
 
     @property
     def qualifies(self) -> bool:

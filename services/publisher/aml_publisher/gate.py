@@ -11,7 +11,10 @@ only when every check passes. Each reason names the values it compared.
   the scheduler records them at completion) are named first, as the platform's failure: the
   team is not charged for such a run and may simply run it again.
 - `answer_model`, `spec_hash`, `code_hash`, `dataset_bundle_hash`: recorded on the job and equal
-  to the operator's release baseline.
+  to the operator's release baseline. `code_hash` also fails a job whose items were processed by
+  more than one build, or by a build other than the one recorded at submission
+  (`code_hashes`: a rolling upgrade that replaced workers mid-job): its results come from mixed
+  code, the platform's doing, and the run is to be repeated.
 - `question_counts`: per dataset, the questions the results account for (every category,
   including the ones excluded from the overall) equal the baseline's, for the same datasets.
 - `not_duplicate`: no published, not disqualified leaderboard entry for the same version and
@@ -31,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from aml_contract.api.publication import GateCheck, GateCheckName, ReleaseBaseline
 from aml_evaluation.aggregate import results_fingerprint
+from aml_runtime.documents import code_hashes_of, mixed_code
 
 CHECK_NAMES: tuple[GateCheckName, ...] = get_args(GateCheckName)
 NO_BASELINE = "no release baseline configured"
@@ -64,6 +68,10 @@ class JobFacts(_Facts):
     answer_model: str | None = None
     spec_hash: str | None = None
     code_hash: str | None = None
+    code_hashes: list[str] = Field(
+        default_factory=list,
+        description="Every build that processed the job's items (none recorded: an older job).",
+    )
     dataset_bundle_hash: str | None = None
     totals: dict[str, int] | None = Field(
         default=None, description="Planned items: `add` chunks and `questions`."
@@ -119,6 +127,7 @@ def job_facts(job: Mapping[str, Any], stages: Mapping[str, StageCounts], errors:
         ),
         spec_hash=job.get("spec_hash"),
         code_hash=job.get("code_hash"),
+        code_hashes=code_hashes_of(job),
         dataset_bundle_hash=job.get("dataset_bundle_hash"),
         totals=job.get("totals"),
         stages=dict(stages),
@@ -140,7 +149,7 @@ def run_gate(
         _all_items_succeeded(job),
         _equal("answer_model", "answer model", job.answer_model, baseline),
         _equal("spec_hash", "evaluation spec hash", job.spec_hash, baseline),
-        _equal("code_hash", "pipeline code hash", job.code_hash, baseline),
+        _one_build(job) or _equal("code_hash", "pipeline code hash", job.code_hash, baseline),
         _equal("dataset_bundle_hash", "dataset bundle hash", job.dataset_bundle_hash, baseline),
         _question_counts(job, baseline),
         _not_duplicate(job, others),
@@ -214,6 +223,11 @@ def _equal(
     if value != expected:
         return _check(name, False, f"{label} {value!r} differs from the baseline {expected!r}")
     return _check(name, True, f"{label} {value!r} equals the baseline")
+
+
+def _one_build(job: JobFacts) -> GateCheck | None:
+    reason = mixed_code(job.code_hash, job.code_hashes)
+    return None if reason is None else _check("code_hash", False, reason)
 
 
 def _question_counts(job: JobFacts, baseline: ReleaseBaseline | None) -> GateCheck:

@@ -530,6 +530,7 @@ class ScheduleJobs:
             results=results.model_dump(mode="json"),
             platform_failures=adds + questions,
             platform_failure_reason=reason,
+            code_hash=self.code_hash,
         )
         if completed:
             log.info("job.completed", job_id=job_id, overall=results.overall.judge_accuracy,

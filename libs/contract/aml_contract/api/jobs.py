@@ -165,6 +165,12 @@ class JobStatus(BaseModel):
         default_factory=dict, description="Each dataset's bundle hash."
     )
     code_hash: str | None = Field(default=None, description="sha256 of the pipeline code.")
+    code_hashes: list[str] = Field(
+        default_factory=list,
+        description="The pipeline code hash of every build that processed the job's items, "
+        "sorted: one (equal to `code_hash`) unless the services were replaced by another build "
+        "mid-job, in which case the job is not publishable.",
+    )
     review_state: ReviewState | None = Field(
         default=None,
         description="Publication (R-3.8): set once a finished job has been through the gate; "

@@ -19,6 +19,7 @@ from aml_runtime.stores.audit import AuditStore
 from aml_runtime.stores.capacity import SlotStore
 from aml_runtime.stores.jobs import JobStore
 from aml_runtime.stores.leaderboard import LeaderboardStore
+from aml_runtime.stores.limits import LimitStore
 from aml_runtime.stores.outages import OutageStore
 from aml_runtime.stores.plans import PlanStore
 from aml_runtime.stores.stage_records import StageRecordStore
@@ -41,6 +42,7 @@ class Stores:
     accounts: AccountStore
     access_requests: AccessRequestStore
     leaderboard: LeaderboardStore
+    limits: LimitStore
 
     @classmethod
     def over(cls, db: AsyncDatabase[Document]) -> Stores:
@@ -54,4 +56,5 @@ class Stores:
             accounts=AccountStore(db),
             access_requests=AccessRequestStore(db),
             leaderboard=LeaderboardStore(db),
+            limits=LimitStore(db),
         )

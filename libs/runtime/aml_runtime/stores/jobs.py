@@ -256,6 +256,13 @@ class JobStore:
             },
         )
 
+    async def record_code_hash(self, job_id: str, code_hash: str) -> None:
+        """`code_hash`'s build processes the job's items (`JobDocument.code_hashes`): written
+        before the first item it processes, so no item's outcome is stored without it."""
+        await self._db.jobs.update_one(
+            {"_id": job_id}, {"$set": {f"code_hashes.{code_hash}": True}}
+        )
+
     async def complete(
         self,
         job_id: str,
@@ -264,14 +271,18 @@ class JobStore:
         results: Document,
         platform_failures: int,
         platform_failure_reason: str | None,
+        code_hash: str | None = None,
     ) -> bool:
-        """Running -> completed with its results; False when it was not running (any more)."""
+        """Running -> completed with its results; False when it was not running (any more).
+        `code_hash`: the build that computed the results, recorded with them."""
         fields: Document = {
             "state": "completed",
             "finished_at": finished_at,
             "results": results,
             "platform_failures": platform_failures,
         }
+        if code_hash is not None:
+            fields[f"code_hashes.{code_hash}"] = True
         if platform_failure_reason is not None:
             fields["platform_failure_reason"] = platform_failure_reason
         updated = await self._db.jobs.update_one(

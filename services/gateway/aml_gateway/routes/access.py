@@ -49,7 +49,7 @@ async def submit_access_request(
         # Authenticated before anything is checked or stored, so an unknown caller learns
         # nothing and leaves nothing behind.
         if team is None:
-            raise auth_failed(request, 401, "send the Leaderboard API Key as a Bearer token")
+            raise await auth_failed(request, 401, "send the Leaderboard API Key as a Bearer token")
         team_id = team["_id"]
     return await access_requests.submit(svc, body, team_id)
 
@@ -64,14 +64,14 @@ async def get_access_request(
     """Bearer: the request token the request was answered with (new_key; the first read after
     approval returns the new Leaderboard API Key, once), or a team's key for the requests bound
     to that team (its add_version requests and the new_key request that created it)."""
-    check_not_blocked(request)
+    await check_not_blocked(request)
     token = bearer(authorization)
     if token is None:
-        raise auth_failed(request, 401, "send the Leaderboard API Key as a Bearer token")
+        raise await auth_failed(request, 401, "send the Leaderboard API Key as a Bearer token")
     as_requester = await access_requests.for_requester(svc, request_id, token)
     if as_requester is not None:
         return as_requester
     team = await svc.stores.accounts.team_by_key_hash(key_hash(token))
     if team is None:
-        raise auth_failed(request, 401, "unknown Leaderboard API Key or request token")
+        raise await auth_failed(request, 401, "unknown Leaderboard API Key or request token")
     return await access_requests.for_team(svc.stores.access_requests, request_id, team["_id"])

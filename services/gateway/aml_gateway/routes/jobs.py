@@ -113,6 +113,7 @@ async def _prior_runs(svc: Services, team_id: str) -> tuple[list[PriorRun], int]
             finished_at=job.finished_at,
             failure_kind=job.failure_kind,
             platform_failures=job.platform_failures or 0,
+            mixed_code=job.mixed_code is not None,
             passed=job.id in completed_smokes and job.id not in flawed,
         )
         for job in jobs
