@@ -199,6 +199,29 @@ def serve_in_thread(app: Any) -> tuple[uvicorn.Server, threading.Thread, str]:
     return server, thread, f"http://127.0.0.1:{port}"
 
 
+@contextmanager
+def served_gateway(
+    mongo_url: str, nats_url: str, db_prefix: str, admin_token: str, clock: Clock
+) -> Iterator[tuple[str, GatewaySettings]]:
+    """A development gateway on its own database (`<db_prefix>_<random>`), served in a thread
+    on the test's clock: its base URL and settings, stopped when the block ends."""
+    settings = GatewaySettings(
+        mongo_url=mongo_url,
+        nats_url=nats_url,
+        mongo_db=f"{db_prefix}_{uuid.uuid4().hex[:8]}",
+        admin_token=SecretStr(admin_token),
+        secret_keys=SecretStr(SecretBox.new_key()),
+        allow_loopback_targets=True,
+        environment="development",
+    )
+    server, thread, base_url = serve_in_thread(create_app(settings, clock))
+    try:
+        yield base_url, settings
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
 async def record_calls(
     db: AsyncDatabase[Document], job_id: str, calls: Iterable[tuple[str, str, list[int]]]
 ) -> None:

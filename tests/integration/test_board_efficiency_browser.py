@@ -12,7 +12,6 @@ per-question values kept beside them, from which the gateway itself tells the ti
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -20,9 +19,8 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_support import Clock, serve_in_thread
+from gateway_support import Clock, served_gateway
 from leaderboard_support import CATEGORIES, DATASET, PER_CATEGORY, finished_job, version_body
-from pydantic import SecretStr
 from pymongo import MongoClient
 from test_pages_browser import (
     ADMIN,
@@ -48,10 +46,7 @@ from aml_contract.api.results import (
     MeasuredUnder,
 )
 from aml_evaluation.aggregate import QuestionOutcome, headline_values
-from aml_gateway.main import create_app
-from aml_gateway.settings import GatewaySettings
 from aml_runtime.db import Document
-from aml_runtime.secrets import SecretBox
 from aml_runtime.stores.leaderboard import HeadlineOutcomes, encode_outcomes
 
 pytestmark = pytest.mark.integration
@@ -216,30 +211,18 @@ def _publish(client: httpx.Client, mongo: Any, clock: Clock) -> None:
         clock.at = at + timedelta(hours=1)
         approved = client.post(f"/v1/admin/reviews/{job['_id']}/approve", headers=ADMIN)
         assert approved.status_code == 200, approved.text
-        efficiency = job["results"].get("efficiency")
-        mongo.leaderboard.update_one({"job_id": job["_id"]}, {"$set": {"efficiency": efficiency}})
 
 
 @pytest.fixture(scope="module")
 def site(mongo_url: str, nats_url: str) -> Iterator[Site]:
-    settings = GatewaySettings(
-        mongo_url=mongo_url,
-        nats_url=nats_url,
-        mongo_db=f"aml_cost_{uuid.uuid4().hex[:8]}",
-        admin_token=SecretStr(ADMIN_TOKEN),
-        secret_keys=SecretStr(SecretBox.new_key()),
-        allow_loopback_targets=True,
-        environment="development",
-    )
     clock = Clock(T0)
-    server, thread, base_url = serve_in_thread(create_app(settings, clock))
-    try:
+    with served_gateway(mongo_url, nats_url, "aml_cost", ADMIN_TOKEN, clock) as (
+        base_url,
+        settings,
+    ):
         with httpx.Client(base_url=base_url, timeout=30) as client, MongoClient(mongo_url) as mongo:
             _publish(client, mongo[settings.mongo_db], clock)
         yield Site(base_url)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
 
 
 def systems(page: Any) -> list[str]:

@@ -8,7 +8,6 @@ the job documents are written as the scheduler leaves them."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -17,16 +16,12 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_support import Clock, serve_in_thread
+from gateway_support import Clock, served_gateway
 from leaderboard_support import DATASET, finished_job, results, version_body
-from pydantic import SecretStr
 from pymongo import MongoClient
 
 from aml_contract.api.results import MeasuredUnder
 from aml_evaluation.efficiency import AnswerUse, CallAttempt, EfficiencyTally, JudgeUse
-from aml_gateway.main import create_app
-from aml_gateway.settings import GatewaySettings
-from aml_runtime.secrets import SecretBox
 
 pytestmark = pytest.mark.integration
 
@@ -74,18 +69,11 @@ class Site:
 
 @pytest.fixture(scope="module")
 def site(mongo_url: str, nats_url: str) -> Iterator[Site]:
-    settings = GatewaySettings(
-        mongo_url=mongo_url,
-        nats_url=nats_url,
-        mongo_db=f"aml_costs_{uuid.uuid4().hex[:8]}",
-        admin_token=SecretStr(ADMIN_TOKEN),
-        secret_keys=SecretStr(SecretBox.new_key()),
-        allow_loopback_targets=True,
-        environment="development",
-    )
     clock = Clock(T0 + timedelta(days=2))
-    server, thread, base_url = serve_in_thread(create_app(settings, clock))
-    try:
+    with served_gateway(mongo_url, nats_url, "aml_costs", ADMIN_TOKEN, clock) as (
+        base_url,
+        settings,
+    ):
         with httpx.Client(base_url=base_url, timeout=30) as client, MongoClient(mongo_url) as mongo:
             body = version_body("Harbour Labs", "harbour-memory", "1.0")
             version = client.post("/v1/admin/versions", json=body, headers=ADMIN)
@@ -101,9 +89,6 @@ def site(mongo_url: str, nats_url: str) -> Iterator[Site]:
                 mongo[settings.mongo_db].jobs.insert_one(job)
                 jobs.append(job["_id"])
         yield Site(base_url, owner["leaderboard_api_key"], *jobs)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
 
 
 def test_the_results_api_and_the_published_entry_carry_the_figures(site: Site) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_support import Clock, serve_in_thread
+from gateway_support import Clock, served_gateway
 from leaderboard_support import (
     ANSWER_MODEL,
     CATEGORIES,
@@ -38,16 +38,12 @@ from leaderboard_support import (
     seed_attempts,
     version_body,
 )
-from pydantic import SecretStr
 from pymongo import AsyncMongoClient, MongoClient
 
-from aml_gateway.main import create_app
-from aml_gateway.settings import GatewaySettings
 from aml_pipeline.progress import ItemStage, count_final
 from aml_runtime.clock import now_us
 from aml_runtime.db import Document
 from aml_runtime.documents import STAGE_COLLECTIONS
-from aml_runtime.secrets import SecretBox
 from aml_runtime.stores import Stores
 
 pytestmark = pytest.mark.integration
@@ -282,26 +278,16 @@ EXCLUDED = "adversarial"
 
 @pytest.fixture(scope="module")
 def site(mongo_url: str, nats_url: str) -> Iterator[Site]:
-    settings = GatewaySettings(
-        mongo_url=mongo_url,
-        nats_url=nats_url,
-        mongo_db=f"aml_pages_{uuid.uuid4().hex[:8]}",
-        admin_token=SecretStr(ADMIN_TOKEN),
-        secret_keys=SecretStr(SecretBox.new_key()),
-        allow_loopback_targets=True,
-        environment="development",
-    )
     clock = Clock(T0)
-    server, thread, base_url = serve_in_thread(create_app(settings, clock))
-    try:
+    with served_gateway(mongo_url, nats_url, "aml_pages", ADMIN_TOKEN, clock) as (
+        base_url,
+        settings,
+    ):
         with httpx.Client(base_url=base_url, timeout=30) as client, MongoClient(mongo_url) as mongo:
             running, pending, coding, key = _seed(
                 client, mongo[settings.mongo_db], clock, mongo_url
             )
         yield Site(base_url, running, pending, coding, key, mongo_url, settings.mongo_db)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
 
 
 @pytest.fixture(scope="module")
