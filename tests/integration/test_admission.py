@@ -390,6 +390,7 @@ async def test_stages_sharing_the_llm_budget_take_turns(env: Any) -> None:
     assert limiters["answer"].granted < items / REUSE_LIMIT
 
 
+@pytest.mark.wallclock  # waits out idle polls: runs beside the other tests
 async def test_an_idle_worker_reads_the_stream_rarely_and_still_finds_a_redelivery(
     env: Any,
 ) -> None:

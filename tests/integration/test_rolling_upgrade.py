@@ -25,7 +25,8 @@ from aml_participant_simulator import Script, Simulator
 from aml_participant_simulator.script import EndpointScript
 from aml_runtime.codehash import CODE_HASH_OVERRIDE, code_hash
 
-pytestmark = pytest.mark.integration
+# Mostly waits for processes and deadlines: runs beside the other tests (dev.py).
+pytestmark = [pytest.mark.integration, pytest.mark.wallclock]
 
 _MISSING = [name for name in ("nats-server", "nx-27017") if find_executable(name) is None]
 if _MISSING:

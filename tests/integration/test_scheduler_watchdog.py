@@ -36,7 +36,8 @@ from aml_scheduler.handlers import ScheduleJobs
 from aml_scheduler.settings import SchedulerSettings
 from aml_scheduler.watchdog import STALL_PERIODS
 
-pytestmark = pytest.mark.integration
+# Mostly waits for processes and deadlines: runs beside the other tests (dev.py).
+pytestmark = [pytest.mark.integration, pytest.mark.wallclock]
 
 STALL = 60.0
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
