@@ -22,6 +22,7 @@ import pytest
 from llm_support import standin_in_stack
 from nats.js.errors import ServiceUnavailableError
 from pymongo import MongoClient
+from test_outage_jobs import _max_in_window
 
 from aml_contract import subjects
 from aml_devtools.platform import Platform, PlatformConfig, register_participant, start_platform
@@ -204,6 +205,10 @@ def _as_undisturbed(platform: Platform, run: Run, undisturbed: tuple[dict[str, s
     assert len(sent["add"]) == ADDS and len(sent["search"]) == QUESTIONS
     assert max(sent["add"].values()) <= MAX_ATTEMPTS
     assert max(sent["search"].values()) <= MAX_ATTEMPTS
+    # The declared capacity held while the cluster lost and regained a node.
+    calls = [r for r in run.participant.simulator.requests if r.endpoint in ("add", "search")]
+    assert max(r.concurrency_at_arrival for r in calls) <= CAPACITY["max_concurrency"]
+    assert _max_in_window([r.arrived_monotonic for r in calls]) <= CAPACITY["max_rps"]
     print(  # the duplicates a node's loss cost, for the report
         f"{run.job_id}: {run.seconds:.1f}s, Adds sent {sum(sent['add'].values())}, "
         f"Searches sent {sum(sent['search'].values())}"
