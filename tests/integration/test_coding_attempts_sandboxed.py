@@ -21,6 +21,7 @@ import httpx
 import openai
 import pytest
 from coding_doubles import SUBMIT, ScriptedLLM, apply_with_heredoc, bash, bundle_tasks
+from host_processes import running
 from pymongo import AsyncMongoClient
 
 # The fakes live beside the unit tests that use them, which import them by name from there.
@@ -177,19 +178,6 @@ async def test_an_attempt_past_its_wall_limit_is_unresolved(
     assert (answer["end_reason"], answer["answer"]) == ("wall_limit", "")
     score = await verify(question("tally-allocate"), answer["answer"])
     assert (score["resolved"], score["tests_ran"]) == (False, False)
-
-
-def running(*argv: str) -> list[int]:
-    """The host's processes running exactly `argv` (a sandbox's commands are visible there)."""
-    wanted = "\0".join(argv).encode() + b"\0"
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if Path(f"/proc/{pid}/cmdline").read_bytes() == wanted:
-                found.append(int(pid))
-        except OSError:
-            continue
-    return found
 
 
 class Watched:

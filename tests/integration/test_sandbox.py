@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from host_processes import running
 
 from aml_pipeline.sandbox import (
     CommandResult,
@@ -109,19 +110,6 @@ def _sandbox_processes(uid: int | None, marker: str) -> list[str]:
         if (uid is not None and owner == str(uid)) or (marker in args and "ps -eo" not in args):
             left.append(line)
     return left
-
-
-def _commands(*argv: str) -> list[int]:
-    """The host's processes running exactly `argv`."""
-    wanted = "\0".join(argv).encode() + b"\0"
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if Path(f"/proc/{pid}/cmdline").read_bytes() == wanted:
-                found.append(int(pid))
-        except OSError:
-            continue
-    return found
 
 
 def _wait_gone(uid: int | None, marker: str, within: float = 1.0) -> list[str]:
@@ -239,19 +227,19 @@ def test_an_interrupt_kills_the_running_command_and_refuses_the_next(sandbox: Sa
     """`interrupt`, from another thread, ends the command running now with its whole process
     tree (reported as timed out, long before its own limit), and no command runs after it."""
     outcome: list[CommandResult] = []
-    running = threading.Thread(
+    command = threading.Thread(
         target=lambda: outcome.append(sandbox.run("(sleep 1001 &); sleep 1001", timeout=60))
     )
-    running.start()
+    command.start()
     deadline = time.monotonic() + 10
     # Both sleeps, not bwrap's own command line, which names them before they start.
-    while len(_commands("sleep", "1001")) < 2 and time.monotonic() < deadline:
+    while len(running("sleep", "1001")) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert len(_commands("sleep", "1001")) == 2, "the command never started"
+    assert len(running("sleep", "1001")) == 2, "the command never started"
     started = time.monotonic()
     sandbox.interrupt()
-    running.join(timeout=15)
-    assert not running.is_alive() and time.monotonic() - started < 5
+    command.join(timeout=15)
+    assert not command.is_alive() and time.monotonic() - started < 5
     (result,) = outcome
     assert result.timed_out and result.exit_code == -1
     assert _wait_gone(sandbox.uid, "sleep 1001") == []
@@ -276,16 +264,16 @@ def test_an_interrupt_at_any_moment_of_the_start_ends_the_command(
             except SandboxFault as fault:
                 outcome.append(fault)
 
-        running = threading.Thread(target=run)
-        running.start()
+        command = threading.Thread(target=run)
+        command.start()
         time.sleep(delay)
         started = time.monotonic()
         sandbox.interrupt()
-        running.join(timeout=15)
-        assert not running.is_alive() and time.monotonic() - started < 5
+        command.join(timeout=15)
+        assert not command.is_alive() and time.monotonic() - started < 5
         (result,) = outcome
         assert isinstance(result, SandboxFault) or result.timed_out
-        assert _commands("sleep", "1002") == []
+        assert running("sleep", "1002") == []
 
 
 def test_a_memory_hog_fails(sandbox: Sandbox) -> None:

@@ -24,7 +24,6 @@ from aml_gateway.services import Services
 from aml_gateway.settings import GatewaySettings
 from aml_runtime.broker import (
     StreamReplicasUnavailable,
-    declare_streams,
     declare_streams_on,
     make_broker,
 )
@@ -135,6 +134,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Also declares the streams (`unreachable`), so a publish never races them.
         problem = await unreachable(settings)
         if problem is not None:
             # One line naming what was tried, not a traceback through the connect retries.
@@ -142,7 +142,6 @@ def create_app(
         client, db = connect(settings)
         broker = make_broker(settings, tracing)
         await broker.connect()
-        await declare_streams(broker, settings.stream_replicas)
         await ensure_indexes(db, INDEXES + GATEWAY_INDEXES)
         services = Services(settings, db, broker, SecretBox(settings.secret_keys), clock)
         # An approval interrupted between its two writes gets its entry now.
