@@ -97,9 +97,12 @@ def short_windows(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform
 class Participant:
     """The simulator on a fixed port, which a test can take down and bring back."""
 
-    # Each Add takes half a second, so the Add phase lasts long enough to be disturbed.
+    # Each Add takes half a second and each Search 0.3 s (about 3 s of Adds and 4.5 s of
+    # Searches at the declared concurrency), so each phase lasts long enough to be disturbed.
     simulator: Simulator = field(
-        default_factory=lambda: Simulator(Script(add=EndpointScript(latency=0.5)))
+        default_factory=lambda: Simulator(
+            Script(add=EndpointScript(latency=0.5), search=EndpointScript(latency=0.3))
+        )
     )
     port: int = field(default_factory=lambda: free_port(HOST))
     _serving: AbstractContextManager[str] | None = None
@@ -246,7 +249,7 @@ def _same_bytes_on_every_retry(run: Run) -> None:
 @pytest.fixture(scope="module")
 def undisturbed(platform: Platform) -> tuple[dict[str, str], dict[str, Any]]:
     run = _run(platform, "team-calm")
-    assert run.status["state"] == "completed", run.status
+    assert run.status["state"] == "completed", json.dumps(run.status)
     assert run.pauses_seen == {}
     answers = _answers(platform, run.job_id)
     assert len(answers) == 30
@@ -288,8 +291,9 @@ def test_a_participant_blip_and_a_short_llm_outage_are_ridden_through(
 
     run = _run(platform, "team-blip", events)
     assert set(marks) == {"add_down", "add_up", "llm_down", "search_up", "llm_up", "llm_back_at"}
-    assert run.status["state"] == "completed", run.status
-    assert run.status["platform_failures"] == 0 and run.status["errors"] == []
+    shown = json.dumps(run.status)
+    assert run.status["state"] == "completed", shown
+    assert run.status["platform_failures"] == 0 and run.status["errors"] == [], shown
     answers, results = undisturbed
     assert _answers(platform, run.job_id) == answers
     assert _results(platform, run) == results
@@ -352,8 +356,9 @@ def test_participants_down_60s_in_the_add_and_search_phases_and_the_llm_down_120
         runs = {"add": in_add.result(), "search": in_search.result()}
     answers, results = undisturbed
     for stage, run in runs.items():
-        assert run.status["state"] == "completed", run.status
-        assert run.status["errors"] == [] and run.status["platform_failures"] == 0
+        shown = json.dumps(run.status)
+        assert run.status["state"] == "completed", shown
+        assert run.status["errors"] == [] and run.status["platform_failures"] == 0, shown
         assert _answers(platform, run.job_id) == answers
         assert _results(platform, run) == results
 
@@ -397,7 +402,7 @@ def test_a_participant_down_longer_than_its_window_fails_the_job_with_start_and_
             participant.down()
 
     run = _run(short_windows, "team-gone", events)
-    assert run.status["state"] == "failed", run.status
+    assert run.status["state"] == "failed", json.dumps(run.status)
     errors = run.status["errors"]
     assert errors and errors[0]["kind"] == "participant_outage"
     reason = errors[0]["reason"]
@@ -417,7 +422,7 @@ def test_a_participant_down_longer_than_its_window_in_the_search_phase_fails_the
             participant.down()
 
     run = _run(short_windows, "team-gone-search", events)
-    assert run.status["state"] == "failed", run.status
+    assert run.status["state"] == "failed", json.dumps(run.status)
     assert run.status["stage"] is None
     kinds = Counter(error["kind"] for error in run.status["errors"])
     assert kinds["participant_outage"] >= 1
@@ -442,7 +447,7 @@ def test_an_llm_down_longer_than_its_window_is_the_platforms_failure_not_the_tea
         run = _run(short_windows, "team-llm-gone", events)
     finally:
         short_windows.stack.restart(STANDIN)
-    assert run.status["state"] == "completed", run.status
+    assert run.status["state"] == "completed", json.dumps(run.status)
     assert run.status["platform_failures"] > 0
     assert run.status["publishable"] is False and run.status["charged"] is False
     assert run.status["state_summary"].startswith("completed — not publishable")
