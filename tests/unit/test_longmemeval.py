@@ -573,9 +573,10 @@ def test_judge_prompt_for_rules() -> None:
 def test_the_spec_lists_the_rule_prompts() -> None:
     spec = build_evaluation_spec(EvaluationSettings())
     assert spec.schema_version == "aml-eval-spec/3"
+    # The rules' prompts, and ATM-Bench's own judge of its open_end answers.
     assert {rule: call.prompt for rule, call in spec.judge_rules.items()} == dict(
         JUDGE_RULE_PROMPTS
-    )
+    ) | {"atm-open-end": "judge_atm_v1"}
     for call in spec.judge_rules.values():
         assert call.prompt_sha256 == load_prompt(call.prompt).sha256
         assert (call.model, call.max_tokens) == (spec.judge.model, spec.judge.max_tokens)

@@ -147,7 +147,7 @@ def test_one_item_per_question_and_point(dataset: Dataset) -> None:
     assert set(items[prefix + "str-1:q0001"].stored()) == {
         "_id", "job_id", "dataset_id", "question_id", "conversation_id", "user_id", "question",
         "category", "category_name", "gold_answer", "options", "f1_variant", "search_body",
-        "trace_id",
+        "trace_id", "evidence_rule", "evidence_markers",
     }  # fmt: skip
 
 

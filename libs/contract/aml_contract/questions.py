@@ -41,3 +41,11 @@ class PlannedQuestion(BaseModel):
     # the top_k of the question's planned Search body, which the search stage holds the answer
     # to in place of the job's.
     top_k: int | None = None
+    # Set only for ATM-Bench (aml_evaluation.atmbench): the answer type that decides how the
+    # answer is scored ("number", "list_recall", "open_end").
+    answer_type: str | None = None
+    # Set only for a question that declares evidence the platform can recognise
+    # (aml_evaluation.evidence): the rule, and per evidence id the markers that identify it
+    # among the Search candidates; the scorer records where each was found (Recall@k).
+    evidence_rule: str | None = None
+    evidence_markers: dict[str, list[str]] | None = None

@@ -4,6 +4,7 @@ every dataset.
     aml dataset add PATH [PATH ...] --format locomo|longmemeval|personamem|mem-gallery --id ID
                     [--track T] [--scorer S] [--version V] [--f1-variant F]
                     [--exclude-from-overall N ...] [--images DIR] [--replace]
+    aml dataset add DIR [PATH ...] --format atm-bench --id ID [--version V] [--replace]
     aml dataset add DIR --format coding --id ID [--version V] [--replace]
     aml dataset list [--json]
 
@@ -20,7 +21,12 @@ category. A format with images (mem-gallery) needs `--images DIR`, the directory
 datasets root that holds the images the files reference (Mem-Gallery's `benchmark/data/image`):
 each referenced image is checked (type, size) and pinned in the manifest by path and sha256;
 files whose images are not all there are refused, naming how many are missing and the first of
-them. The same manifest again is a no-op; different content under
+them. An ATM-Bench bundle (`--format atm-bench`) is named by its directory (or its files):
+every file under the directory is a data file (its QA files, `emails.json`, the
+`batch_results.json` files, raw images under `image/` and videos under `video/`; see
+aml_evaluation.atmbench.dataset), each checked against its size limit before it is read; its
+defaults are scorer `atm_qs`, track multimodal and categories number, list_recall, open_end.
+The same manifest again is a no-op; different content under
 a registered id needs `--replace`; a shipped id is refused. Licensed benchmark files are never
 shipped with AML: the manifest pins them by sha256 and every load checks it.
 
@@ -97,12 +103,15 @@ def add_arguments(parser: argparse.ArgumentParser, default_root: Path) -> None:
         nargs="+",
         metavar="PATH",
         help="the data file, or every file of the bundle (personamem: the questions .csv and "
-        "the shared contexts .jsonl; coding: the bundle's directory), inside the datasets root",
+        "the shared contexts .jsonl; coding, atm-bench: the bundle's directory), inside the "
+        "datasets root",
     )
     add.add_argument("--format", required=True, choices=FORMATS, dest="format_name")
     add.add_argument("--id", required=True, dest="dataset_id", help="e.g. longmemeval_s")
     add.add_argument(
-        "--track", choices=get_args(Track), help="default: the format's (mem-gallery: multimodal)"
+        "--track",
+        choices=get_args(Track),
+        help="default: the format's (mem-gallery, atm-bench: multimodal)",
     )
     add.add_argument(
         "--images",
@@ -110,7 +119,9 @@ def add_arguments(parser: argparse.ArgumentParser, default_root: Path) -> None:
         metavar="DIR",
         help="the image directory of a format with images, inside the datasets root",
     )
-    add.add_argument("--scorer", help="default: the format's (personamem: multiple_choice)")
+    add.add_argument(
+        "--scorer", help="default: the format's (personamem: multiple_choice; atm-bench: atm_qs)"
+    )
     add.add_argument("--version", help="default: the file name and the start of its sha256")
     add.add_argument(
         "--f1-variant", choices=sorted(F1_VARIANTS), help="token F1 the dataset reports"

@@ -66,18 +66,24 @@ from pydantic import BaseModel, Field
 
 from aml_contract.api.results import JobResults
 from aml_evaluation.aggregate import QuestionOutcome, aggregate
+from aml_evaluation.atmbench.scoring import (
+    ATM_JUDGE_PROMPT_NAME,
+    judge_prompt_text,
+    score_deterministic,
+)
 from aml_evaluation.coding.source import CodingTaskUnavailable
 from aml_evaluation.datasets import Dataset, Question, question_at_point, question_id
 from aml_evaluation.judging import (
     JUDGE_PARSER_VERSION,
     JudgeReply,
     JudgeVerdict,
+    atm_judge_label,
     judge,
     judge_prompt_for,
     load_judge_rule_prompts,
     majority,
 )
-from aml_evaluation.prompts import Prompt
+from aml_evaluation.prompts import Prompt, load_prompt
 from aml_evaluation.punkt import MODEL_ID as PUNKT_MODEL_ID
 from aml_evaluation.registry import DatasetManifest
 from aml_evaluation.scoring import (
@@ -114,6 +120,7 @@ _NOT_JUDGED: Final[Mapping[ScoringMethod, str]] = MappingProxyType(
         "choice": "a multiple-choice question is scored by the option it names",
         "f1_alone": "the dataset is scored by token F1 alone",
         "resolved": "a coding attempt is scored by its task's hidden tests",
+        "atm": "an ATM-Bench number or list answer is matched, not judged",
     }
 )
 
@@ -176,6 +183,9 @@ class QuestionRow(BaseModel):
     # (absent otherwise: labels from a file cost nothing here).
     judge_tokens_in: int | None = Field(default=None, exclude_if=lambda value: value is None)
     judge_tokens_out: int | None = Field(default=None, exclude_if=lambda value: value is None)
+    # An ATM-Bench question: its answer type and its value in QS (None: no verdict for it).
+    answer_type: str | None = Field(default=None, exclude_if=lambda value: value is None)
+    qs: float | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class JudgeSource(BaseModel):
@@ -291,7 +301,7 @@ async def score_questions(
     for item in asked_items(dataset).values():
         question = item.question
         method = scoring_method(question.options, dataset.scorer)
-        if labels is not None and item.key in labels and method != "judge":
+        if labels is not None and item.key in labels and not judged_by_llm(method, question):
             raise RescoreInputError(
                 f"a judge label is given for {item.key!r}, which no judge grades: "
                 f"{_NOT_JUDGED[method]}"
@@ -338,6 +348,15 @@ async def score_questions(
                 )
             )
             continue
+        if method == "atm" and question.answer_type != "open_end":
+            if question.answer_type is None or question.answer is None:
+                raise RescoreInputError(f"{item.key}: an ATM-Bench question without its type")
+            scored = score_deterministic(
+                question.answer_type, question.answer, answer, question=question.question
+            )
+            update = {"answer_type": question.answer_type, "qs": scored.score}
+            rows.append(row.model_copy(update=update))
+            continue
         runs: list[JudgeLabel | None] | None = None
         used: dict[str, int] = {}
         if labels is not None:
@@ -346,6 +365,22 @@ async def score_questions(
             judged = await judge(question, answer)
             runs = judged.labels
             used = {"judge_tokens_in": judged.tokens_in, "judge_tokens_out": judged.tokens_out}
+        if method == "atm":
+            label = None if runs is None else majority(runs)
+            qs = None if label is None else float(label == "CORRECT")
+            rows.append(
+                row.model_copy(
+                    update={
+                        "judged": runs is not None,
+                        "judge_label": label,
+                        "judge_labels": runs or [],
+                        "answer_type": question.answer_type,
+                        "qs": qs,
+                        **used,
+                    }
+                )
+            )
+            continue
         scores = open_answer_scores(answer, question.answer, question.category, variant)
         rows.append(
             row.model_copy(
@@ -379,6 +414,8 @@ def outcome_of(row: QuestionRow, multiple_choice: bool) -> QuestionOutcome:
         point_index=row.point_index,
         resolved=row.resolved,
         task_type=row.task_type,
+        answer_type=row.answer_type,
+        qs=row.qs,
     )
 
 
@@ -402,10 +439,19 @@ def results_of(
     )
 
 
+def judged_by_llm(method: ScoringMethod, question: Question) -> bool:
+    """Whether the LLM judge grades this question: an open question of a judged dataset, or an
+    ATM-Bench open_end answer (its number and list answers are matched, not judged)."""
+    return method == "judge" or (method == "atm" and question.answer_type == "open_end")
+
+
 def judge_asked(dataset: Dataset) -> bool:
     """Whether a judge grades some question of the dataset: `--judge` asks it nothing when
-    every question is multiple choice or the dataset is scored by token F1 alone."""
-    return any(scoring_method(q.options, dataset.scorer) == "judge" for q in dataset.questions)
+    every question is multiple choice, the dataset is scored by token F1 alone, or no ATM-Bench
+    answer is open-ended."""
+    return any(
+        judged_by_llm(scoring_method(q.options, dataset.scorer), q) for q in dataset.questions
+    )
 
 
 def llm_judge(
@@ -419,8 +465,15 @@ def llm_judge(
     uses: the abstention prompt for a question without a gold answer, the rule's prompt for a
     question with a judge rule (LongMemEval)."""
     rule_prompts = load_judge_rule_prompts()
+    atm_prompt = load_prompt(ATM_JUDGE_PROMPT_NAME)
 
     async def verdict(question: Question, answer: str) -> JudgeVerdict:
+        if question.answer_type is not None and question.answer is not None:
+            # ATM-Bench's open_end answers: the benchmark's own prompt and verdict.
+            atm_text = judge_prompt_text(
+                question.question, question.answer, answer, atm_prompt.text
+            )
+            return await judge(lambda: call(atm_text), runs, retries, parse=atm_judge_label)
         _, text = judge_prompt_for(
             question.question,
             question.answer,

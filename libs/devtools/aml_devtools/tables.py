@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from aml_evaluation.aggregate import JUDGE_FAILURE
 from aml_evaluation.coding.dataset import CODING_CATEGORIES
@@ -44,6 +44,11 @@ def _ordered_categories(
     return ordered
 
 
+# The evidence columns (Recall@k, Joint@k) of the results table.
+_EVIDENCE_KEYS: Final = (("R", "1"), ("R", "5"), ("R", "10"), ("J", "5"), ("J", "10"))
+_EVIDENCE_COLUMNS: Final = tuple(f"{kind}@{k}" for kind, k in _EVIDENCE_KEYS)
+
+
 def is_coding(results: dict[str, Any]) -> bool:
     """Whether these are a coding job's results (R-2.5): of the coding track, or, where the
     results name no track (`aml rescore`), with coding attempts in them."""
@@ -67,11 +72,15 @@ def render_results(
     coding job's results are laid out by `render_coding_results`."""
     if is_coding(results):
         return render_coding_results(results, numbers)
-    choices = any(
-        cell.get("option_questions", 0)
+    cells = [
+        cell
         for data in results["datasets"].values()
         for cell in [data["overall"], *data["categories"].values()]
-    )
+    ]
+    choices = any(cell.get("option_questions", 0) for cell in cells)
+    # ATM-Bench's QS, and the evidence figures of datasets that declare evidence.
+    qs = any(cell.get("qs_mean") is not None for cell in cells)
+    evidence = any(cell.get("evidence") for cell in cells)
     ordered = {
         dataset_id: _ordered_categories(data["categories"], (numbers or {}).get(dataset_id, {}))
         for dataset_id, data in results["datasets"].items()
@@ -82,7 +91,10 @@ def render_results(
     cw = max([16, *(len(label) + 3 for cells in ordered.values() for _, label, _ in cells)])
     header = (
         f"{'dataset':<{dw}}{'category':<{cw}}{'questions':>10}{'scored':>8}{'failed':>8}"
-        f"{'J':>8}{'F1':>8}{'BLEU-1':>8}" + (f"{'MC':>8}" if choices else "")
+        f"{'J':>8}{'F1':>8}{'BLEU-1':>8}"
+        + (f"{'MC':>8}" if choices else "")
+        + (f"{'QS':>8}" if qs else "")
+        + ("".join(f"{name:>7}" for name in _EVIDENCE_COLUMNS) if evidence else "")
     )
     rows = [header, "-" * len(header)]
     if results.get("track"):
@@ -95,9 +107,16 @@ def render_results(
         figures = [m["judge_accuracy"], m["f1_mean"], m.get("bleu1_mean")]
         if choices:
             figures.append(m.get("option_accuracy"))
+        if qs:
+            figures.append(m.get("qs_mean"))
+        found = m.get("evidence") or {}
+        recall, joint = found.get("recall") or {}, found.get("joint") or {}
+        shown = [recall.get(k) if kind == "R" else joint.get(k) for kind, k in _EVIDENCE_KEYS]
         return (
             f"{dataset:<{dw}}{category:<{cw}}{m['questions']:>10}{m['scored']:>8}"
-            f"{m['failed']:>8}" + ("".join(f"{percent(value):>8}" for value in figures))
+            f"{m['failed']:>8}"
+            + "".join(f"{percent(value):>8}" for value in figures)
+            + ("".join(f"{percent(value):>7}" for value in shown) if evidence else "")
         )
 
     unjudged = 0
@@ -130,6 +149,16 @@ def render_results(
     ]
     if f1_datasets:
         rows.append(f"scored by token F1 alone (F1 is the headline): {', '.join(f1_datasets)}")
+    if qs:
+        rows.append(
+            "QS: ATM-Bench's question-type score (number: exact match, list_recall: Jaccard, "
+            "open_end: its judge)"
+        )
+    if evidence:
+        rows.append(
+            "R@k: share of a question's evidence in its first k candidates; J@k: that share "
+            "when the answer scored (Joint@k)"
+        )
     if any(d["excluded_from_overall"] for d in results["datasets"].values()):
         rows.append("* reported apart, not counted in the dataset or Overall figures")
     rows.extend(_failure_lines(results))

@@ -34,6 +34,16 @@ Rules, in the order they apply:
   dataset whose attempts carry a task type also reports `task_types`, its overall split by it.
   Cells without coding attempts have none of these fields, so their results, and fingerprints,
   are as before.
+- An ATM-Bench question (its score carries an answer type) is scored by that type (exact match
+  1/0, Jaccard, the benchmark's judge 1/0): `qs_mean` is the mean over a cell's scored ATM-Bench
+  questions, the headline of a cell whose scored questions are all ATM-Bench's. Its judge
+  verdicts are not counted in `accuracy` (they are part of QS); an unreadable one is a
+  judge_failure like any other.
+- A question whose score records where its evidence was returned (`evidence_ranks`,
+  aml_evaluation.evidence) adds to the cell's `evidence`: Recall@k (the share of its evidence
+  in the first k candidates) and Joint@k (that recall when the question's own value is
+  non-zero: its verdict, QS value or F1), each the mean over such scored questions. Cells
+  without any have no `evidence`.
 - Every cell with a headline figure reports `headline_ci`, its 95% interval: a seeded bootstrap
   over the values the figure is the mean of (`aml_evaluation.confidence`): 1/0 per verdict for
   `accuracy`, per verified attempt for `resolved_rate`, the F1 of each scored open question for
@@ -55,9 +65,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from aml_contract.api.results import DatasetResults, Headline, Interval, JobResults, Metrics
+from aml_contract.api.results import (
+    DatasetResults,
+    EvidenceFigures,
+    Headline,
+    Interval,
+    JobResults,
+    Metrics,
+)
 from aml_contract.api.vocabulary import JobState
 from aml_evaluation.confidence import headline_interval
+from aml_evaluation.evidence import EVIDENCE_K, recall_at
 
 JudgeLabel = Literal["CORRECT", "WRONG"]
 JUDGE_FAILURE = "judge_failure"
@@ -92,6 +110,11 @@ class QuestionOutcome(BaseModel):
     # declares one.
     resolved: bool | None = None
     task_type: str | None = None
+    # An ATM-Bench question: its answer type and its value in QS (None: not scored).
+    answer_type: str | None = None
+    qs: float | None = None
+    # Per evidence id, the rank of the first candidate that is it (None: not returned).
+    evidence_ranks: dict[str, int | None] | None = None
 
     @model_validator(mode="after")
     def _judged_when_a_judge_ran(self) -> QuestionOutcome:
@@ -125,6 +148,9 @@ class _Tally:
     runs: list[list[int]] = field(default_factory=list)
     attempts: int = 0
     resolved: int = 0
+    qs_values: list[float] = field(default_factory=list)
+    # Per question with evidence: (its own value is non-zero, its recall at each EVIDENCE_K).
+    evidence: list[tuple[bool, tuple[float, ...]]] = field(default_factory=list)
 
     def add(self, outcome: QuestionOutcome) -> None:
         self.questions += 1
@@ -133,6 +159,18 @@ class _Tally:
             self.failures[failure] += 1
             return
         self.scored += 1
+        if outcome.evidence_ranks:
+            ranks = outcome.evidence_ranks
+            self.evidence.append(
+                (bool(own_value(outcome)), tuple(recall_at(ranks, k) for k in EVIDENCE_K))
+            )
+        if outcome.answer_type is not None:
+            if outcome.qs is not None:
+                self.qs_values.append(outcome.qs)
+            else:
+                # An open_end answer that no judge was asked about (offline rescoring).
+                self.unjudged += 1
+            return
         if outcome.resolved is not None:
             self.attempts += 1
             self.resolved += outcome.resolved
@@ -171,7 +209,7 @@ class _Tally:
             if self.attempts
             else {}
         )
-        headline = _headline(verdicts, self.f1_values, self.attempts)
+        headline = _headline(verdicts, self.f1_values, self.attempts, len(self.qs_values))
         return Metrics(
             questions=self.questions,
             scored=self.scored,
@@ -191,8 +229,24 @@ class _Tally:
             judge_runs=max(1, len(self.runs)),
             judge_run_accuracy_mean=_mean(per_run),
             judge_run_accuracy_spread=statistics.pstdev(per_run) if per_run else None,
+            qs_mean=_mean(self.qs_values),
+            evidence=self._evidence(),
             **coding,
         )
+
+    def _evidence(self) -> EvidenceFigures | None:
+        if not self.evidence:
+            return None
+        count = len(self.evidence)
+        recall = {
+            str(k): sum(recalls[i] for _, recalls in self.evidence) / count
+            for i, k in enumerate(EVIDENCE_K)
+        }
+        joint = {
+            str(k): sum(recalls[i] for correct, recalls in self.evidence if correct) / count
+            for i, k in enumerate(EVIDENCE_K)
+        }
+        return EvidenceFigures(questions=count, recall=recall, joint=joint)
 
 
 @dataclass
@@ -205,10 +259,11 @@ class _Intervals:
 
     def of(self, tally: _Tally, headline: Headline, correct: int, verdicts: int) -> Interval | None:
         """0/1 values are rebuilt from their counts, since the bootstrap sorts them anyway."""
-        if headline == "f1_mean":
-            key: tuple[object, ...] = ("f1", *sorted(tally.f1_values))
+        if headline in ("f1_mean", "qs_mean"):
+            values = tally.f1_values if headline == "f1_mean" else tally.qs_values
+            key: tuple[object, ...] = (headline, *sorted(values))
             if key not in self.known:
-                self.known[key] = headline_interval(tally.f1_values, _mean(tally.f1_values))
+                self.known[key] = headline_interval(values, _mean(values))
             return self.known[key]
         coding = headline == "resolved_rate"
         ones, total = (tally.resolved, tally.attempts) if coding else (correct, verdicts)
@@ -220,12 +275,17 @@ class _Intervals:
         return self.known[(ones, total)]
 
 
-def _headline(verdicts: int, f1_values: list[float], attempts: int = 0) -> Headline:
+def _headline(
+    verdicts: int, f1_values: list[float], attempts: int = 0, qs_scored: int = 0
+) -> Headline:
     """`resolved_rate` for coding attempts (a job is of one track, so a cell never mixes them
     with questions); else `accuracy` whenever some question has a verdict; `f1_mean` when the
-    scored questions were scored by F1 alone (a `token_f1` dataset such as Mem-Gallery)."""
+    scored questions were scored by F1 alone (a `token_f1` dataset such as Mem-Gallery);
+    `qs_mean` when they are all ATM-Bench's."""
     if attempts and not verdicts:
         return "resolved_rate"
+    if qs_scored and not verdicts and not f1_values:
+        return "qs_mean"
     return "f1_mean" if not verdicts and f1_values else "accuracy"
 
 
@@ -315,11 +375,27 @@ def headline_value(outcome: QuestionOutcome, headline: Headline) -> float | None
         return None if outcome.resolved is None else float(outcome.resolved)
     if outcome.resolved is not None:
         return None
+    if headline == "qs_mean" or outcome.answer_type is not None:
+        return outcome.qs if headline == "qs_mean" else None
     if headline == "f1_mean":
         return None if outcome.multiple_choice else outcome.f1
     if outcome.multiple_choice:
         return float(bool(outcome.choice_correct))
     return float(outcome.judge_label == "CORRECT") if outcome.judged else None
+
+
+def own_value(outcome: QuestionOutcome) -> float | None:
+    """A scored question's value by its own scoring: its QS value (ATM-Bench), its verdict
+    (1/0, judged or multiple choice), its resolution, or its F1 when that is all it has."""
+    if outcome.answer_type is not None:
+        return outcome.qs
+    if outcome.resolved is not None:
+        return float(outcome.resolved)
+    if outcome.multiple_choice:
+        return float(bool(outcome.choice_correct))
+    if outcome.judged:
+        return float(outcome.judge_label == "CORRECT")
+    return outcome.f1
 
 
 def headline_values(

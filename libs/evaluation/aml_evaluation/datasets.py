@@ -115,6 +115,14 @@ class ItemFormat:
     max_turns: int | None = None
 
 
+# ATM-Bench's answer types (its "qtype"), in the order of its categories.
+AnswerType = Literal["number", "list_recall", "open_end"]
+# How the platform tells which returned candidates are a question's evidence
+# (aml_evaluation.evidence): "turn-text-v1", by the text it wrote for the evidence turns;
+# "unit-id-v1", by the id it wrote at the head of each memory unit (ATM-Bench).
+EvidenceRule = Literal["turn-text-v1", "unit-id-v1"]
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -196,6 +204,9 @@ class Question(_Frozen):
     # stages.
     coding_task: str | None = None
     task_type: str | None = None
+    # ATM-Bench (aml_evaluation.atmbench): the answer type that decides how the answer is scored
+    # ("number": exact match, "list_recall": Jaccard, "open_end": the benchmark's judge).
+    answer_type: AnswerType | None = None
 
     @field_validator("asked_at")
     @classmethod
@@ -234,6 +245,8 @@ class Dataset(_Frozen):
     # The Search top_k the manifest declares for the dataset's questions (the coding track's
     # 100, R-2.5), in place of the job's; None: the job's (the registry sets it).
     search_top_k: int | None = Field(default=None, ge=1)
+    # How a question's evidence is found among its candidates (set by the format's parser).
+    evidence_rule: EvidenceRule = "turn-text-v1"
     # Multimodal datasets: reference -> the image's bytes, read from the bundle and checked
     # against the manifest's sha256 (Add and Search bodies are built from these). Never dumped.
     image_files: dict[str, bytes] = Field(default_factory=dict, exclude=True, repr=False)

@@ -10,6 +10,7 @@ from typing import Final
 
 from pydantic import BaseModel
 
+from aml_evaluation.atmbench.scoring import parse_judge_reply
 from aml_evaluation.prompts import Prompt, load_prompt
 from aml_evaluation.scoring import JudgeLabel, parse_judge_label
 
@@ -69,10 +70,14 @@ def majority(labels: Sequence[JudgeLabel | None]) -> JudgeLabel | None:
 
 
 async def judge(
-    call: Callable[[], Awaitable[JudgeReply]], runs: int = 1, retries: int = 0
+    call: Callable[[], Awaitable[JudgeReply]],
+    runs: int = 1,
+    retries: int = 0,
+    parse: Callable[[str], JudgeLabel | None] = parse_judge_label,
 ) -> JudgeVerdict:
     """`runs` independent verdicts; a run whose reply cannot be read is asked again up to
-    `retries` times, and stays None after that."""
+    `retries` times, and stays None after that. `parse` reads a reply's label (a benchmark's
+    own judge prompt may ask for its own verdict format)."""
     labels: list[JudgeLabel | None] = []
     replies: list[str] = []
     calls = tokens_in = tokens_out = 0
@@ -85,7 +90,7 @@ async def judge(
                 tokens_in, tokens_out = tokens_in + used_in, tokens_out + used_out
             calls += 1
             replies.append(reply[:RAW_KEPT_CHARS])
-            label = parse_judge_label(reply)
+            label = parse(reply)
             if label is not None:
                 break
         labels.append(label)
@@ -146,3 +151,12 @@ def judge_prompt_for(
             question=question, generated_answer=answer
         )
     return prompt, prompt.text.format(question=question, gold_answer=gold, generated_answer=answer)
+
+
+def atm_judge_label(reply: str) -> JudgeLabel | None:
+    """ATM-Bench's judge reply (its JSON `accuracy`, aml_evaluation.atmbench.scoring) as a
+    label; None when it cannot be read (a judge failure, never WRONG)."""
+    verdict = parse_judge_reply(reply)
+    if verdict is None:
+        return None
+    return "CORRECT" if verdict else "WRONG"

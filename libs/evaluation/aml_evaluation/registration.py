@@ -9,6 +9,11 @@ questions counted per category, become the manifest's. A format with images
 (:data:`IMAGE_FORMATS`) has every image its files reference pinned too. A shipped id is refused;
 the same manifest again is a no-op; different content under a registered id needs ``replace``.
 
+A format whose bundle is a directory (:data:`DIRECTORY_FORMATS`: ATM-Bench, its QA files,
+metadata, images and videos) may be named by that directory: every regular file under it
+(hidden names left out) is a data file, each checked against the format's size limit before it
+is read.
+
 A coding bundle (:func:`register_coding_dataset`) is registered from its directory: its three
 files are pinned like any format's, and before anything is written its snapshots are checked
 (present, pinned by their tasks, safe) and every task is run (``check_tasks``, the sandbox's
@@ -31,6 +36,8 @@ from typing import Any, Final, Literal
 
 from pydantic import ValidationError
 
+from aml_evaluation.atmbench.dataset import max_file_bytes
+from aml_evaluation.atmbench.scoring import ATM_SCORER
 from aml_evaluation.chunker import fitted_images
 from aml_evaluation.coding.bundle import BUNDLE_FILES, CodingBundle, snapshot_problems
 from aml_evaluation.coding.dataset import (
@@ -75,6 +82,8 @@ DEFAULT_SCORER_OF_FORMAT: Final[dict[str, str]] = {
     "mem-gallery": "token_f1",
     # An attempt is resolved or not by the task's hidden tests (R-2.5).
     "coding": CODING_SCORER,
+    # ATM-Bench's question-type score: exact match, Jaccard or its judge by answer type.
+    "atm-bench": ATM_SCORER,
 }
 # The token F1 a dataset of the format reports unless the operator names another: Mem-Gallery's
 # own (aml_evaluation.scoring.token_f1_memgallery).
@@ -83,11 +92,17 @@ DEFAULT_F1_VARIANT_OF_FORMAT: Final[dict[str, str]] = {"mem-gallery": "f1-memgal
 DEFAULT_TRACK_OF_FORMAT: Final[dict[str, str]] = {
     "mem-gallery": "multimodal",
     "coding": CODING_TRACK,
+    "atm-bench": "multimodal",
 }
 # The Search top_k a dataset of the format declares in place of the job's (R-2.5: coding, 100).
 DEFAULT_SEARCH_TOP_K_OF_FORMAT: Final[dict[str, int]] = {"coding": CODING_TOP_K}
 # Formats whose datasets reference image files (`aml dataset add --images DIR` pins them).
 IMAGE_FORMATS: Final = frozenset({"mem-gallery"})
+# Formats whose bundle may be named by its directory (every file under it), with the largest
+# each of its files may be, by path (ValueError: a file the format does not take).
+DIRECTORY_FORMATS: Final[dict[str, Callable[[str], int]]] = {"atm-bench": max_file_bytes}
+# Files a bundle directory may hold: more is refused before any is read.
+MAX_DIRECTORY_FILES: Final = 250_000
 # Categories reported apart, not counted in Overall, unless the operator names others.
 DEFAULT_EXCLUDED_OF_FORMAT: Final[dict[str, list[int]]] = {
     "locomo": [LOCOMO_ADVERSARIAL_CATEGORY],
@@ -95,6 +110,7 @@ DEFAULT_EXCLUDED_OF_FORMAT: Final[dict[str, list[int]]] = {
     "personamem": [],
     "mem-gallery": [],
     "coding": [],
+    "atm-bench": [],
 }
 
 
@@ -257,6 +273,41 @@ def _first(references: Sequence[str], shown: int = 5) -> str:
     return ", ".join(references[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
+def _directory_files(
+    directory: Path, datasets_root: Path, max_bytes: Callable[[str], int]
+) -> list[Path]:
+    """Every regular file under a bundle directory, hidden names (a leading '.') left out, in
+    path order; RegistrationError for a file the format does not take or over its size limit,
+    found before any file is read."""
+    relative = _inside(directory, datasets_root, directory=True)
+    found: list[Path] = []
+    for parent, directories, names in os.walk(datasets_root / relative):
+        directories[:] = sorted(name for name in directories if not name.startswith("."))
+        for name in sorted(names):
+            if name.startswith("."):
+                continue
+            path = Path(parent) / name
+            if not path.is_file():
+                continue
+            found.append(path)
+            if len(found) > MAX_DIRECTORY_FILES:
+                raise RegistrationError(f"{directory} holds more than {MAX_DIRECTORY_FILES} files")
+            inside = _inside(path, datasets_root)
+            try:
+                limit = max_bytes(inside)
+            except ValueError as error:
+                raise RegistrationError(f"{directory} is refused: {error}") from None
+            size = path.stat().st_size
+            if size > limit:
+                raise RegistrationError(
+                    f"{directory} is refused: {inside} is {size} bytes, over the limit of "
+                    f"{limit} bytes for such a file"
+                )
+    if not found:
+        raise RegistrationError(f"{directory} holds no file")
+    return found
+
+
 def _read_data_files(
     paths: Sequence[Path], datasets_root: Path
 ) -> list[tuple[ManifestFile, bytes]]:
@@ -293,9 +344,11 @@ def register_dataset(
     """Verify the data files of a dataset under the datasets root and write its operator
     manifest (`<datasets root>/manifests/<id>.json`, atomically). `paths` is one file or every
     file of a bundle that spans several (PersonaMem: its questions .csv and shared contexts
-    .jsonl; Mem-Gallery: one dialog file per conversation); the manifest lists each with its
-    sha256, in path order. The files are parsed together by the format's parser first, so
-    files that do not parse are refused with the parser's error and nothing is written.
+    .jsonl; Mem-Gallery: one dialog file per conversation; a format of
+    :data:`DIRECTORY_FORMATS` also takes directories, each standing for every file under it);
+    the manifest lists each with its sha256, in path order. The files are parsed together by
+    the format's parser first, so files that do not parse are refused with the parser's error
+    and nothing is written.
     Re-registering the same manifest is a no-op; a different one needs `replace`.
 
     A format with images (:data:`IMAGE_FORMATS`) takes the directory holding them, `images`
@@ -319,7 +372,17 @@ def register_dataset(
     if not given:
         raise RegistrationError("no data file given")
     refused = f"{given[0]} is" if len(given) == 1 else f"{', '.join(map(str, given))} are"
-    data_files = _read_data_files(given, datasets_root)
+    files = given
+    if format_name in DIRECTORY_FORMATS:
+        max_bytes = DIRECTORY_FORMATS[format_name]
+        files = [
+            file
+            for path in given
+            for file in (
+                _directory_files(path, datasets_root, max_bytes) if path.is_dir() else [path]
+            )
+        ]
+    data_files = _read_data_files(files, datasets_root)
     image_dir = None if images is None else _inside(images, datasets_root, directory=True)
     draft = draft_manifest(
         dataset_id,

@@ -10,7 +10,10 @@ hands the verified bytes to the parser of the manifest's ``format`` (:func:`pars
 is :func:`aml_evaluation.datasets.parse_locomo_bundle`, "longmemeval" and "personamem" are
 ``aml_evaluation.longmemeval.parse`` and ``aml_evaluation.personamem.parse``, "coding" is
 ``aml_evaluation.coding.dataset.parse`` (its repository snapshots are pinned by the tasks file,
-not listed: see that module), each imported only when a bundle of that format is read. A parser
+not listed: see that module), "mem-gallery" and "atm-bench" are
+``aml_evaluation.memgallery.parse`` and ``aml_evaluation.atmbench.dataset.parse`` (their images,
+and ATM-Bench's videos, are bundle files like any other: the parser gets their verified bytes),
+each imported only when a bundle of that format is read. A parser
 raises ``ValueError`` naming what is wrong. When ``aml dataset add``
 (:mod:`aml_evaluation.registration`) checks new files (one, or every file of a bundle that spans
 several, parsed together), the parser gets a draft manifest whose ``categories`` is empty: it
@@ -68,7 +71,7 @@ MANIFESTS_DIR: Final = PACKAGE_DATA_DIR / "manifests"
 # Operator manifests: <datasets root>/OPERATOR_MANIFESTS/<id>.json (see the module docstring).
 OPERATOR_MANIFESTS: Final = "manifests"
 
-Format = Literal["locomo", "longmemeval", "personamem", "mem-gallery", "coding"]
+Format = Literal["locomo", "longmemeval", "personamem", "mem-gallery", "coding", "atm-bench"]
 FORMATS: Final[tuple[str, ...]] = get_args(Format)
 Source = Literal["shipped", "operator"]
 
@@ -79,11 +82,12 @@ _PARSERS: Final[dict[str, tuple[str, str]]] = {
     "personamem": ("aml_evaluation.personamem", "parse"),
     "mem-gallery": ("aml_evaluation.memgallery", "parse"),
     "coding": ("aml_evaluation.coding.dataset", "parse"),
+    "atm-bench": ("aml_evaluation.atmbench.dataset", "parse"),
 }
 # Formats whose files are JSON lists of items, each one conversation with its questions, read an
 # item at a time by open_dataset_stream: format -> (module, its ItemFormat). The others (PersonaMem:
-# questions over shared contexts; Mem-Gallery: one dialog per file, with its images) are parsed
-# whole.
+# questions over shared contexts; Mem-Gallery: one dialog per file, with its images; ATM-Bench:
+# one person's whole memory, with its images and videos) are parsed whole.
 _ITEM_FORMATS: Final[dict[str, tuple[str, str]]] = {
     "locomo": ("aml_evaluation.datasets", "LOCOMO_ITEMS"),
     "longmemeval": ("aml_evaluation.longmemeval", "ITEMS"),

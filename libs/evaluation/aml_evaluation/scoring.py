@@ -26,6 +26,7 @@ from nltk.translate.bleu_score import (  # type: ignore[import-untyped]
     sentence_bleu,
 )
 
+from aml_evaluation.atmbench.scoring import ATM_SCORER
 from aml_evaluation.punkt import require_punkt_tab
 
 F1_VERSION: Final = "f1-locomo-v1"
@@ -321,7 +322,7 @@ def bleu1(prediction: str, gold: str | int) -> float:
 
 
 # How one answer is scored; see scoring_method.
-ScoringMethod = Literal["choice", "f1_alone", "judge", "resolved"]
+ScoringMethod = Literal["choice", "f1_alone", "judge", "resolved", "atm"]
 
 
 def scoring_method(options: Sequence[str] | None, dataset_scorer: str | None) -> ScoringMethod:
@@ -330,9 +331,12 @@ def scoring_method(options: Sequence[str] | None, dataset_scorer: str | None) ->
     of a dataset whose manifest scorer is `token_f1` by token F1 alone (no judge asked, no
     BLEU-1), as Mem-Gallery's own evaluation scores it; a coding task's attempt by whether its
     patch resolves the task (`resolved`: the hidden tests, no LLM); any other open question by
-    the LLM judge, token F1 and BLEU-1 (`open_answer_scores`)."""
+    the LLM judge, token F1 and BLEU-1 (`open_answer_scores`). An ATM-Bench question (scorer
+    `atm_qs`) by its answer type, as ATM-Bench scores it (`atm`: aml_evaluation.atmbench)."""
     if dataset_scorer == CODING_SCORER:
         return "resolved"
+    if dataset_scorer == ATM_SCORER:
+        return "atm"
     if options:
         return "choice"
     return "f1_alone" if dataset_scorer == TOKEN_F1_SCORER else "judge"

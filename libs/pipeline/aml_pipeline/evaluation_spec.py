@@ -9,10 +9,12 @@ from collections.abc import Callable
 
 import nltk  # type: ignore[import-untyped]
 
+from aml_evaluation.atmbench.scoring import ATM_JUDGE_PROMPT_NAME, ATM_QS_VERSION
 from aml_evaluation.chunker import CHUNKER_VERSION
 from aml_evaluation.coding.grading import GRADING_VERSION
 from aml_evaluation.confidence import CONFIDENCE
 from aml_evaluation.context import CONTEXT_RULE, ESTIMATE_COUNTER
+from aml_evaluation.evidence import EVIDENCE_VERSION
 from aml_evaluation.judging import JUDGE_PARSER_VERSION, load_judge_rule_prompts
 from aml_evaluation.prompts import load_prompt
 from aml_evaluation.punkt import MODEL_ID as PUNKT_MODEL_ID
@@ -29,6 +31,9 @@ from aml_evaluation.wordcount import WORD_COUNTER_VERSION
 from aml_pipeline.coding_agent import AgentConfig, load_agent_config
 from aml_pipeline.coding_track import VERIFY_RULE, limits_record, solve_limits, verify_limits
 from aml_runtime.settings import EvaluationSettings
+
+# The spec's name for the judge of ATM-Bench's open_end answers.
+ATM_OPEN_END_JUDGE = "atm-open-end"
 
 
 def token_counter_name(settings: EvaluationSettings) -> str:
@@ -106,6 +111,8 @@ def build_evaluation_spec(settings: EvaluationSettings, *, coding: bool = False)
     answer = load_prompt(settings.answer_prompt)
     judge = load_prompt(settings.judge_prompt)
     judge_abstention = load_prompt(settings.judge_abstention_prompt)
+    # ATM-Bench's open_end answers are judged with the benchmark's own prompt.
+    atm_judge = load_prompt(ATM_JUDGE_PROMPT_NAME)
     return EvaluationSpec(
         answer=ModelCall(
             model=settings.answer_model,
@@ -136,7 +143,10 @@ def build_evaluation_spec(settings: EvaluationSettings, *, coding: bool = False)
                 prompt=prompt.name,
                 prompt_sha256=prompt.sha256,
             )
-            for rule, prompt in load_judge_rule_prompts().items()
+            for rule, prompt in [
+                *load_judge_rule_prompts().items(),
+                (ATM_OPEN_END_JUDGE, atm_judge),
+            ]
         },
         judge_runs=settings.judge_runs,
         scorers={
@@ -151,6 +161,10 @@ def build_evaluation_spec(settings: EvaluationSettings, *, coding: bool = False)
             "multiple_choice": MC_VERSION,
             "judge_parser": JUDGE_PARSER_VERSION,
             "judge_retries": str(settings.judge_retries),
+            # ATM-Bench's question-type score, and how evidence is recognised among the
+            # candidates (Recall@k, Joint@k).
+            "atm_qs": ATM_QS_VERSION,
+            "evidence_recall": EVIDENCE_VERSION,
         },
         top_k=settings.top_k,
         chunker=CHUNKER_VERSION,

@@ -413,6 +413,18 @@ class ScoreDocument(StageRecord):
     task_type: str | None = None
     grading_version: str | None = None
     test_log: str | None = None
+    # Written only for an ATM-Bench question (aml_evaluation.atmbench.scoring): its answer type,
+    # how it was scored (exact_match, jaccard, judge) and its value in QS (None: the judge's
+    # verdict could not be read).
+    answer_type: str | None = None
+    qs: float | None = None
+    qs_method: str | None = None
+    qs_version: str | None = None
+    # Written only for a question with recognisable evidence (aml_evaluation.evidence): per
+    # evidence id, the 1-based rank of the first candidate that is it (None: not returned).
+    evidence_ranks: dict[str, int | None] | None = None
+    evidence_rule: str | None = None
+    evidence_version: str | None = None
 
 
 class VersionFields(VersionProfile):

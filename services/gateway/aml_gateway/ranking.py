@@ -15,12 +15,14 @@ from aml_contract.api.results import Metrics
 
 def headline(metrics: Metrics) -> float | None:
     """The number a board ranks by: the mean token F1 of a cell scored by F1 alone; the share
-    of resolved attempts of a coding cell; else accuracy, else the judge's accuracy (entries
-    published before `accuracy` existed)."""
+    of resolved attempts of a coding cell; ATM-Bench's QS of a cell of its questions; else
+    accuracy, else the judge's accuracy (entries published before `accuracy` existed)."""
     if metrics.headline == "f1_mean":
         return metrics.f1_mean
     if metrics.headline == "resolved_rate":
         return metrics.resolved_rate
+    if metrics.headline == "qs_mean":
+        return metrics.qs_mean
     return metrics.accuracy if metrics.accuracy is not None else metrics.judge_accuracy
 
 

@@ -623,4 +623,7 @@ def question_outcome(question: Document, record: StageRecord | None) -> Question
         # A coding attempt's verdict: resolved or not, never a failure.
         resolved=score.resolved,
         task_type=question.get("task_type"),
+        answer_type=score.answer_type,
+        qs=score.qs,
+        evidence_ranks=score.evidence_ranks,
     )

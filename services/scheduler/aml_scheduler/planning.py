@@ -24,6 +24,7 @@ from aml_evaluation.datasets import (
     Question,
     question_at_point,
 )
+from aml_evaluation.evidence import EvidenceIndex
 from aml_evaluation.isolation import content_text, text_digest
 from aml_runtime.documents import AddChunkDocument, QuestionDocument
 from aml_runtime.telemetry import item_trace_hex
@@ -128,8 +129,10 @@ def plan_questions(job_id: str, dataset: Dataset, top_k: int) -> list[QuestionDo
     # A dataset that declares its own Search top_k (the coding track's 100) asks with it.
     search_top_k = dataset.search_top_k or top_k
     documents = []
+    evidence = EvidenceIndex(dataset)
     for question in dataset.questions:
-        # Only when set, so a question without them (LoCoMo) is stored exactly as before.
+        markers = evidence.markers(question) or None
+        # Only when set, so a question without them is stored exactly as before.
         extras = {
             name: value
             for name, value in (
@@ -141,6 +144,9 @@ def plan_questions(job_id: str, dataset: Dataset, top_k: int) -> list[QuestionDo
                 ("top_k", dataset.search_top_k),
                 ("coding_task", question.coding_task),
                 ("task_type", question.task_type),
+                ("answer_type", question.answer_type),
+                ("evidence_rule", dataset.evidence_rule if markers else None),
+                ("evidence_markers", markers),
             )
             if value is not None
         }

@@ -13,6 +13,16 @@ A question of a dataset whose scorer is `token_f1` (Mem-Gallery's format) is sco
 alone, as Mem-Gallery's own evaluation does: no judge is asked (no LLM budget spent), and the
 score has no judge fields, which the aggregation counts as `unjudged` (F1 is its headline).
 
+An ATM-Bench question (scorer `atm_qs`) is scored by its answer type as ATM-Bench scores it
+(aml_evaluation.atmbench.scoring): a `number` answer by exact match, a `list_recall` answer by
+Jaccard overlap, an `open_end` answer by the judge with the benchmark's own prompt (its JSON
+`accuracy` verdict read into CORRECT/WRONG, N runs and the majority like every judged question).
+The score's `qs` (1/0, or the Jaccard) is what its QS averages.
+
+A question that declares evidence the platform can recognise (`evidence_markers`, planned by
+aml_evaluation.evidence) also records where its Search returned each piece
+(`evidence_ranks`), read from the search's stored candidates: Recall@k and Joint@k follow.
+
 A coding task's attempt (scorer `swe_resolved`) is verified instead (R-2.5, `VerifyAttempt`): its
 patch and the task's hidden tests in a fresh sandbox, the test log graded with SWE-bench's rules;
 no LLM is asked. Its work comes on the scorer's verify lane, admitted under the process's own
@@ -21,14 +31,27 @@ bound on sandboxes (`coding_verify_concurrency`), never under the LLM budget."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from openai import AsyncOpenAI
 
 from aml_contract.messages import QuestionWork
-from aml_evaluation.judging import judge, judge_prompt_for, load_judge_rule_prompts
-from aml_evaluation.prompts import Prompt
+from aml_evaluation.atmbench.scoring import (
+    ATM_JUDGE_PROMPT_NAME,
+    ATM_QS_VERSION,
+    judge_prompt_text,
+    score_deterministic,
+)
+from aml_evaluation.evidence import EVIDENCE_VERSION, evidence_ranks
+from aml_evaluation.judging import (
+    JudgeVerdict,
+    atm_judge_label,
+    judge,
+    judge_prompt_for,
+    load_judge_rule_prompts,
+)
+from aml_evaluation.prompts import Prompt, load_prompt
 from aml_evaluation.scoring import (
     BLEU_VERSION,
     F1_VARIANTS,
@@ -110,6 +133,8 @@ class ScoreAnswer:
     # A coding task's attempt is verified by this (None: this scorer does not run the coding
     # track, and such an attempt fails as the platform's).
     verify: VerifyAttempt | None = None
+    # ATM-Bench's own judge prompt (its open_end answers).
+    atm_prompt: Prompt = field(default_factory=lambda: load_prompt(ATM_JUDGE_PROMPT_NAME))
 
     async def __call__(self, work: QuestionWork, question: Document, item: StageCall) -> Document:
         answer = work.answer
@@ -131,10 +156,101 @@ class ScoreAnswer:
                 )
             return found | await self.verify(question, answer)
         if method == "choice":
-            return found | self.choice(answer, question["options"], question["gold_answer"])
-        if method == "f1_alone":
-            return found | self.f1_only(question, answer)
-        return found | await self.open_question(question, answer, item)
+            scored = self.choice(answer, question["options"], question["gold_answer"])
+        elif method == "f1_alone":
+            scored = self.f1_only(question, answer)
+        elif method == "atm":
+            scored = await self.atm(question, answer, item)
+        else:
+            scored = await self.open_question(question, answer, item)
+        return found | scored | await self.evidence(work.item_id, question)
+
+    async def evidence(self, item_id: str, question: Document) -> Document:
+        """Where the question's Search returned each piece of its evidence (nothing for a
+        question without recognisable evidence)."""
+        markers = question.get("evidence_markers")
+        if not markers:
+            return {}
+        candidates = await self.stores.records.candidates_of(item_id)
+        if candidates is None:
+            raise FinalFailure(FailureKind.PLATFORM_ERROR, f"no search record for {item_id}")
+        rule = question.get("evidence_rule") or "turn-text-v1"
+        return {
+            "evidence_ranks": evidence_ranks(rule, markers, candidates),
+            "evidence_rule": rule,
+            "evidence_version": EVIDENCE_VERSION,
+        }
+
+    async def atm(self, question: Document, answer: str, item: StageCall) -> Document:
+        answer_type = question.get("answer_type")
+        gold = question["gold_answer"]
+        if answer_type is None or gold is None:
+            raise FinalFailure(
+                FailureKind.PLATFORM_ERROR,
+                f"{question.get('question_id')}: an ATM-Bench question needs its answer type "
+                "and gold answer",
+            )
+        # The question too: ATM-Bench resolves "today" in a number answer against its date.
+        deterministic = score_deterministic(
+            answer_type, gold, answer, question=question["question"]
+        )
+        fields: Document = {
+            "answer_type": answer_type,
+            "qs_method": deterministic.method,
+            "qs_version": ATM_QS_VERSION,
+        }
+        if deterministic.score is not None:
+            return fields | {"qs": deterministic.score}
+        text = judge_prompt_text(question["question"], gold, answer, self.atm_prompt.text)
+        verdict = await judge(
+            self._ask(question, text, item),
+            self.settings.judge_runs,
+            self.settings.judge_retries,
+            parse=atm_judge_label,
+        )
+        return fields | {
+            "qs": None if verdict.label is None else float(verdict.label == "CORRECT"),
+            **self._verdict_fields(verdict, self.atm_prompt),
+        }
+
+    def _ask(
+        self, question: Document, text: str, item: StageCall
+    ) -> Callable[[], Awaitable[ChatReply]]:
+        """The judge call of one question, under the item's LLM admission."""
+        if item.admission is not None and item.admission.capacity.scope == "process":
+            # Admitted on the verify lane: its calls would leave outside the LLM budget.
+            raise FinalFailure(
+                FailureKind.PLATFORM_ERROR,
+                f"{question.get('question_id')} is not a coding attempt, yet came to be verified",
+            )
+        settings = self.settings
+
+        async def ask() -> ChatReply:
+            return await complete_reply(
+                self.llm,
+                settings.judge_model,
+                text,
+                settings.judge_max_tokens,
+                item.admission,
+                outages=self.outages,
+                outage_seconds=settings.llm_outage_seconds,
+            )
+
+        return ask
+
+    def _verdict_fields(self, verdict: JudgeVerdict, prompt: Prompt) -> Document:
+        return {
+            "judge_label": verdict.label,
+            "judge_labels": verdict.labels,
+            "judge_replies": verdict.replies,
+            "judge_calls": verdict.calls,
+            # The platform's own model use (efficiency figures), as the provider counted it.
+            "judge_tokens_in": verdict.tokens_in,
+            "judge_tokens_out": verdict.tokens_out,
+            "judge_model": self.settings.judge_model,
+            "judge_prompt": prompt.name,
+            "judge_prompt_sha256": prompt.sha256,
+        }
 
     def f1_only(self, question: Document, answer: str) -> Document:
         variant = question.get("f1_variant", F1_VERSION)
@@ -171,39 +287,13 @@ class ScoreAnswer:
         except ValueError as error:
             # A planned question names a rule this scorer does not know: no retry can help.
             raise FinalFailure(FailureKind.PLATFORM_ERROR, str(error)) from None
-        if item.admission is not None and item.admission.capacity.scope == "process":
-            # Admitted on the verify lane: its calls would leave outside the LLM budget.
-            raise FinalFailure(
-                FailureKind.PLATFORM_ERROR,
-                f"{question.get('question_id')} is not a coding attempt, yet came to be verified",
-            )
-        settings = self.settings
-
-        async def ask() -> ChatReply:
-            return await complete_reply(
-                self.llm,
-                settings.judge_model,
-                text,
-                settings.judge_max_tokens,
-                item.admission,
-                outages=self.outages,
-                outage_seconds=settings.llm_outage_seconds,
-            )
-
-        verdict = await judge(ask, settings.judge_runs, settings.judge_retries)
+        verdict = await judge(
+            self._ask(question, text, item), self.settings.judge_runs, self.settings.judge_retries
+        )
         variant = question.get("f1_variant", F1_VERSION)
         scores = open_answer_scores(answer, gold, question["category"], variant)
         return {
-            "judge_label": verdict.label,
-            "judge_labels": verdict.labels,
-            "judge_replies": verdict.replies,
-            "judge_calls": verdict.calls,
-            # The platform's own model use (efficiency figures), as the provider counted it.
-            "judge_tokens_in": verdict.tokens_in,
-            "judge_tokens_out": verdict.tokens_out,
-            "judge_model": settings.judge_model,
-            "judge_prompt": prompt.name,
-            "judge_prompt_sha256": prompt.sha256,
+            **self._verdict_fields(verdict, prompt),
             "f1": scores.f1,
             "f1_version": variant,
             "bleu1": scores.bleu1,

@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 from aml_contract.api.vocabulary import JobState, Track
 
 # The Metrics field that is a cell's headline score.
-Headline = Literal["accuracy", "f1_mean", "resolved_rate"]
+Headline = Literal["accuracy", "f1_mean", "resolved_rate", "qs_mean"]
 
 
 class Interval(BaseModel):
@@ -19,6 +19,24 @@ class Interval(BaseModel):
 
     low: float
     high: float
+
+
+class EvidenceFigures(BaseModel):
+    """How much of its questions' evidence a system's Searches returned (ATM-Bench's Recall@k
+    and Joint@k; aml_evaluation.evidence says how the platform recognises evidence)."""
+
+    questions: int = Field(
+        description="Scored questions with evidence the platform can recognise; the figures are "
+        "means over them."
+    )
+    recall: dict[str, float] = Field(
+        description="k -> mean over those questions of |evidence in the first k candidates| / "
+        "|evidence|."
+    )
+    joint: dict[str, float] = Field(
+        description="k -> mean of correct x recall@k, correct being a non-zero headline value "
+        "for the question (ATM-Bench's joint_partial@k)."
+    )
 
 
 class Metrics(BaseModel):
@@ -54,8 +72,8 @@ class Metrics(BaseModel):
         default="accuracy",
         description="Which field is this cell's headline: `accuracy`, `f1_mean` when its "
         "questions were scored by token F1 alone (a `token_f1` dataset such as Mem-Gallery, "
-        "whose questions are `unjudged` and whose accuracy is None), or `resolved_rate` for "
-        "the coding track's attempts.",
+        "whose questions are `unjudged` and whose accuracy is None), `resolved_rate` for "
+        "the coding track's attempts, or `qs_mean` for ATM-Bench's questions.",
     )
     # The coding track's attempts (R-2.5); absent (not null) from a cell without any, so
     # earlier results, and their fingerprints, are unchanged.
@@ -78,6 +96,20 @@ class Metrics(BaseModel):
     )
     f1_mean: float | None
     bleu1_mean: float | None = None
+    # ATM-Bench's question-type score; absent (not null) from a cell without ATM-Bench questions,
+    # so earlier results, and their fingerprints, are unchanged.
+    qs_mean: float | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description="ATM-Bench's QS: the mean over scored questions of their score by answer "
+        "type (exact match 1/0, Jaccard, judge 1/0).",
+    )
+    evidence: EvidenceFigures | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,
+        description="Recall@k and Joint@k of the evidence the cell's questions declare. Absent "
+        "where no question declares evidence the platform can recognise.",
+    )
     headline_ci: Interval | None = Field(
         default=None,
         exclude_if=lambda value: value is None,

@@ -1,0 +1,1 @@
+"""ATM-Bench (JingbiaoMei/ATM-Bench): its data, frames and answer scoring, ported to AML."""
