@@ -725,6 +725,27 @@ def test_private_job_page_shows_live_progress(watched: Watched, site: Site) -> N
     assert column(page, table, 1)[:4] == ["all", "overall", "asked at point 1", "asked at point 2"]
     assert column(page, table, questions)[2:4] == ["3", "7"]
     assert column(page, table, accuracy)[2:4] == ["25.0%", "50.0%"]
+    # Where no question declares evidence and none is ATM-Bench's: dashes, no legend.
+    recall = header_index(page, table, "Recall@10")
+    assert set(column(page, table, recall)) == {"\u2014"}
+    assert page.locator("#evidence-legend").is_hidden()
+
+    # Evidence recall and ATM-Bench's QS, where the results carry them.
+    found = results(job, correct, EXCLUDED)
+    figures = {"questions": 40, "recall": {"1": 0.5, "5": 0.75, "10": 0.875},
+               "joint": {"1": 0.25, "5": 0.5, "10": 0.625}}  # fmt: skip
+    found["overall"] |= {"evidence": figures, "qs_mean": 0.4}
+    site.update_job(job, {"results": found})
+    page.reload()
+    page.locator("#results-block").wait_for(state="visible", timeout=10_000)
+    overall = page.eval_on_selector(
+        f"{table} tbody tr", "r => [...r.cells].map(c => c.textContent)"
+    )
+    shown = [
+        header_index(page, table, name) for name in ("QS", "Recall@5", "Recall@10", "Joint@10")
+    ]
+    assert [overall[i] for i in shown] == ["40.0%", "75.0%", "87.5%", "62.5%"]
+    assert page.locator("#evidence-legend").is_visible()
 
     # The key went only into a header, never into a URL, and stays in this tab's storage.
     assert requests and all(site.team_key not in url for url in requests)

@@ -4,7 +4,9 @@ wording, without importing them: the stand-in is a model, it must not know the p
 
 - judge prompt (one that shows a "Generated answer:" or asks for a `{"label": ...}` reply; every
   judge prompt variant does): `{"label": "CORRECT"}` or WRONG, chosen by a hash of the prompt,
-  so the results table has both labels and the judge parser reads each;
+  so the results table has both labels and the judge parser reads each; a judge prompt that
+  asks for an "accuracy" field (ATM-Bench's own) gets `{"explanation": ..., "accuracy":
+  "true"}` or "false", chosen the same way;
 - multiple-choice answer prompt ("Options:" then "A. ..." lines): one of the offered letters;
 - any other prompt: the first words of the first memory listed, else the prompt's "not
   mentioned" phrase. Answers are cut to `max_tokens` words (a word is at least one token).
@@ -27,13 +29,20 @@ def _digest(prompt: str) -> bytes:
     return hashlib.sha256(prompt.encode("utf-8")).digest()
 
 
+def _asks_for_accuracy(prompt: str) -> bool:
+    return '"accuracy" field' in prompt and "Ground truth:" in prompt
+
+
 def is_judge_prompt(prompt: str) -> bool:
-    return "Generated answer:" in prompt or '{"label"' in prompt
+    return "Generated answer:" in prompt or '{"label"' in prompt or _asks_for_accuracy(prompt)
 
 
 def judge_reply(prompt: str) -> str:
-    label = "CORRECT" if _digest(prompt)[0] % 2 == 0 else "WRONG"
-    return '{"label": "' + label + '"}'
+    correct = _digest(prompt)[0] % 2 == 0
+    if _asks_for_accuracy(prompt):
+        accuracy = "true" if correct else "false"
+        return '{"explanation": "scripted verdict", "accuracy": "' + accuracy + '"}'
+    return '{"label": "' + ("CORRECT" if correct else "WRONG") + '"}'
 
 
 def option_letters(prompt: str) -> list[str]:

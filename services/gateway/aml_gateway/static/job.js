@@ -232,7 +232,16 @@
       { text: percent(metrics.option_accuracy), className: "number" },
       { text: number(metrics.f1_mean, 3), className: "number" },
       { text: number(metrics.bleu1_mean, 3), className: "number" },
+      { text: percent(metrics.qs_mean), className: "number" },
+      { text: percent(evidence(metrics, "recall", "5")), className: "number" },
+      { text: percent(evidence(metrics, "recall", "10")), className: "number" },
+      { text: percent(evidence(metrics, "joint", "10")), className: "number" },
     ];
+  }
+
+  // Recall@k or Joint@k of a cell whose questions declare evidence; undefined elsewhere.
+  function evidence(metrics, kind, k) {
+    return metrics.evidence ? metrics.evidence[kind][k] : undefined;
   }
 
   // The categories kept out of Overall last; a coding dataset's conditions first, in order.
@@ -382,6 +391,7 @@
       });
     });
     fillRows("results-table", rows);
+    $("evidence-legend").hidden = !(results.overall.evidence || results.overall.qs_mean !== undefined);
     $("results-legend").hidden = !anyExcluded;
     if (anyExcluded) $("results-table").setAttribute("aria-describedby", "results-legend");
     else $("results-table").removeAttribute("aria-describedby");
