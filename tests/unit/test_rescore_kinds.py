@@ -23,6 +23,7 @@ from aml_contract.messages import QuestionFacts, QuestionWork
 from aml_devtools import rescore
 from aml_devtools.cli import main
 from aml_evaluation.aggregate import aggregate
+from aml_evaluation.atmbench import synthetic
 from aml_evaluation.datasets import Dataset
 from aml_evaluation.prompts import load_prompt
 from aml_evaluation.registration import register_dataset
@@ -409,3 +410,47 @@ def test_longmemeval_rules_are_judged_with_their_prompts_as_a_job_judges_them(
 
     live = _live_results(dataset, manifest, answers, _verdict)
     _same_numbers(rescored.model_dump(mode="json"), live)
+
+
+# --- ATM-Bench (question-type score) -----------------------------------------------------------
+
+
+def test_an_atm_bench_dataset_is_rescored_by_answer_type_as_a_job_scores_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    synthetic.write_bundle(tmp_path / "atm")
+    register_dataset(tmp_path / "atm", "atm-bench", "atm", tmp_path)
+    manifest, dataset = open_dataset("atm", tmp_path)
+    answers = {q.question_id.split(":", 1)[1]: q.answer or "" for q in dataset.questions}
+    # A list answer naming one of its two images and another: Jaccard 1/3.
+    answers["q4"] = f"{synthetic.IMAGE_IDS[0]}, {synthetic.IMAGE_IDS[2]}"
+    keyed = {f"owner:{key}": answer for key, answer in answers.items()}
+    predictions = _write_jsonl(tmp_path / "predictions.jsonl", keyed, "answer")
+    open_end = [q.question_id for q in dataset.questions if q.answer_type == "open_end"]
+    verdicts = {qid: "WRONG" if qid == open_end[0] else "CORRECT" for qid in open_end}
+    labels = _write_jsonl(tmp_path / "labels.jsonl", verdicts, "label")
+    results_path = tmp_path / "results.json"
+    code = _rescore(
+        tmp_path, "atm", predictions, "--judge-labels", str(labels), "--json", str(results_path)
+    )
+    assert code == 0, capsys.readouterr().err
+    results = json.loads(results_path.read_text())
+    cell = results["datasets"]["atm"]
+    assert cell["overall"]["headline"] == "qs_mean"
+    assert cell["categories"]["number"]["qs_mean"] == 1.0
+    assert cell["categories"]["list_recall"]["qs_mean"] == pytest.approx((1 + 1 + 1 / 3) / 3)
+    assert cell["categories"]["open_end"]["qs_mean"] == pytest.approx(2 / 3)
+    assert "evidence" not in cell["overall"]  # a predictions file carries no candidates
+    # The job's scorer gives the same numbers on the same answers and verdicts.
+    judged_wrong = next(q.question for q in dataset.questions if q.question_id == open_end[0])
+
+    def reply(prompt: str) -> str:
+        return '{"accuracy": "false"}' if judged_wrong in prompt else '{"accuracy": "true"}'
+
+    live = _live_results(dataset, manifest, keyed, reply)
+    _same_numbers(results, live)
+    # A number answer is matched, never judged: a label for it is refused.
+    number = next(q.question_id for q in dataset.questions if q.answer_type == "number")
+    wrong = _write_jsonl(tmp_path / "wrong.jsonl", {number: "CORRECT"}, "label")
+    assert _rescore(tmp_path, "atm", predictions, "--judge-labels", str(wrong)) == 2
+    assert "is matched, not judged" in capsys.readouterr().err
