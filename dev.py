@@ -129,7 +129,8 @@ WALLCLOCK_PORTS = "20000-32000"
 
 
 def run_test_tiers() -> int:
-    pytest = [str(BIN / "pytest"), "-q", "-rs"]
+    # The slowest tests named in every run: where CI's time goes.
+    pytest = [str(BIN / "pytest"), "-q", "-rs", "--durations=15"]
     with tempfile.TemporaryDirectory(prefix="aml-wallclock-") as scratch:
         log_path = Path(scratch) / "pytest.log"
         env = os.environ | {"AML_PORT_RANGE": WALLCLOCK_PORTS}
