@@ -45,6 +45,7 @@ from __future__ import annotations
 import io
 from collections.abc import Iterator
 from fractions import Fraction
+from types import MappingProxyType
 from typing import Final
 
 import av
@@ -70,13 +71,15 @@ MAX_VIDEO_BYTES: Final = 500 * MIB
 MAX_DECODED_FRAMES: Final = 20_000
 # The benchmark's fallback when the container gives no duration (see the module docstring).
 UNKNOWN_DURATION: Final = 1.0
-_QUARTER_TURNS: Final = {
-    90: Image.Transpose.ROTATE_90,
-    -90: Image.Transpose.ROTATE_270,
-    270: Image.Transpose.ROTATE_270,
-    180: Image.Transpose.ROTATE_180,
-    -180: Image.Transpose.ROTATE_180,
-}
+_QUARTER_TURNS: Final = MappingProxyType(
+    {
+        90: Image.Transpose.ROTATE_90,
+        -90: Image.Transpose.ROTATE_270,
+        270: Image.Transpose.ROTATE_270,
+        180: Image.Transpose.ROTATE_180,
+        -180: Image.Transpose.ROTATE_180,
+    }
+)
 
 
 class VideoError(ValueError):
