@@ -122,7 +122,9 @@ def main() -> int:
 
 
 # The tests that mostly wait out real time (outages of a minute or two, marked `wallclock`)
-# run in a second pytest beside the rest: they leave the machine's cores to the others. Their
+# run in a second pytest beside the rest: they leave the machine's cores to the others. The
+# longest whole jobs on the real model (tests/integration/test_pipeline.py) run there too, so
+# that the two runs take about as long. Their
 # servers take ports outside the kernel's ephemeral range (AML_PORT_RANGE), so neither run can
 # take a port the other is about to serve on again.
 WALLCLOCK_PORTS = "20000-32000"

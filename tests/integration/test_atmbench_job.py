@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from job_support import submit_and_wait
+from job_support import accepted_bodies, job_results, submit_and_wait
 from pymongo import MongoClient
 
 from aml_devtools.cli import main
@@ -91,24 +91,16 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             "datasets": [DATASET],
         }
         job_id, status = submit_and_wait(platform.gateway_url, key, job, JOB_TIMEOUT)
-        results = httpx.get(
-            f"{platform.gateway_url}/v1/jobs/{job_id}/results",
-            headers={"Authorization": f"Bearer {key}"},
-            timeout=30,
-        )
         mongo: MongoClient[dict[str, Any]]
         with MongoClient(platform.stack.mongo_url) as mongo:
             db = mongo["aml"]
             scores = {doc["_id"]: doc for doc in db["scores"].find({"job_id": job_id})}
             searches = {doc["_id"]: doc for doc in db["searches"].find({"job_id": job_id})}
-        accepted = sorted(
-            (r for r in simulator.requests if r.status == 200), key=lambda r: r.arrived_monotonic
-        )
         yield Run(
             job_id=job_id,
             status=status,
-            results=results.json() if results.status_code == 200 else {"error": results.text},
-            adds=[json.loads(r.body) for r in accepted if r.endpoint == "add"],
+            results=job_results(platform.gateway_url, key, job_id),
+            adds=accepted_bodies(simulator.requests, "add"),
             scores=scores,
             searches=searches,
             llm_calls=httpx.get(f"{llm_url}/stats", timeout=10).json()["by_kind"],

@@ -12,7 +12,6 @@ scores, no judge call, results headlined by F1)."""
 from __future__ import annotations
 
 import base64
-import json
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
-from job_support import submit_and_wait
+from job_support import accepted_bodies, job_results, submit_and_wait
 from pymongo import MongoClient
 
 from aml_devtools.platform import PlatformConfig, register_participant, start_platform
@@ -89,7 +88,6 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         version_id, key = register_participant(
             platform, participant_url, "team-mm", "sim-mm", track="multimodal"
         )
-        auth = {"Authorization": f"Bearer {key}"}
         job = {
             "version_id": version_id,
             "mode": "smoke",
@@ -98,24 +96,18 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             "datasets": [DATASET],
         }
         job_id, status = submit_and_wait(platform.gateway_url, key, job, JOB_TIMEOUT)
-        results = httpx.get(
-            f"{platform.gateway_url}/v1/jobs/{job_id}/results", headers=auth, timeout=30
-        )
         mongo: MongoClient[dict[str, Any]]
         with MongoClient(platform.stack.mongo_url) as mongo:
             scores: list[dict[str, Any]] = list(mongo["aml"]["scores"].find({"job_id": job_id}))
             stored_job = mongo["aml"]["jobs"].find_one({"_id": job_id}) or {}
         llm_calls = httpx.get(f"{llm_url}/stats", timeout=10).json()["by_kind"]
         llm_messages = httpx.get(f"{llm_url}/requests", timeout=10).json()["requests"]
-        accepted = sorted(
-            (r for r in simulator.requests if r.status == 200), key=lambda r: r.arrived_monotonic
-        )
         yield Run(
             job_id=job_id,
             status=status,
-            results=results.json() if results.status_code == 200 else {"error": results.text},
-            adds=[json.loads(r.body) for r in accepted if r.endpoint == "add"],
-            searches=[json.loads(r.body) for r in accepted if r.endpoint == "search"],
+            results=job_results(platform.gateway_url, key, job_id),
+            adds=accepted_bodies(simulator.requests, "add"),
+            searches=accepted_bodies(simulator.requests, "search"),
             scores=scores,
             job=stored_job,
             llm_calls=llm_calls,

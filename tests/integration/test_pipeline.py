@@ -37,7 +37,9 @@ from aml_participant_simulator.script import EndpointScript
 from aml_runtime.db import read_time
 from aml_runtime.stores import Stores
 
-pytestmark = pytest.mark.integration
+# Whole jobs on the real model, several waiting out a killed service's redelivery (about five
+# minutes together): run beside the other tests (dev.py).
+pytestmark = [pytest.mark.integration, pytest.mark.wallclock]
 
 _MISSING = [
     name
