@@ -172,3 +172,24 @@ def test_the_bundle_generator_writes_what_the_parser_reads(tmp_path: Path) -> No
     assert {path.relative_to(tmp_path).as_posix() for path in written} == set(
         synthetic.bundle_files()
     )
+
+
+def test_a_missing_search_record_leaves_the_score_without_evidence(dataset: Dataset) -> None:
+    class NoRecord:
+        async def candidates_of(self, item_id: str) -> None:
+            return None
+
+    stores = _Stores(dataset)
+    stores.records = NoRecord()  # type: ignore[assignment]
+    score = ScoreAnswer(
+        settings=ScorerSettings(),
+        stores=stores,  # type: ignore[arg-type]
+        llm=FakeChatModel('{"accuracy": "true"}'),  # type: ignore[arg-type]
+        prompt=load_prompt("judge_v1"),
+        abstention_prompt=load_prompt("judge_abstention_v1"),
+    )
+    doc = next(d for d in plan_questions(JOB, dataset, top_k=10) if d.answer_type == "number")
+    work = QuestionWork(job_id=JOB, version_id="v", item_id=doc.id, answer=doc.gold_answer)
+    facts = QuestionFacts.of(doc.stored()).model_dump()
+    scored = asyncio.run(score(work, facts, StageCall(1)))
+    assert scored["qs"] == 1.0 and "evidence_ranks" not in scored

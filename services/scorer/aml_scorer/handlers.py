@@ -34,6 +34,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
+import structlog
 from openai import AsyncOpenAI
 
 from aml_contract.messages import QuestionWork
@@ -79,6 +80,8 @@ from aml_runtime.db import Document
 from aml_runtime.documents import FailureKind
 from aml_runtime.stores import Stores
 from aml_scorer.settings import ScorerSettings
+
+log = structlog.get_logger()
 
 
 @dataclass
@@ -173,7 +176,9 @@ class ScoreAnswer:
             return {}
         candidates = await self.stores.records.candidates_of(item_id)
         if candidates is None:
-            raise FinalFailure(FailureKind.PLATFORM_ERROR, f"no search record for {item_id}")
+            # The answer stands without it: a figure beside the score never fails the score.
+            log.warning("score.evidence_unavailable", item_id=item_id)
+            return {}
         rule = question.get("evidence_rule") or "turn-text-v1"
         return {
             "evidence_ranks": evidence_ranks(rule, markers, candidates),
