@@ -20,7 +20,7 @@ from aml_evaluation.atmbench.dataset import parse
 from aml_evaluation.atmbench.scoring import judge_prompt_text, parse_judge_reply
 from aml_evaluation.datasets import Dataset
 from aml_evaluation.prompts import load_prompt
-from aml_evaluation.registry import DatasetManifest, ManifestFile
+from aml_evaluation.registry import PACKAGE_DATA_DIR, DatasetManifest, ManifestFile, load_dataset
 from aml_llm_standin.replies import is_judge_prompt, judge_reply
 from aml_pipeline.stage_worker import StageCall
 from aml_runtime.documents import ScoreDocument
@@ -193,3 +193,21 @@ def test_a_missing_search_record_leaves_the_score_without_evidence(dataset: Data
     facts = QuestionFacts.of(doc.stored()).model_dump()
     scored = asyncio.run(score(work, facts, StageCall(1)))
     assert scored["qs"] == 1.0 and "evidence_ranks" not in scored
+
+
+def test_the_shipped_sample_is_the_generators_bundle() -> None:
+    """`synthetic_atm` in the package is exactly what `write_bundle` writes (re-made by it)."""
+    shipped = PACKAGE_DATA_DIR / "synthetic_atm"
+    on_disk = {
+        path.relative_to(shipped).as_posix(): path.read_bytes()
+        for path in shipped.rglob("*")
+        if path.is_file()
+    }
+    assert on_disk == synthetic.bundle_files()
+    loaded = load_dataset("synthetic_atm", Path("/nonexistent"))
+    assert (loaded.scorer, loaded.track, loaded.evidence_rule) == (
+        "atm_qs",
+        "multimodal",
+        "unit-id-v1",
+    )
+    assert len(loaded.questions) == 9 and len(loaded.conversations[0].sessions) == 7

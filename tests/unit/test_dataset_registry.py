@@ -115,6 +115,7 @@ def test_an_added_locomo_file_is_registered_listed_and_loadable(
         "locomo_refined",
         "synthetic-coding",
         "synthetic",
+        "synthetic_atm",
         "synthetic_multimodal",
         "mine",
     ]
@@ -137,6 +138,14 @@ def test_an_added_locomo_file_is_registered_listed_and_loadable(
         "mem-gallery",
     )
     assert multimodal["questions"] == 11 and multimodal["scorer"] == "token_f1"
+    atm = found["synthetic_atm"]
+    assert (atm["files"], atm["track"], atm["format"], atm["scorer"], atm["questions"]) == (
+        "verified",
+        "multimodal",
+        "atm-bench",
+        "atm_qs",
+        9,
+    )
 
     assert main(["dataset", "list", "--datasets-root", str(root)]) == 0
     table = capsys.readouterr().out
@@ -272,6 +281,7 @@ def test_the_registry_lists_shipped_then_operator_and_names_unreadable_ones(
         ("locomo_refined", "shipped"),
         ("synthetic-coding", "shipped"),
         ("synthetic", "shipped"),
+        ("synthetic_atm", "shipped"),
         ("synthetic_multimodal", "shipped"),
         ("a", "operator"),
         ("b", "operator"),

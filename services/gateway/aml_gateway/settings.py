@@ -33,6 +33,7 @@ class GatewaySettings(ParticipantCallSettings):
             "locomo",
             "locomo_refined",
             "synthetic_multimodal",
+            "synthetic_atm",
             "synthetic-coding",
         ]
     )
