@@ -245,8 +245,8 @@ def _failure_lines(results: dict[str, Any]) -> list[str]:
     lines = ["failed, by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(failures.items()))]
     if JUDGE_FAILURE in failures:
         lines.append(
-            f"{JUDGE_FAILURE}: the judge model's reply held no readable CORRECT/WRONG verdict "
-            "(counted apart, never as WRONG)"
+            f"{JUDGE_FAILURE}: the judge model's reply held no readable verdict (CORRECT/WRONG, "
+            "or ATM-Bench's accuracy true/false; counted apart, never as WRONG)"
         )
     return lines
 
