@@ -115,8 +115,10 @@ def test_each_type_is_scored_its_own_way_and_only_open_end_asks_the_judge(
     assert all(r.qs == 1.0 and r.qs_method == "exact_match" for r in by_type["number"])
     assert all(r.qs == 1.0 and r.qs_method == "jaccard" for r in by_type["list_recall"])
     assert all(r.qs == 1.0 and r.judge_prompt == "judge_atm_v1" for r in by_type["open_end"])
-    # One judge call per open_end answer, with the benchmark's prompt filled in.
+    # One judge call per open_end answer, with the benchmark's prompt filled in and its own
+    # reply budget (its judge reasons before its verdict).
     assert len(model.prompts) == 3
+    assert [body["max_tokens"] for body in model.requests] == [600] * 3
     template = load_prompt("judge_atm_v1").text
     q7 = next(q for q in dataset.questions if q.question_id == "owner:q7")
     assert judge_prompt_text(q7.question, gold["owner:q7"], gold["owner:q7"], template) in (

@@ -43,6 +43,7 @@ from aml_devtools.platform import (
 )
 from aml_devtools.stack import DataDirBusyError, EmbeddedStack, StackConfig
 from aml_devtools.tables import category_numbers, render_efficiency, render_results
+from aml_evaluation.atmbench.scoring import ATM_JUDGE_MAX_TOKENS
 from aml_evaluation.prompts import load_prompt
 from aml_evaluation.punkt import PunktDataError, require_punkt_tab
 from aml_evaluation.registry import (
@@ -406,10 +407,19 @@ async def _rescore(args: argparse.Namespace) -> int:
             async def call(text: str) -> ChatReply:
                 return await complete_reply(client, model, text, max_tokens)
 
+            async def atm_call(text: str) -> ChatReply:
+                # ATM-Bench's judge writes its reasoning before the verdict: its own budget.
+                return await complete_reply(client, model, text, ATM_JUDGE_MAX_TOKENS)
+
             prompt = load_prompt(settings.judge_prompt)
             abstention = load_prompt(settings.judge_abstention_prompt)
             judge = rescore.llm_judge(
-                call, prompt, abstention, settings.judge_runs, settings.judge_retries
+                call,
+                prompt,
+                abstention,
+                settings.judge_runs,
+                settings.judge_retries,
+                atm_call=atm_call,
             )
             source = rescore.JudgeSource(
                 kind="llm",

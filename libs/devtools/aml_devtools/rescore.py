@@ -460,10 +460,12 @@ def llm_judge(
     abstention_prompt: Prompt,
     runs: int,
     retries: int,
+    atm_call: Callable[[str], Awaitable[JudgeReply]] | None = None,
 ) -> Judge:
     """The evaluation spec's judge over any completion function, with the prompts the scorer
     uses: the abstention prompt for a question without a gold answer, the rule's prompt for a
-    question with a judge rule (LongMemEval)."""
+    question with a judge rule (LongMemEval), ATM-Bench's own prompt for its open_end answers
+    (asked through `atm_call` when given: its reply budget is the benchmark's, not `call`'s)."""
     rule_prompts = load_judge_rule_prompts()
     atm_prompt = load_prompt(ATM_JUDGE_PROMPT_NAME)
 
@@ -473,7 +475,8 @@ def llm_judge(
             atm_text = judge_prompt_text(
                 question.question, question.answer, answer, atm_prompt.text
             )
-            return await judge(lambda: call(atm_text), runs, retries, parse=atm_judge_label)
+            ask = atm_call or call
+            return await judge(lambda: ask(atm_text), runs, retries, parse=atm_judge_label)
         _, text = judge_prompt_for(
             question.question,
             question.answer,

@@ -9,7 +9,11 @@ from collections.abc import Callable
 
 import nltk  # type: ignore[import-untyped]
 
-from aml_evaluation.atmbench.scoring import ATM_JUDGE_PROMPT_NAME, ATM_QS_VERSION
+from aml_evaluation.atmbench.scoring import (
+    ATM_JUDGE_MAX_TOKENS,
+    ATM_JUDGE_PROMPT_NAME,
+    ATM_QS_VERSION,
+)
 from aml_evaluation.chunker import CHUNKER_VERSION
 from aml_evaluation.coding.grading import GRADING_VERSION
 from aml_evaluation.confidence import CONFIDENCE
@@ -137,16 +141,21 @@ def build_evaluation_spec(settings: EvaluationSettings, *, coding: bool = False)
             prompt_sha256=judge_abstention.sha256,
         ),
         judge_rules={
-            rule: ModelCall(
+            **{
+                rule: ModelCall(
+                    model=settings.judge_model,
+                    max_tokens=settings.judge_max_tokens,
+                    prompt=prompt.name,
+                    prompt_sha256=prompt.sha256,
+                )
+                for rule, prompt in load_judge_rule_prompts().items()
+            },
+            ATM_OPEN_END_JUDGE: ModelCall(
                 model=settings.judge_model,
-                max_tokens=settings.judge_max_tokens,
-                prompt=prompt.name,
-                prompt_sha256=prompt.sha256,
-            )
-            for rule, prompt in [
-                *load_judge_rule_prompts().items(),
-                (ATM_OPEN_END_JUDGE, atm_judge),
-            ]
+                max_tokens=ATM_JUDGE_MAX_TOKENS,
+                prompt=atm_judge.name,
+                prompt_sha256=atm_judge.sha256,
+            ),
         },
         judge_runs=settings.judge_runs,
         scorers={

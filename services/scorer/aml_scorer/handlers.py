@@ -39,6 +39,7 @@ from openai import AsyncOpenAI
 
 from aml_contract.messages import QuestionWork
 from aml_evaluation.atmbench.scoring import (
+    ATM_JUDGE_MAX_TOKENS,
     ATM_JUDGE_PROMPT_NAME,
     ATM_QS_VERSION,
     judge_prompt_text,
@@ -208,7 +209,7 @@ class ScoreAnswer:
             return fields | {"qs": deterministic.score}
         text = judge_prompt_text(question["question"], gold, answer, self.atm_prompt.text)
         verdict = await judge(
-            self._ask(question, text, item),
+            self._ask(question, text, item, ATM_JUDGE_MAX_TOKENS),
             self.settings.judge_runs,
             self.settings.judge_retries,
             parse=atm_judge_label,
@@ -219,9 +220,10 @@ class ScoreAnswer:
         }
 
     def _ask(
-        self, question: Document, text: str, item: StageCall
+        self, question: Document, text: str, item: StageCall, max_tokens: int | None = None
     ) -> Callable[[], Awaitable[ChatReply]]:
-        """The judge call of one question, under the item's LLM admission."""
+        """The judge call of one question, under the item's LLM admission; `max_tokens` its
+        reply budget (None: the deployment's judge budget)."""
         if item.admission is not None and item.admission.capacity.scope == "process":
             # Admitted on the verify lane: its calls would leave outside the LLM budget.
             raise FinalFailure(
@@ -235,7 +237,7 @@ class ScoreAnswer:
                 self.llm,
                 settings.judge_model,
                 text,
-                settings.judge_max_tokens,
+                max_tokens or settings.judge_max_tokens,
                 item.admission,
                 outages=self.outages,
                 outage_seconds=settings.llm_outage_seconds,

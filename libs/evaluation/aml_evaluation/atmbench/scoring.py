@@ -53,6 +53,10 @@ from aml_evaluation.datasets import AnswerType
 # What a run records as the scoring rule it was scored with; a change to any rule here that can
 # change a score needs a new version.
 ATM_QS_VERSION: Final = "atm-qs-v1"
+# The reply budget of ATM-Bench's judge (memqa/utils/evaluator/config.py, EVALUATOR_CONFIG
+# ["llm_judge"]["max_tokens"]): its prompt asks for a short explanation before the verdict, so a
+# smaller budget would cut the verdict off.
+ATM_JUDGE_MAX_TOKENS: Final = 600
 # The manifest scorer of an ATM-Bench dataset (aml_evaluation.scoring.scoring_method: "atm").
 ATM_SCORER: Final = "atm_qs"
 # The judge prompt for `open_end` answers: prompts/judge_atm_v1.txt, the benchmark's
