@@ -46,6 +46,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from aml_evaluation.datasets import Conversation, Dataset, Question, Turn
+from aml_evaluation.isolation import content_text
 
 EVIDENCE_VERSION: Final = "evidence-recall-v1"
 # The k of Recall@k and Joint@k (ATM-Bench's comprehensive_eval default k values).
@@ -62,17 +63,8 @@ def normalize_text(text: str) -> str:
 
 def candidate_text(candidate: Mapping[str, Any]) -> str:
     """A Search candidate's text: its ``content`` string, or its text parts joined by lines
-    (image parts carry no text)."""
-    content = candidate.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(
-            str(part.get("text", ""))
-            for part in content
-            if isinstance(part, Mapping) and part.get("type") == "text"
-        )
-    return ""
+    (image parts carry no text; the same reading as the isolation check's)."""
+    return content_text(candidate.get("content")) or ""
 
 
 def _turn_index(conversation: Conversation) -> dict[str, list[Turn]]:
