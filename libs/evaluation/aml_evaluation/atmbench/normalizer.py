@@ -2,7 +2,8 @@
 currency amounts and codes, abstention, list splitting, and the matching helpers its exact-match
 rule is built from.
 
-A port of JingbiaoMei/ATM-Bench `memqa/utils/evaluator/normalizer.py` (MIT licence), with the
+A port of JingbiaoMei/ATM-Bench `memqa/utils/evaluator/normalizer.py` (MIT licence, its notice
+in LICENSE-ATM-Bench.txt beside this file), with the
 date/token matching helpers and the memory-id extraction of
 `memqa/utils/evaluator/evaluate_qa.py` (`date_component_match`, `date_token_match`,
 `dates_match`, `tokens_match`, `_extract_list_ids_from_text`). Every regular expression, list

@@ -9,8 +9,8 @@ The question's type is its ground-truth record's `qtype` when it has one, else d
 gold answer. The score of a run is the mean over its questions, overall and per type
 (evaluate_qa.summarize_atm). This module is a port of the benchmark's evaluator
 (memqa/utils/evaluator/evaluate_qa.py, qtype_utils.py, config.py; normalisation in
-aml_evaluation.atmbench.normalizer); each function names the original it follows and any
-deliberate difference.
+aml_evaluation.atmbench.normalizer; MIT licence, its notice in LICENSE-ATM-Bench.txt beside this
+file); each function names the original it follows and any deliberate difference.
 """
 
 from __future__ import annotations
