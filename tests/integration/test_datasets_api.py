@@ -21,8 +21,19 @@ from aml_evaluation.registry import (
 
 pytestmark = pytest.mark.integration
 
-IDS = ["synthetic", "locomo", "locomo_refined", "synthetic_multimodal", "synthetic-coding"]
-TRACKS = {"synthetic_multimodal": "multimodal", "synthetic-coding": "coding"}
+IDS = [
+    "synthetic",
+    "locomo",
+    "locomo_refined",
+    "synthetic_multimodal",
+    "synthetic_atm",
+    "synthetic-coding",
+]
+TRACKS = {
+    "synthetic_multimodal": "multimodal",
+    "synthetic_atm": "multimodal",
+    "synthetic-coding": "coding",
+}
 
 
 def _expected_counts(dataset_id: str, root: Path) -> dict[int, int] | None:
@@ -104,7 +115,8 @@ async def test_an_unknown_dataset_is_refused_with_the_valid_ids(
         detail = unknown.json()["detail"]
         assert detail["reason"] == (
             "unknown dataset(s): locomo-typo; a smoke run may name synthetic, locomo, "
-            "locomo_refined, synthetic_multimodal, synthetic-coding (GET /v1/datasets)"
+            "locomo_refined, synthetic_multimodal, synthetic_atm, synthetic-coding "
+            "(GET /v1/datasets)"
         )
         assert detail["valid_datasets"] == IDS
 
