@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from aml_contract.api.leaderboard import LeaderboardEntry
-from aml_contract.api.results import DatasetResults, Metrics
+from aml_contract.api.results import DatasetResults, EvidenceFigures, Metrics
 from aml_contract.api.vocabulary import Board, Track
 from aml_gateway import pages
 
@@ -130,6 +130,27 @@ def test_multiple_choice_datasets_get_an_option_accuracy_column() -> None:
     # A dataset without multiple choice has no such column.
     plain = pages.board_table([_entry("b", [])], "caption")
     assert not [c.label for c in plain.columns if "option accuracy" in c.label]
+
+
+def test_datasets_with_evidence_get_recall_and_joint_columns() -> None:
+    figures = EvidenceFigures(
+        questions=10, recall={"1": 0.3, "5": 0.6, "10": 0.75}, joint={"1": 0.2, "5": 0.4, "10": 0.5}
+    )
+    found = _metrics(6).model_copy(update={"evidence": figures})
+    entries = [_scored("atm", found, {"number": found}), _entry("b", [])]
+    table = pages.board_table(entries, "caption")
+    labels = [c.label for c in table.columns]
+    row = table.rows[0]
+    assert row[labels.index("atm: Recall@10")].text == "75.0%"
+    assert row[labels.index("atm: Joint@10")].text == "50.0%"
+    # The entry without the dataset shows dashes; the note says what the figures are.
+    assert {table.rows[1][labels.index(f"atm: {k}@10")].text for k in ("Recall", "Joint")} == {
+        pages.DASH
+    }
+    assert "evidence" in [note.key for note in table.notes]
+    # Results without evidence figures get no such columns.
+    plain = pages.board_table([_entry("b", [])], "caption")
+    assert not [c.label for c in plain.columns if "Recall@" in c.label]
 
 
 def test_a_dataset_scored_by_f1_alone_shows_f1_as_its_headline() -> None:

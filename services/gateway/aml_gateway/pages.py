@@ -170,6 +170,27 @@ def _option_accuracy(metrics: Metrics | None) -> Cell:
     return Cell(percent(value), "" if value is None else f"{value:.6f}")
 
 
+# The evidence figures a board shows beside a dataset's headline (aml_evaluation.evidence).
+EVIDENCE_K = "10"
+
+
+def evidence_datasets(entries: Iterable[LeaderboardEntry]) -> set[str]:
+    """The datasets on which some entry's results say how much of its questions' evidence the
+    Searches returned: their Recall@10 and Joint@10 get columns of their own."""
+    return {
+        dataset_id
+        for entry in entries
+        for dataset_id, results in entry.datasets.items()
+        if results.overall.evidence is not None
+    }
+
+
+def _evidence(metrics: Metrics | None, kind: Literal["recall", "joint"]) -> Cell:
+    figures = metrics.evidence if metrics is not None else None
+    value = getattr(figures, kind).get(EVIDENCE_K) if figures is not None else None
+    return Cell(percent(value), "" if value is None else f"{value:.6f}")
+
+
 def multiple_choice_datasets(entries: Iterable[LeaderboardEntry]) -> set[str]:
     """The datasets on which some entry answered multiple-choice questions: their option
     accuracy gets a column of its own."""
@@ -428,10 +449,14 @@ def board_table(entries: Sequence[LeaderboardEntry], caption: str) -> Table:
     ]
     majority = majority_deployment(entries)
     choices = multiple_choice_datasets(entries)
+    evidence = evidence_datasets(entries)
     for dataset_id, categories in datasets:
         columns.append(Column(dataset_id))
         if dataset_id in choices:
             columns.append(Column(f"{dataset_id}: option accuracy"))
+        if dataset_id in evidence:
+            columns.append(Column(f"{dataset_id}: Recall@{EVIDENCE_K}"))
+            columns.append(Column(f"{dataset_id}: Joint@{EVIDENCE_K}"))
         columns.extend(
             Column(f"{dataset_id}: {category}", excluded=category in excluded[dataset_id])
             for category in categories
@@ -456,6 +481,9 @@ def board_table(entries: Sequence[LeaderboardEntry], caption: str) -> Table:
             row.append(_metric(results.overall if results else None))
             if dataset_id in choices:
                 row.append(_option_accuracy(results.overall if results else None))
+            if dataset_id in evidence:
+                row.append(_evidence(results.overall if results else None, "recall"))
+                row.append(_evidence(results.overall if results else None, "joint"))
             row.extend(
                 _metric(results.categories.get(category) if results else None)
                 for category in categories
@@ -465,6 +493,18 @@ def board_table(entries: Sequence[LeaderboardEntry], caption: str) -> Table:
         row += [_count(entry.overall), _published(entry.published_at)]
         table.rows.append(row)
     table.notes = board_notes(entries, majority)
+    if evidence:
+        table.notes.append(
+            Note(
+                "evidence",
+                "",
+                f"Recall@{EVIDENCE_K}: the share of a question's evidence among the first "
+                f"{EVIDENCE_K} memories its Search returned, as the platform recognises what it "
+                f"wrote; Joint@{EVIDENCE_K}: that share, counted only where the answer scored "
+                "(ATM-Bench's Recall@k and Joint@k). A system that rewrites its memories is "
+                "seen to return less of the written evidence than it may hold.",
+            )
+        )
     return table
 
 
