@@ -12,8 +12,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +22,12 @@ import pytest
 from llm_support import standin_in_stack
 from nats.js.errors import ServiceUnavailableError
 from pymongo import MongoClient
-from test_outage_jobs import _max_in_window
+from served_participant import Participant, max_in_window, slow_simulator
 
 from aml_contract import subjects
 from aml_devtools.platform import Platform, PlatformConfig, register_participant, start_platform
-from aml_devtools.processes import find_executable, free_port
-from aml_devtools.stack import HOST, EmbeddedStack, StackConfig
-from aml_participant_simulator import Script, Simulator
-from aml_participant_simulator.script import EndpointScript
+from aml_devtools.processes import find_executable
+from aml_devtools.stack import EmbeddedStack, StackConfig
 from aml_runtime.settings import nats_servers
 
 # Mostly waiting on jobs and on nodes' restarts: run beside the other tests (dev.py).
@@ -86,27 +83,6 @@ def test_the_stack_runs_the_streams_at_r3_on_three_nodes(platform: Platform) -> 
 
 
 @dataclass
-class Participant:
-    # Adds and Searches that take a while (about 2 s of Adds, 6 s of Searches at the declared
-    # concurrency), so the job is still writing when a node goes and still running when it
-    # comes back.
-    simulator: Simulator = field(
-        default_factory=lambda: Simulator(
-            Script(add=EndpointScript(latency=0.3), search=EndpointScript(latency=0.4))
-        )
-    )
-    port: int = field(default_factory=lambda: free_port(HOST))
-    _serving: AbstractContextManager[str] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
-
-    def count(self, endpoint: str) -> int:
-        return sum(1 for r in self.simulator.requests if r.endpoint == endpoint)
-
-
-@dataclass
 class Run:
     job_id: str
     key: str
@@ -121,8 +97,11 @@ Events = Callable[[Participant, Platform, float], None]
 
 
 def _run(platform: Platform, team: str, events: Events | None = None) -> Run:
-    participant = Participant()
-    with participant.simulator.running(HOST, participant.port):
+    # About 2 s of Adds and 6 s of Searches at the declared concurrency: the job is still
+    # writing when a node goes and still running when it comes back.
+    participant = Participant(slow_simulator(add_seconds=0.3, search_seconds=0.4))
+    participant.up()
+    try:
         version_id, key = register_participant(
             platform, participant.url, team, f"sim-{team}", capacity=dict(CAPACITY)
         )
@@ -142,6 +121,8 @@ def _run(platform: Platform, team: str, events: Events | None = None) -> Run:
                 if events is not None:
                     events(participant, platform, elapsed)
                 time.sleep(0.2)
+    finally:
+        participant.down()
     ended = time.monotonic()
     return Run(job_id, key, status, participant, ended - started, ended)
 
@@ -222,7 +203,7 @@ def _as_undisturbed(platform: Platform, run: Run, undisturbed: tuple[dict[str, s
     # The declared capacity held while the cluster lost and regained a node.
     calls = [r for r in run.participant.simulator.requests if r.endpoint in ("add", "search")]
     assert max(r.concurrency_at_arrival for r in calls) <= CAPACITY["max_concurrency"]
-    assert _max_in_window([r.arrived_monotonic for r in calls]) <= CAPACITY["max_rps"]
+    assert max_in_window([r.arrived_monotonic for r in calls]) <= CAPACITY["max_rps"]
     print(  # the duplicates a node's loss cost, for the report
         f"{run.job_id}: {run.seconds:.1f}s, Adds sent {sum(sent['add'].values())}, "
         f"Searches sent {sum(sent['search'].values())}"

@@ -17,8 +17,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +25,12 @@ import httpx
 import pytest
 from llm_support import standin_in_stack
 from pymongo import MongoClient
+from served_participant import Participant, max_in_window, slow_simulator
 
 from aml_devtools.platform import Platform, PlatformConfig, register_participant, start_platform
-from aml_devtools.processes import find_executable, free_port
-from aml_devtools.stack import HOST, EmbeddedStack, StackConfig
-from aml_participant_simulator import Script, Simulator
+from aml_devtools.processes import find_executable
+from aml_devtools.stack import EmbeddedStack, StackConfig
 from aml_participant_simulator.recording import RequestRecord
-from aml_participant_simulator.script import EndpointScript
 from aml_runtime.db import read_time
 
 # Minutes of real-time outages: run beside the other tests (dev.py).
@@ -94,40 +92,6 @@ def short_windows(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform
 
 
 @dataclass
-class Participant:
-    """The simulator on a fixed port, which a test can take down and bring back."""
-
-    # Each Add takes half a second and each Search 0.3 s (about 3 s of Adds and 4.5 s of
-    # Searches at the declared concurrency), so each phase lasts long enough to be disturbed.
-    simulator: Simulator = field(
-        default_factory=lambda: Simulator(
-            Script(add=EndpointScript(latency=0.5), search=EndpointScript(latency=0.3))
-        )
-    )
-    port: int = field(default_factory=lambda: free_port(HOST))
-    _serving: AbstractContextManager[str] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
-
-    def up(self) -> None:
-        self._serving = self.simulator.running(HOST, self.port)
-        self._serving.__enter__()
-
-    def down(self) -> None:
-        if self._serving is not None:
-            self._serving.__exit__(None, None, None)
-            self._serving = None
-
-    def first(self, endpoint: str) -> bool:
-        return any(r.endpoint == endpoint for r in self.simulator.requests)
-
-    def count(self, endpoint: str) -> int:
-        return sum(1 for r in self.simulator.requests if r.endpoint == endpoint)
-
-
-@dataclass
 class Run:
     job_id: str
     key: str
@@ -145,7 +109,8 @@ def _run(
 ) -> Run:
     """A smoke job of a new team on the synthetic dataset; `events(participant, platform,
     elapsed)` is called at every poll to disturb it."""
-    participant = Participant()
+    # About 3 s of Adds and 4.5 s of Searches at the declared concurrency.
+    participant = Participant(slow_simulator(add_seconds=0.5, search_seconds=0.3))
     participant.up()
     try:
         version_id, key = register_participant(
@@ -218,21 +183,11 @@ def _outages(platform: Platform, key: str) -> list[dict[str, Any]]:
     return list(_db(platform).outages.find({"key": key}).sort("since", 1))
 
 
-def _max_in_window(moments: list[float], window: float = 1.0) -> int:
-    moments = sorted(moments)
-    start, most = 0, 0
-    for end, moment in enumerate(moments):
-        while moment - moments[start] >= window:
-            start += 1
-        most = max(most, end - start + 1)
-    return most
-
-
 def _within_declared(run: Run) -> None:
     """The declared capacity held, before, during and after the outage (R-4.12)."""
     calls = [r for r in run.requests if r.endpoint in ("add", "search")]
     assert max(r.concurrency_at_arrival for r in calls) <= CAPACITY["max_concurrency"]
-    assert _max_in_window([r.arrived_monotonic for r in calls]) <= CAPACITY["max_rps"]
+    assert max_in_window([r.arrived_monotonic for r in calls]) <= CAPACITY["max_rps"]
 
 
 def _same_bytes_on_every_retry(run: Run) -> None:
