@@ -374,6 +374,22 @@ def conversations_written(records: Iterable[RequestRecord]) -> dict[str, float]:
 
 
 def queued_gaps_ms(records: Sequence[RequestRecord], job_start: float) -> list[float]:
+    """`queued_gaps` without the endpoints."""
+    return [gap for _, gap in queued_gaps(records, job_start)]
+
+
+def queued_gaps_by_transition(
+    records: Sequence[RequestRecord], job_start: float
+) -> dict[str, dict[str, Any]]:
+    """`queued_gaps` per "<answered endpoint> -> <next endpoint>" (an Add's answer followed by
+    a Search, say, hands the slot from one service to another)."""
+    by: dict[str, list[float]] = defaultdict(list)
+    for transition, gap in queued_gaps(records, job_start):
+        by[transition].append(gap)
+    return {transition: quantile_figures(gaps) for transition, gaps in sorted(by.items())}
+
+
+def queued_gaps(records: Sequence[RequestRecord], job_start: float) -> list[tuple[str, float]]:
     """Each time the participant answered while work was queued for it: from that answer to
     the next request's arrival, in ms. Work is queued at a moment when some request that
     arrives later was already due by what the participant had answered: an Add once the same
@@ -392,13 +408,15 @@ def queued_gaps_ms(records: Sequence[RequestRecord], job_start: float) -> list[f
         if record.endpoint == "search":
             due[record.seq] = written.get(_user(record), job_start)
     arrivals = sorted(
-        (r.arrived_monotonic, due[r.seq]) for r in records if r.endpoint in ("add", "search")
+        (r.arrived_monotonic, due[r.seq], r.endpoint)
+        for r in records
+        if r.endpoint in ("add", "search")
     )
     # Latest-first minimum of the due times: was anything arriving from index i on already due?
     earliest_due = [math.inf] * (len(arrivals) + 1)
     for index in range(len(arrivals) - 1, -1, -1):
         earliest_due[index] = min(arrivals[index][1], earliest_due[index + 1])
-    times = [arrived for arrived, _ in arrivals]
+    times = [arrived for arrived, _, _ in arrivals]
     gaps = []
     for record in records:
         if record.endpoint not in ("add", "search") or record.outcome == "reject_429":
@@ -406,7 +424,8 @@ def queued_gaps_ms(records: Sequence[RequestRecord], job_start: float) -> list[f
         answered = record.finished_monotonic
         following = bisect.bisect_left(times, answered)
         if following < len(times) and earliest_due[following] <= answered:
-            gaps.append((times[following] - answered) * 1000)
+            transition = f"{record.endpoint} -> {arrivals[following][2]}"
+            gaps.append((transition, (times[following] - answered) * 1000))
     return gaps
 
 

@@ -421,6 +421,11 @@ def render_saturated(f: dict[str, Any]) -> list[str]:
         f"{_num(bound['service_s'])} s: ratio {_num(bound['ratio'], 3)}",
         f"  answer -> next request while work was queued (ms): p50 {_num(gaps['p50'])} "
         f"p90 {_num(gaps['p90'])} max {_num(gaps['max'])} (n {gaps['count']})",
+        *(
+            f"    {transition:<18} p50 {_num(by['p50'])} p90 {_num(by['p90'])} "
+            f"max {_num(by['max'])} (n {by['count']})"
+            for transition, by in f.get("queued_gap_ms_by_transition", {}).items()
+        ),
         f"  requests {participant['requests']['add'] + participant['requests']['search']}, "
         f"429s {participant['rejected_429']}, max conc {participant['max_concurrency']}, "
         f"within declared {_yes(participant['within_declared'])}",

@@ -33,6 +33,7 @@ from .figures import (
     participant_figures,
     planned_searches,
     quantile_figures,
+    queued_gaps_by_transition,
     queued_gaps_ms,
     ratio,
     simulator_records,
@@ -310,6 +311,7 @@ def scenario_saturated(bench: Bench) -> dict[str, Any]:
     stages = run.status["stages"]
     wall = job_seconds(run.status)
     participant = job_participant(bench, run)
+    start = to_monotonic(run.status["created_at"])
     return {
         "scenario": "saturated",
         "dataset": SATURATED_SIZE.dataset_id,
@@ -319,9 +321,8 @@ def scenario_saturated(bench: Bench) -> dict[str, Any]:
         "wall_seconds": None if wall is None else round(wall, 1),
         "plan_seconds": _span(moments["created"], moments["first_add"]),
         "participant_bound": participant_bound(run.records),
-        "queued_gap_ms": quantile_figures(
-            queued_gaps_ms(run.records, to_monotonic(run.status["created_at"]))
-        ),
+        "queued_gap_ms": quantile_figures(queued_gaps_ms(run.records, start)),
+        "queued_gap_ms_by_transition": queued_gaps_by_transition(run.records, start),
         "chain_gap_ms": quantile_figures(chain_gaps_ms(run.records)),
         "llm": run.llm,
         "participant": participant,

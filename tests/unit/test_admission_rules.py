@@ -3,6 +3,7 @@ rate becomes slots."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from types import SimpleNamespace
 from typing import Any, cast
@@ -162,3 +163,38 @@ def test_two_stages_with_work_at_one_key_split_each_pool_an_eighth_to_the_rest(
         shared = capacity.shared(share)  # type: ignore[arg-type]
         assert (shared.slot_range("concurrency"), shared.slot_range("rate")) == ranges
         assert shared.key == capacity.key and shared.rate_period == capacity.rate_period
+
+
+async def test_a_turn_passed_early_lets_the_next_call_go_while_the_holder_goes_on() -> None:
+    """`Admission.pass_turn`: the holder's call is over; the next call takes the turn at once,
+    and the end of the holder's block releases nothing (it is no longer the holder's)."""
+    admission = Admission(
+        cast(CapacityLimiter, None), Capacity(key="k", max_concurrency=1), holder="h",
+        concurrency_slot="k/c/0", rate_slot=None, admitted_at=time.time(),
+    )  # fmt: skip
+    order: list[str] = []
+    release_second = asyncio.Event()
+
+    async def second() -> None:
+        async with admission.turn():
+            order.append("second")
+            await release_second.wait()
+
+    async def third() -> None:
+        async with admission.turn():
+            order.append("third")
+
+    async with admission.turn():
+        waiting = asyncio.create_task(second())
+        await asyncio.sleep(0)
+        admission.pass_turn()
+        await asyncio.sleep(0.01)
+        assert order == ["second"]  # while the first block still runs
+        admission.pass_turn()  # not its turn any more: passes nothing
+        late = asyncio.create_task(third())
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)
+    assert order == ["second"]  # the first block's end did not free the second's turn
+    release_second.set()
+    await asyncio.wait_for(asyncio.gather(waiting, late), 5)
+    assert order == ["second", "third"]

@@ -136,6 +136,13 @@ def test_gaps_at_a_saturated_participant_count_only_while_work_was_due(
     ]
     gaps = bench.queued_gaps_ms(records, job_start=0.0)
     assert gaps == pytest.approx([10.0, 10.0, 10.0, 10.0])
+    # The same gaps by what was answered and what came next (a hand-off between services).
+    by = bench.queued_gaps_by_transition(records, job_start=0.0)
+    assert {name: figures["count"] for name, figures in by.items()} == {
+        "add -> add": 3,
+        "add -> search": 1,
+    }
+    assert by["add -> search"]["p50"] == pytest.approx(10.0)
     bound = bench.participant_bound(records)
     assert bound["wall_s"] == pytest.approx(0.44) and bound["service_s"] == pytest.approx(0.40)
     # A user's next Add is due the moment its previous one is answered.

@@ -196,12 +196,24 @@ class Admission:
             # A call the holder makes through a task of its own, while it still holds the turn.
             yield
             return
-        async with self._turn:
-            self._turn_holder = task
-            try:
-                yield
-            finally:
+        await self._turn.acquire()
+        self._turn_holder = task
+        try:
+            yield
+        finally:
+            if self._turn_holder is task:  # not passed on early (`pass_turn`)
                 self._turn_holder = None
+                self._turn.release()
+
+    def pass_turn(self) -> None:
+        """End the current task's turn before its block ends: its call is over and nothing it
+        still does (writing its audit record, storing its outcome) can concern the next call,
+        which leaves now instead of after those round trips. A task that does not hold the
+        turn passes nothing."""
+        task = asyncio.current_task()
+        if task is not None and self._turn_holder is task:
+            self._turn_holder = None
+            self._turn.release()
 
     @contextlib.contextmanager
     def lend_turn(self) -> Iterator[None]:

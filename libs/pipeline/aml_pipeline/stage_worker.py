@@ -110,6 +110,12 @@ class StageCall:
     # The item's job as the stage read it (state, version_id, top_k), read once per item.
     job: Document | None = None
 
+    def pass_turn(self) -> None:
+        """`Admission.pass_turn`: the call is over and validated; what follows concerns no
+        other call (nothing for a direct caller)."""
+        if self.admission is not None:
+            self.admission.pass_turn()
+
     @contextlib.contextmanager
     def hold_early_fetch(self) -> Iterator[None]:
         """Within the block, a request leaving does not get the admission's next item fetched

@@ -109,6 +109,9 @@ class SearchQuestion:
             if exc.kind == FailureKind.CONTRACT_ERROR:
                 await observe.validated(exc.reason)
             raise FinalFailure(exc.kind, exc.reason, exc.ends_job) from None
+        # Valid, so this call cannot fail the job: the next Search under the slot leaves now,
+        # not after this one's audit record and isolation check.
+        item.pass_turn()
         await observe.validated(VALID)
         dumped: list[Document] = _SEARCH_ITEMS.dump_python(items, mode="json", exclude_none=True)
         return dumped
