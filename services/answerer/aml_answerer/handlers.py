@@ -187,6 +187,8 @@ class AnswerQuestion:
             outages=self.outages,
             outage_seconds=self.settings.llm_outage_seconds,
         )
+        # The slot's next answer call leaves now, not after this answer's counting and storing.
+        item.pass_turn()
         # What the Search returned, by the frozen word counter (the same for every answer
         # model), against what fitted the budget: the efficiency figures' retrieved context.
         size = retrieved_size(candidates, len(context.memories))

@@ -167,6 +167,9 @@ class ScoreAnswer:
             scored = await self.atm(question, answer, item)
         else:
             scored = await self.open_question(question, answer, item)
+        # The judge has answered: the next judge call under the slot leaves now, not after
+        # this question's evidence read.
+        item.pass_turn()
         return found | scored | await self.evidence(work.item_id, question)
 
     async def evidence(self, item_id: str, question: Document) -> Document:
@@ -297,6 +300,8 @@ class ScoreAnswer:
         verdict = await judge(
             self._ask(question, text, item), self.settings.judge_runs, self.settings.judge_retries
         )
+        # F1 and BLEU-1 are this question's own work: the next judge call need not wait.
+        item.pass_turn()
         variant = question.get("f1_variant", F1_VERSION)
         scores = open_answer_scores(answer, gold, question["category"], variant)
         return {
