@@ -13,6 +13,7 @@ from pymongo import AsyncMongoClient
 
 from aml_contract.messages import QuestionWork
 from aml_contract.participant import AddRequest, Message, SearchRequest, encode
+from aml_evaluation.evidence import normalize_text
 from aml_participant_simulator import Script, ScriptedLeak, Simulator, running_simulator
 from aml_participant_simulator.script import EndpointScript
 from aml_pipeline.jobs import Endpoints
@@ -73,6 +74,7 @@ async def test_search_records_another_users_text_as_a_leak(db: Any) -> None:
             "user_id": ALICE,
             "search_body": encode(SearchRequest(query="Where did Lena move?", user_id=ALICE,
                                                 top_k=5)),
+            "evidence_markers": {"D1:1": [normalize_text("my sister Lena moved to Porto")]},
         }  # fmt: skip
         work = QuestionWork(job_id=JOB, version_id="v", item_id=question["_id"])
         stores = Stores.over(db)
@@ -83,6 +85,9 @@ async def test_search_records_another_users_text_as_a_leak(db: Any) -> None:
     assert result["leaks"] == 1
     leaked = [c for c in result["candidates"] if c["content"].startswith("Bob:")]
     assert len(leaked) == 1
+    # The evidence is ranked where the candidates are (the scorer need not read them back).
+    own = next(n for n, c in enumerate(result["candidates"], 1) if c["content"].startswith("Ali"))
+    assert result["evidence_ranks"] == {"D1:1": own}
     errors = await db.job_errors.find({"job_id": JOB}).to_list()
     assert [e["kind"] for e in errors] == ["isolation_violation"]
     assert BOB in errors[0]["reason"] and ALICE not in errors[0]["reason"]

@@ -19,9 +19,11 @@ from aml_evaluation.atmbench import synthetic
 from aml_evaluation.atmbench.dataset import parse
 from aml_evaluation.atmbench.scoring import judge_prompt_text, parse_judge_reply
 from aml_evaluation.datasets import Dataset
+from aml_evaluation.evidence import EVIDENCE_VERSION
 from aml_evaluation.prompts import load_prompt
 from aml_evaluation.registry import PACKAGE_DATA_DIR, DatasetManifest, ManifestFile, load_dataset
 from aml_llm_standin.replies import is_judge_prompt, judge_reply
+from aml_pipeline.question_stage import STAGES
 from aml_pipeline.stage_worker import StageCall
 from aml_runtime.documents import ScoreDocument
 from aml_scheduler.handlers import question_outcome
@@ -195,6 +197,41 @@ def test_a_missing_search_record_leaves_the_score_without_evidence(dataset: Data
     facts = QuestionFacts.of(doc.stored()).model_dump()
     scored = asyncio.run(score(work, facts, StageCall(1)))
     assert scored["qs"] == 1.0 and "evidence_ranks" not in scored
+
+
+def test_ranks_the_search_carried_are_recorded_without_a_read(dataset: Dataset) -> None:
+    """The searcher ranks a question's evidence over the candidates it received and the work
+    carries the ranks on: the scorer records them and reads no stored candidates."""
+
+    class NoReads:
+        async def candidates_of(self, item_id: str) -> None:
+            raise AssertionError("the scorer read the stored candidates")
+
+    stores = _Stores(dataset)
+    stores.records = NoReads()  # type: ignore[assignment]
+    score = ScoreAnswer(
+        settings=ScorerSettings(),
+        stores=stores,  # type: ignore[arg-type]
+        llm=FakeChatModel('{"accuracy": "true"}'),  # type: ignore[arg-type]
+        prompt=load_prompt("judge_v1"),
+        abstention_prompt=load_prompt("judge_abstention_v1"),
+    )
+    doc = next(d for d in plan_questions(JOB, dataset, top_k=10) if d.answer_type == "number")
+    assert doc.evidence_markers
+    ranks = {evidence_id: rank for rank, evidence_id in enumerate(doc.evidence_markers, 2)}
+    work = QuestionWork(
+        job_id=JOB, version_id="v", item_id=doc.id, answer=doc.gold_answer, evidence_ranks=ranks
+    )
+    facts = QuestionFacts.of(doc.stored()).model_dump()
+    scored = asyncio.run(score(work, facts, StageCall(1)))
+    assert scored["evidence_ranks"] == ranks
+    assert (scored["evidence_rule"], scored["evidence_version"]) == (
+        "unit-id-v1",
+        EVIDENCE_VERSION,
+    )
+    # What the search hands on carries them, beside the candidates.
+    carried = STAGES["search"].carry({"candidates": [], "evidence_ranks": ranks})
+    assert carried == {"candidates": [], "evidence_ranks": ranks}
 
 
 def test_the_shipped_sample_is_the_generators_bundle() -> None:

@@ -20,8 +20,10 @@ from aml_evaluation.efficiency import (
     EfficiencyTally,
     JudgeUse,
     LatencyHistogram,
+    WordCounts,
     retrieved_size,
 )
+from aml_evaluation.wordcount import count_words
 
 
 def nearest_rank(values: list[float], percent: int) -> float:
@@ -174,6 +176,26 @@ def test_the_retrieved_size_counts_words_and_bytes_of_the_text_only() -> None:
     assert size.retrieved_tokens == 5 + 3 + 3
     assert size.retrieved_bytes == len("Ana works at the bakery.") + len("café on Fridays") + 1 + 21
     assert size.used_tokens == 5
+
+
+def test_remembered_word_counts_are_the_counters_and_stay_bounded() -> None:
+    counted: list[str] = []
+
+    def counting(text: str) -> int:
+        counted.append(text)
+        return count_words(text)
+
+    counts = WordCounts(kept=2, longest=20)
+    texts = ["Ana works at the bakery.", "well-known 3.14", "it's", "well-known 3.14"]
+    sizes = [retrieved_size([{"content": t}], used=1, count=counts) for t in texts]
+    assert [s.retrieved_tokens for s in sizes] == [count_words(t) for t in texts]
+    # The same answers whoever counts; a text within the limit is counted once while kept.
+    for text in [*texts, "it's", "one two"]:
+        assert counts(text) == count_words(text)
+    assert len(counts._counts) == 2  # bounded: the oldest are forgotten
+    assert "Ana works at the bakery." not in counts._counts  # longer than `longest`: not kept
+    assert retrieved_size([{"content": "x y"}], used=1, count=counting).retrieved_tokens == 2
+    assert counted == ["x y"]
 
 
 UNDER = MeasuredUnder(search_top_k={"d1": 10}, max_concurrency=4, max_rps=5.0, deployment="eu")

@@ -99,6 +99,23 @@ def test_ascii_text_counts_as_the_rule_written_character_by_character(text: str)
     assert count_words(text) == count_words_by_character(text)
 
 
+# ASCII mixed with what the rule tells apart beyond it: CJK, letters and marks of other
+# scripts, the Unicode connectors, non-ASCII spaces and symbols (a text with one curly quote is
+# counted piece by piece, only its non-ASCII pieces character by character).
+_MIXED_TEXT = st.text(
+    alphabet=st.sampled_from(
+        [*"aZ09'-., _!\t\n", "\u2019", "\u2010", "\u2011", "\u00a0", "\u3000", "\u2028",
+         "手", "ア", "한", "é", "\u0301", "ß", "٣", "\U0001f600", "\u00b7"]
+    )
+)  # fmt: skip
+
+
+@settings(max_examples=3000, derandomize=True)
+@given(_MIXED_TEXT)
+def test_any_text_counts_as_the_rule_written_character_by_character(text: str) -> None:
+    assert count_words(text) == count_words_by_character(text)
+
+
 @pytest.mark.parametrize(
     "text", ["x1.5", "1.a", "a.1", "1..2", "-5", "a--b", "'a'", "a-'b", "1,000.5-x", "a'b-c.d"]
 )

@@ -78,6 +78,11 @@ class QuestionWork(_Message):
     # Set by the scheduler on a streaming question searched mid-conversation: its user's next
     # Add waits for this search, so the search stage announces it final (`SearchDone`).
     holds_add: bool = False
+    # Set from the search stage on, for a question whose evidence the platform recognises:
+    # the rank at which the Search returned each piece (evidence id -> 1-based rank, or None),
+    # computed where the candidates are in hand; the scorer reads the stored candidates only
+    # without it.
+    evidence_ranks: dict[str, int | None] | None = None
 
 
 class QuestionDone(_Message):

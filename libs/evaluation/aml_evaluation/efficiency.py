@@ -42,7 +42,8 @@ category: their figures are reported per job and per dataset only.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -288,13 +289,42 @@ class RetrievedSize(BaseModel):
     used_tokens: int
 
 
-def retrieved_size(candidates: Sequence[Mapping[str, Any]], used: int) -> RetrievedSize:
-    """`used`: how many of the candidates, from the first, reached the answer model."""
+class WordCounts:
+    """`count_words`, remembered for the texts seen last: a memory is returned by many of its
+    user's questions (LoCoMo-10: 100 candidates per Search over some 40 memories per user), and
+    counting every candidate of every answer again was most of the answerer's own work. Only
+    texts up to `longest` characters are kept, at most `kept` of them (a few MB)."""
+
+    def __init__(self, kept: int = 4096, longest: int = 2048) -> None:
+        self._kept = kept
+        self._longest = longest
+        self._counts: OrderedDict[str, int] = OrderedDict()
+
+    def __call__(self, text: str) -> int:
+        known = self._counts.get(text)
+        if known is not None:
+            self._counts.move_to_end(text)
+            return known
+        words = count_words(text)
+        if len(text) <= self._longest:
+            self._counts[text] = words
+            if len(self._counts) > self._kept:
+                self._counts.popitem(last=False)
+        return words
+
+
+def retrieved_size(
+    candidates: Sequence[Mapping[str, Any]],
+    used: int,
+    count: Callable[[str], int] = count_words,
+) -> RetrievedSize:
+    """`used`: how many of the candidates, from the first, reached the answer model; `count`
+    counts a text's words by wc-v1 (`WordCounts` remembers them)."""
     words = []
     size = 0
     for candidate in candidates:
         text = candidate_text(candidate)
-        words.append(count_words(text))
+        words.append(count(text))
         size += len(text.encode("utf-8"))
     return RetrievedSize(
         retrieved_tokens=sum(words), retrieved_bytes=size, used_tokens=sum(words[:used])

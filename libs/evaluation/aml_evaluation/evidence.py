@@ -162,6 +162,32 @@ def evidence_ranks(
     return ranks
 
 
+def question_evidence(
+    question: Mapping[str, Any], candidates: Iterable[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """A planned question's evidence figures over its Search's candidates, as a score records
+    them (`evidence_ranks`, `evidence_rule`, `evidence_version`); empty for a question without
+    recognisable evidence."""
+    markers = question.get("evidence_markers")
+    if not markers:
+        return {}
+    return evidence_record(question, evidence_ranks(_rule_of(question), markers, candidates))
+
+
+def evidence_record(question: Mapping[str, Any], ranks: Mapping[str, int | None]) -> dict[str, Any]:
+    """`question_evidence` from ranks already found (by the search, over the same candidates)."""
+    return {
+        "evidence_ranks": dict(ranks),
+        "evidence_rule": _rule_of(question),
+        "evidence_version": EVIDENCE_VERSION,
+    }
+
+
+def _rule_of(question: Mapping[str, Any]) -> str:
+    rule = question.get("evidence_rule")
+    return str(rule) if rule else "turn-text-v1"
+
+
 def recall_at(ranks: Mapping[str, int | None], k: int) -> float:
     """|evidence found in the first k| / |evidence|; ranks must not be empty."""
     found = sum(1 for rank in ranks.values() if rank is not None and rank <= k)

@@ -104,7 +104,17 @@ def count_words(text: str) -> int:
     """Count words in ``text`` by the frozen ``wc-v1`` rule (see the module docstring)."""
     if text.isascii():
         return len(_ASCII_WORD.findall(text))
-    return count_words_by_character(text)
+    # Whitespace is neither a word character nor a connector, so no word spans it: the count of
+    # a text is the sum over its whitespace-separated pieces, and only a piece that is not
+    # ASCII needs the character loop (most non-ASCII text is ASCII with a curly quote here or
+    # an emoji there).
+    words = 0
+    for piece in text.split():
+        if piece.isascii():
+            words += len(_ASCII_WORD.findall(piece))
+        else:
+            words += count_words_by_character(piece)
+    return words
 
 
 def count_words_by_character(text: str) -> int:

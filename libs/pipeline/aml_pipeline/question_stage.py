@@ -123,7 +123,12 @@ def score_queue(work: QuestionWork) -> WorkStage:
 
 STAGES: dict[QuestionStage, StageShape] = {
     "search": StageShape(
-        "answer", True, lambda fields: {"candidates": carried_candidates(fields["candidates"])}
+        "answer",
+        True,
+        lambda fields: {
+            "candidates": carried_candidates(fields["candidates"]),
+            "evidence_ranks": fields.get("evidence_ranks"),
+        },
     ),
     "answer": StageShape(
         "score",

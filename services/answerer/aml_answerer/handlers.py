@@ -21,7 +21,7 @@ from aml_answerer.settings import AnswererSettings
 from aml_contract.messages import QuestionWork
 from aml_contract.participant import ImageUrlPart, SearchRequest
 from aml_evaluation.context import TokenCount, fit_candidates, model_image
-from aml_evaluation.efficiency import retrieved_size
+from aml_evaluation.efficiency import WordCounts, retrieved_size
 from aml_evaluation.prompts import IMAGE_PLACEHOLDER, Prompt, answer_content, question_with_options
 from aml_pipeline.capacity import lend_turn
 from aml_pipeline.coding_agent import AgentConfig, ChatMessage, ContextExhausted, PlatformFailure
@@ -155,6 +155,8 @@ class AnswerQuestion:
     # A question that carries a coding task is solved by this (None: this answerer does not
     # run the coding track, and such a question fails as the platform's).
     solve: SolveTask | None = None
+    # The candidates' word counts (efficiency figures), remembered across questions.
+    word_counts: WordCounts = field(default_factory=WordCounts)
 
     async def __call__(self, work: QuestionWork, question: Document, item: StageCall) -> Document:
         if question.get("coding_task"):
@@ -191,7 +193,7 @@ class AnswerQuestion:
         item.pass_turn()
         # What the Search returned, by the frozen word counter (the same for every answer
         # model), against what fitted the budget: the efficiency figures' retrieved context.
-        size = retrieved_size(candidates, len(context.memories))
+        size = retrieved_size(candidates, len(context.memories), self.word_counts)
         images = {
             "images_sent": context.images + len(sent),
             "images_withheld": context.images_withheld + len(shown) - len(sent),

@@ -21,7 +21,8 @@ The score's `qs` (1/0, or the Jaccard) is what its QS averages.
 
 A question that declares evidence the platform can recognise (`evidence_markers`, planned by
 aml_evaluation.evidence) also records where its Search returned each piece
-(`evidence_ranks`), read from the search's stored candidates: Recall@k and Joint@k follow.
+(`evidence_ranks`), as the searcher ranked them over the candidates it received (read back
+from the stored search only when the work does not carry them): Recall@k and Joint@k follow.
 
 A coding task's attempt (scorer `swe_resolved`) is verified instead (R-2.5, `VerifyAttempt`): its
 patch and the task's hidden tests in a fresh sandbox, the test log graded with SWE-bench's rules;
@@ -45,7 +46,7 @@ from aml_evaluation.atmbench.scoring import (
     judge_prompt_text,
     score_deterministic,
 )
-from aml_evaluation.evidence import EVIDENCE_VERSION, evidence_ranks
+from aml_evaluation.evidence import evidence_record, question_evidence
 from aml_evaluation.judging import (
     JudgeVerdict,
     atm_judge_label,
@@ -170,25 +171,22 @@ class ScoreAnswer:
         # The judge has answered: the next judge call under the slot leaves now, not after
         # this question's evidence read.
         item.pass_turn()
-        return found | scored | await self.evidence(work.item_id, question)
+        return found | scored | await self.evidence(work, question)
 
-    async def evidence(self, item_id: str, question: Document) -> Document:
+    async def evidence(self, work: QuestionWork, question: Document) -> Document:
         """Where the question's Search returned each piece of its evidence (nothing for a
-        question without recognisable evidence)."""
-        markers = question.get("evidence_markers")
-        if not markers:
+        question without recognisable evidence): as the search ranked it, or, when the work
+        does not carry that (a redelivered search's hand-on), from its stored candidates."""
+        if not question.get("evidence_markers"):
             return {}
-        candidates = await self.stores.records.candidates_of(item_id)
+        if work.evidence_ranks is not None:
+            return evidence_record(question, work.evidence_ranks)
+        candidates = await self.stores.records.candidates_of(work.item_id)
         if candidates is None:
             # The answer stands without it: a figure beside the score never fails the score.
-            log.warning("score.evidence_unavailable", item_id=item_id)
+            log.warning("score.evidence_unavailable", item_id=work.item_id)
             return {}
-        rule = question.get("evidence_rule") or "turn-text-v1"
-        return {
-            "evidence_ranks": evidence_ranks(rule, markers, candidates),
-            "evidence_rule": rule,
-            "evidence_version": EVIDENCE_VERSION,
-        }
+        return question_evidence(question, candidates)
 
     async def atm(self, question: Document, answer: str, item: StageCall) -> Document:
         answer_type = question.get("answer_type")

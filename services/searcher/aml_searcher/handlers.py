@@ -1,5 +1,6 @@
 """Search one question with the body planned for it and keep the candidates exactly as the
-participant returned them, in its order (they are what the answer model will see)."""
+participant returned them, in its order (they are what the answer model will see), with the
+ranks at which they hold the question's evidence (aml_evaluation.evidence)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pydantic import TypeAdapter
 
 from aml_contract.messages import QuestionWork
 from aml_contract.participant import SearchItem
+from aml_evaluation.evidence import question_evidence
 from aml_evaluation.isolation import candidate_digests, content_text, find_leaks
 from aml_pipeline.audit import VALID, CallRecorder
 from aml_pipeline.jobs import Endpoints, record_error
@@ -87,7 +89,14 @@ class SearchQuestion:
         ) as observe:
             candidates = await self.answered(work, question, job, item, observe)
         leaks = await self.leaks(work, question["user_id"], candidates)
-        return {"candidates": candidates, "n_candidates": len(candidates), "leaks": leaks}
+        # Ranked here, where the candidates are in hand: the scorer need not read them back.
+        evidence = question_evidence(question, candidates)
+        return {
+            "candidates": candidates,
+            "n_candidates": len(candidates),
+            "leaks": leaks,
+            **({"evidence_ranks": evidence["evidence_ranks"]} if evidence else {}),
+        }
 
     async def answered(
         self,
