@@ -339,10 +339,17 @@ def _flow_row(f: dict[str, Any]) -> list[str]:
     return [
         _size_label(f), _num(gaps["p50"]), _num(gaps["p90"]), _num(gaps["max"]),
         _num(free["p50"]), str(free["count"]),
-        _num(f["first_written_seconds"]), _percent(busy["busy"]),
+        _num(f["first_written_seconds"]), _percent(busy["busy"]), _percent(_ceiling(busy)),
         _num(busy["mean_in_flight"], 2), str(llm["calls"]), str(llm["rejected_429"]),
         str(llm["max_concurrency"]),
     ]  # fmt: skip
+
+
+def _ceiling(busy: dict[str, Any]) -> float | None:
+    """The most of the window the LLM could have been busy, its calls' own time spread with no
+    two at once: the mean number in flight, at most all of it."""
+    mean = busy["mean_in_flight"]
+    return None if mean is None else min(1.0, mean)
 
 
 def _rss_row(f: dict[str, Any]) -> list[str]:
@@ -372,7 +379,7 @@ _TIME_HEADER = ("size A/Q/U", "state", "Adds", "questions", "users", "wall s", "
                 "Add phase s", "q phase s", "Adds/s", "q/s", "bound s", "wall/bound",
                 "machine x")  # fmt: skip
 _FLOW_HEADER = ("chain gap ms", "p50", "p90", "max", "free p50", "free n", "1st written s",
-                "LLM busy after",
+                "LLM busy after", "ceiling",
                 "mean in flight", "LLM calls", "429s", "max conc")  # fmt: skip
 _PARTICIPANT_HEADER = ("participant", "requests", "429s", "max conc", "max/1s", "dup add",
                        "dup search", "within (+LLM)")  # fmt: skip

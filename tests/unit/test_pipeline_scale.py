@@ -160,6 +160,10 @@ def test_busy_share_and_mean_in_flight_over_a_window(bench: ModuleType) -> None:
     # busy 1-3, 5-6, 9-11 = 5 of 10 s; in flight 1 + 2 + 1 + 2 = 6 s
     assert figures == {"window_s": 10.0, "busy": 0.5, "mean_in_flight": 0.6}
     assert bench.busy_figures(intervals, 4.0, 4.0)["busy"] is None
+    # The calls' own time bounds the busy share: 6 s of calls cannot cover more than 6 of 10 s.
+    assert bench._ceiling(figures) == pytest.approx(0.6) and figures["busy"] <= 0.6
+    assert bench._ceiling({"mean_in_flight": 2.7}) == 1.0
+    assert bench._ceiling({"mean_in_flight": None}) is None
 
 
 def test_cpu_between_samples_is_interpolated_and_grouped(bench: ModuleType) -> None:
