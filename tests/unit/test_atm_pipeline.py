@@ -178,20 +178,24 @@ def test_the_bundle_generator_writes_what_the_parser_reads(tmp_path: Path) -> No
     )
 
 
+def _scorer_over(records: Any) -> ScoreAnswer:
+    """A scorer whose stored searches are `records`, its judge agreeing with every answer."""
+    stores: Any = type("Stores", (), {"records": records})()
+    return ScoreAnswer(
+        settings=ScorerSettings(),
+        stores=stores,
+        llm=FakeChatModel('{"accuracy": "true"}'),  # type: ignore[arg-type]
+        prompt=load_prompt("judge_v1"),
+        abstention_prompt=load_prompt("judge_abstention_v1"),
+    )
+
+
 def test_a_missing_search_record_leaves_the_score_without_evidence(dataset: Dataset) -> None:
     class NoRecord:
         async def candidates_of(self, item_id: str) -> None:
             return None
 
-    stores = _Stores(dataset)
-    stores.records = NoRecord()  # type: ignore[assignment]
-    score = ScoreAnswer(
-        settings=ScorerSettings(),
-        stores=stores,  # type: ignore[arg-type]
-        llm=FakeChatModel('{"accuracy": "true"}'),  # type: ignore[arg-type]
-        prompt=load_prompt("judge_v1"),
-        abstention_prompt=load_prompt("judge_abstention_v1"),
-    )
+    score = _scorer_over(NoRecord())
     doc = next(d for d in plan_questions(JOB, dataset, top_k=10) if d.answer_type == "number")
     work = QuestionWork(job_id=JOB, version_id="v", item_id=doc.id, answer=doc.gold_answer)
     facts = QuestionFacts.of(doc.stored()).model_dump()
@@ -207,15 +211,7 @@ def test_ranks_the_search_carried_are_recorded_without_a_read(dataset: Dataset) 
         async def candidates_of(self, item_id: str) -> None:
             raise AssertionError("the scorer read the stored candidates")
 
-    stores = _Stores(dataset)
-    stores.records = NoReads()  # type: ignore[assignment]
-    score = ScoreAnswer(
-        settings=ScorerSettings(),
-        stores=stores,  # type: ignore[arg-type]
-        llm=FakeChatModel('{"accuracy": "true"}'),  # type: ignore[arg-type]
-        prompt=load_prompt("judge_v1"),
-        abstention_prompt=load_prompt("judge_abstention_v1"),
-    )
+    score = _scorer_over(NoReads())
     doc = next(d for d in plan_questions(JOB, dataset, top_k=10) if d.answer_type == "number")
     assert doc.evidence_markers
     ranks = {evidence_id: rank for rank, evidence_id in enumerate(doc.evidence_markers, 2)}

@@ -291,8 +291,8 @@ class RetrievedSize(BaseModel):
 
 class WordCounts:
     """`count_words`, remembered for the texts seen last: a memory is returned by many of its
-    user's questions (LoCoMo-10: 100 candidates per Search over some 40 memories per user), and
-    counting every candidate of every answer again was most of the answerer's own work. Only
+    user's questions (LoCoMo-10: 100 candidates per Search, all from the one user's memories),
+    and counting every candidate of every answer again was most of the answerer's own work. Only
     texts up to `longest` characters are kept, at most `kept` of them (a few MB)."""
 
     def __init__(self, kept: int = 4096, longest: int = 2048) -> None:
