@@ -6,19 +6,18 @@ decided. Against the participant simulator over HTTP and the nx-27017 wire serve
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from pydantic import SecretStr
 from pymongo import AsyncMongoClient
+from turns import turn_only_admission
 
 from aml_contract.messages import QuestionWork
 from aml_contract.participant import SearchRequest, encode
 from aml_participant_simulator import Script, Simulator, running_simulator
 from aml_participant_simulator.script import EndpointScript, Outcome
-from aml_pipeline.capacity import Admission, Capacity, CapacityLimiter
 from aml_pipeline.jobs import Endpoints
 from aml_pipeline.participants import ParticipantClient
 from aml_pipeline.stage_worker import StageCall
@@ -43,18 +42,6 @@ async def db(mongo_url: str) -> AsyncIterator[Any]:
     await client.close()
 
 
-def _admission() -> Admission:
-    # The turn alone is exercised: no capacity pool is read or written.
-    return Admission(
-        cast(CapacityLimiter, None),
-        Capacity(key="v", max_concurrency=1),
-        holder="h",
-        concurrency_slot="v/c/0",
-        rate_slot=None,
-        admitted_at=time.time(),
-    )
-
-
 async def _search_under_turn(db: Any, search_script: EndpointScript) -> tuple[Any, list[str]]:
     """One Search computed as the question stage computes it (under the slot's turn), with a
     second call waiting for the turn; returns the outcome (or the exception) and the order in
@@ -69,7 +56,7 @@ async def _search_under_turn(db: Any, search_script: EndpointScript) -> tuple[An
         return await record_attempt(record)
 
     stores.audit.record_attempt = recorded  # type: ignore[method-assign]
-    admission = _admission()
+    admission = turn_only_admission("v")
 
     async def next_call() -> None:
         async with admission.turn():

@@ -10,6 +10,7 @@ from typing import Any, cast
 
 import pytest
 from pydantic import ValidationError
+from turns import turn_only_admission
 
 from aml_contract import subjects
 from aml_pipeline.capacity import Admission, Capacity, CapacityLimiter, Departure, Refused
@@ -168,10 +169,7 @@ def test_two_stages_with_work_at_one_key_split_each_pool_an_eighth_to_the_rest(
 async def test_a_turn_passed_early_lets_the_next_call_go_while_the_holder_goes_on() -> None:
     """`Admission.pass_turn`: the holder's call is over; the next call takes the turn at once,
     and the end of the holder's block releases nothing (it is no longer the holder's)."""
-    admission = Admission(
-        cast(CapacityLimiter, None), Capacity(key="k", max_concurrency=1), holder="h",
-        concurrency_slot="k/c/0", rate_slot=None, admitted_at=time.time(),
-    )  # fmt: skip
+    admission = turn_only_admission("k")
     order: list[str] = []
     release_second = asyncio.Event()
 

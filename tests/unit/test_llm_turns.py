@@ -7,11 +7,11 @@ scripted fake; the turn is the real `Admission`'s."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable
 from typing import Any, cast
 
 from fakes import FakeChatModel
+from turns import turn_only_admission
 
 from aml_answerer.handlers import AnswerQuestion
 from aml_answerer.settings import AnswererSettings
@@ -19,21 +19,10 @@ from aml_contract.messages import QuestionWork
 from aml_evaluation.context import estimated
 from aml_evaluation.evidence import normalize_text
 from aml_evaluation.prompts import load_prompt
-from aml_pipeline.capacity import Admission, Capacity, CapacityLimiter
+from aml_pipeline.capacity import Admission
 from aml_pipeline.stage_worker import StageCall
 from aml_scorer.handlers import ScoreAnswer
 from aml_scorer.settings import ScorerSettings
-
-
-def _admission() -> Admission:
-    return Admission(
-        cast(CapacityLimiter, None),
-        Capacity(key="llm", max_concurrency=1),
-        holder="h",
-        concurrency_slot="llm/c/0",
-        rate_slot=None,
-        admitted_at=time.time(),
-    )
 
 
 async def _compute_under_turn(
@@ -81,7 +70,7 @@ async def test_the_scorer_passes_the_turn_once_its_judge_has_answered() -> None:
         "evidence_markers": {"D1:3": [normalize_text("Ana moved to Lisbon in May.")]},
     }  # fmt: skip
     work = QuestionWork(job_id="j", version_id="v", item_id="j/d/q1", answer="Lisbon")
-    admission = _admission()
+    admission = turn_only_admission("llm")
     scored = await _compute_under_turn(
         admission, scorer(work, question, StageCall(1, admission)), events
     )
@@ -111,7 +100,7 @@ async def test_the_answerer_passes_the_turn_once_its_model_has_answered() -> Non
         job_id="j", version_id="v", item_id="j/d/q1",
         candidates=[{"id": "m1", "content": "Ana moved to Lisbon in May."}],
     )  # fmt: skip
-    admission = _admission()
+    admission = turn_only_admission("llm")
 
     async def answered() -> Any:
         answer = await answerer(work, {"question": "Where?"}, StageCall(1, admission))
