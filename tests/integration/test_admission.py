@@ -28,6 +28,7 @@ from aml_pipeline.stage_worker import (
     RATE_PATIENCE_SECONDS,
     REFRESH_SECONDS,
     REUSE_LIMIT,
+    WANTED_SECONDS,
     StageWorker,
     WorkItem,
     llm_lanes,
@@ -509,3 +510,78 @@ async def test_adds_and_searches_short_of_one_versions_slots_share_them(env: Any
                                             for i in range(n))  # fmt: skip
     assert sorted(done["add"]) == sorted(f"a{i}" for i in range(300))
     assert peak["both"] <= 8
+
+
+async def test_adds_beside_searches_get_their_rate_slot_every_period(env: Any) -> None:
+    """At a version declaring a rate (4 at once, 10/s, LoCoMo's benchmark participant) the
+    adder's share is one rate slot while the searcher wants the rest. Each Add (0.3 s) ends long
+    before that slot frees again (1 s and the margin after it left), and the adder must still be
+    the one to take it as it frees: Adds leave one rate period apart, not two or three (when the
+    adder said it wanted the slot only when refused, the searcher had stopped keeping off it by
+    the time it freed, and a written conversation's Searches starved the next one's Adds)."""
+    settings, broker, db = env
+    await _versions(db, **{"ver-period": (4, 10.0)})
+    departures: dict[str, list[float]] = {"add": [], "search": []}
+
+    async def publish(stage: subjects.WorkStage, item_id: str) -> None:
+        work = QuestionWork(job_id="jperiod", version_id="ver-period", item_id=item_id)
+        await publish_work(JetStreamBus(broker), stage, work, item_id)
+
+    def handler(stage: str, hold: float) -> Any:
+        async def handle(work: QuestionWork, item: WorkItem) -> None:
+            async with item.admission.request() as departure:
+                departure.at = time.time()
+                departures[stage].append(departure.at)
+                await asyncio.sleep(hold)
+            await item.delivery.ack()
+            if stage == "add":
+                # Two users' chains: a user's next Add is handed on once this one is confirmed.
+                user, _, seq = work.item_id.partition("-")
+                await publish("add", f"{user}-{int(seq) + 1}")
+
+        return handle
+
+    def worker(stage: subjects.WorkStage, hold: float) -> Any:
+        return StageWorker(
+            participant_lanes(stage, f"t-period-{stage}", Stores.over(db)),
+            FunctionStage(QuestionWork, handler(stage, hold)),
+            CapacityLimiter(Stores.over(db), rate_patience_seconds=RATE_PATIENCE_SECONDS),
+            settings,
+            max_in_flight=16,
+        )
+
+    # Ids of their own: the broker drops an id another test published within its window.
+    for index in range(150):
+        await publish("search", f"period-s{index}")
+    for user in ("period_u1", "period_u2"):
+        await publish("add", f"{user}-1")
+    said: list[float] = []
+
+    async def heard(msg: Msg) -> None:
+        if msg.data.decode() == "add ver-period":
+            said.append(time.time())
+
+    watch = await broker.connection.subscribe(subjects.CAPACITY_WANTED, cb=heard)
+    adder, searcher = worker("add", 0.3), worker("search", 0.1)
+    await searcher.start(broker)
+    await adder.start(broker)
+    try:
+        await _until(lambda: len(departures["add"]) >= 12)
+    finally:
+        await adder.stop()
+        await searcher.stop()
+        await watch.unsubscribe()
+    searches = departures["search"]
+    # Measured while the searcher still had work: it wanted its share throughout.
+    adds = [moment for moment in departures["add"] if moment < searches[-1] - 1.0][2:]
+    gaps = sorted(later - earlier for earlier, later in pairwise(adds))
+    assert len(gaps) >= 6
+    assert gaps[len(gaps) // 2] < 1.5, gaps
+    # Why: when each Add's slot freed, the searcher had heard the adder want it within the
+    # time it keeps to its share after each word.
+    for moment in adds:
+        last_word = max(said_at for said_at in said if said_at <= moment)
+        assert moment - last_word < WANTED_SECONDS, (moment - last_word, gaps)
+    every = sorted(departures["add"] + searches)
+    for first in every:
+        assert sum(1 for moment in every if first <= moment < first + 1.0) <= 10

@@ -80,7 +80,7 @@ def test_the_window_is_a_little_wider_than_the_declared_concurrency(
 
 
 @pytest.mark.parametrize(
-    ("declared", "rate", "window"), [(4, 10.0, 3), (16, 10.0, 3), (4, 0.5, 2), (64, 100.0, 21)]
+    ("declared", "rate", "window"), [(4, 10.0, 4), (16, 10.0, 4), (4, 0.5, 2), (64, 100.0, 31)]
 )
 def test_under_a_declared_rate_the_window_holds_the_users_the_rate_keeps_busy(
     declared: int, rate: float, window: int
