@@ -513,3 +513,74 @@ async def test_the_recount_at_completion_is_quiet_and_a_stalled_jobs_repair_warn
     mine = [(e["event"], e["log_level"]) for e in entries if e.get("job_id") == "jlost"]
     assert ("progress.repaired", "warning") in mine
     assert "progress.recounted" not in {event for event, _ in mine}  # nothing left to recount
+
+
+async def counted_in_full(db: AsyncDatabase[Document], job_id: str, *, hold_search: bool) -> str:
+    """A one-question job whose Adds, search, answer and score are all written and counted by
+    their writers, except, with `hold_search`, the search's count (the caller counts it, as a
+    searcher's batch leaving its window would). Returns the question's id."""
+    await planned_job(db, job_id, questions=1)
+    for seq in range(2):
+        assert await finished(db, "add", job_id, f"{job_id}/u/{seq}", "done") is False
+    item = await question(db, job_id, 0)
+    search_at = now_us()
+    await db.searches.insert_one({"_id": item, "job_id": job_id, "state": "done",
+                                  "at_us": search_at})  # fmt: skip
+    if not hold_search:
+        await count_final(Stores.over(db), job_id, "search", "done", search_at)
+    assert await finished(db, "answer", job_id, item, "done") is False
+    await db.scores.insert_one({"_id": item, "job_id": job_id, "state": "done",
+                                "category_name": "facts", "judge_label": "CORRECT",
+                                "judge_labels": ["CORRECT"], "f1": 1.0, "bleu1": 1.0,
+                                "at_us": (score_at := now_us())})  # fmt: skip
+    assert await count_final(Stores.over(db), job_id, "score", "done", score_at) is True
+    return item
+
+
+async def test_counters_already_exact_are_not_recounted_at_completion(
+    db: AsyncDatabase[Document], broker: NatsBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every counter at the most the job's totals allow is exact (counters are never above the
+    truth): the completion does not read every stage document again (at LoCoMo-10 that read
+    took 1.8 s of a job's wall, a search document holding its candidates), so no recount is
+    stamped; nor when the last batch of another stage lands within its window meanwhile."""
+    run = scheduler(db, broker)
+    await counted_in_full(db, "jexact", hold_search=False)
+    with captured(monkeypatch) as entries:
+        await run.complete_if_done("jexact")
+    job = await db.jobs.find_one({"_id": "jexact"})
+    assert job is not None and job["state"] == "completed"
+    assert "repaired_us" not in job["progress"]
+    assert not [e for e in entries if e["event"].startswith("progress.")]
+
+    item = await counted_in_full(db, "jwindow", hold_search=True)
+    at_us = (await db.searches.find_one({"_id": item}) or {})["at_us"]
+
+    async def batch_leaves_its_window() -> None:
+        await asyncio.sleep(0.4)
+        await count_final(Stores.over(db), "jwindow", "search", "done", at_us)
+
+    landing = asyncio.create_task(batch_leaves_its_window())
+    with captured(monkeypatch) as entries:
+        await run.complete_if_done("jwindow")
+    await landing
+    job = await db.jobs.find_one({"_id": "jwindow"})
+    assert job is not None and job["state"] == "completed"
+    assert "repaired_us" not in job["progress"]
+    assert job["progress"]["search"]["done"] == 1
+    assert "progress.recounted" not in {e["event"] for e in entries}
+
+
+async def test_an_error_entry_left_uncounted_is_recounted_at_completion(
+    db: AsyncDatabase[Document], broker: NatsBroker
+) -> None:
+    """Every stage at its totals is not enough when an error entry's increment was lost (its
+    writer died): the completion recounts, so the error shows in the stored counters."""
+    await counted_in_full(db, "jerror", hold_search=False)
+    await db.job_errors.insert_one({"job_id": "jerror", "stage": "search", "kind": "http_500",
+                                    "item": "x", "at_us": now_us()})  # fmt: skip
+    await scheduler(db, broker).complete_if_done("jerror")
+    job = await db.jobs.find_one({"_id": "jerror"})
+    assert job is not None and job["state"] == "completed"
+    assert job["progress"]["errors"] == 1
+    assert "repaired_us" in job["progress"]

@@ -35,7 +35,9 @@ absent counters are 0 (the plan does not write them).
 - *When it runs.* Reading a job's documents costs O(the job's items), so the scheduler repairs
   a running job only once its counters have not moved for a while (`repair_due`: no increment
   and no repair within `stale_after`), which is when a lost increment shows (the job stalls),
-  and once when the job completes, so the figures stored for the gate and the status are exact.
+  and once when the job completes unless its counters are already exact (`counters_exact`:
+  every stage at the most its totals allow, which counters never above the truth can only be
+  when exact), so the figures stored for the gate and the status are exact.
 
 **Counted in batches** (`OutcomeCounter`, the three question stages). A question stage counts
 about seven outcomes a second on LoCoMo-10, each a find-and-modify on the same job document. A
@@ -227,6 +229,8 @@ async def count_final(
 
 # How long a question stage sums a job's outcomes before it applies them (`OutcomeCounter`).
 COUNT_WINDOW_SECONDS = 1.0
+# How often `counters_exact` reads the job again while another stage's batch is in its window.
+_EXACT_POLL_SECONDS = 0.1
 # Jobs whose counters one process remembers (the oldest is forgotten: it is then read again).
 _JOBS_SEEN = 1024
 
@@ -352,6 +356,30 @@ async def _count(stores: Stores, job_id: str, inc: dict[str, int], at_us: int) -
     pre-image of the same atomic update: adding the increment gives the state after it, without
     a second read), or None when the repair had already counted it (or the job is gone)."""
     return await stores.jobs.count(job_id, inc, at_us)
+
+
+async def counters_exact(
+    stores: Stores, job_id: str, patience: float = COUNT_WINDOW_SECONDS + 0.5
+) -> bool:
+    """Whether the job's stored counters are exact, seen from the job document and its error
+    entries alone, without the recount's read of every stage document. Counters are never above
+    the truth, and the truth never above the totals: once every stage's counters are at the
+    most the totals allow (`waiting_stage` says only the aggregation is left) and the error
+    counter equals the entries, each counter is exact. At a job's completion another stage's
+    last batch may still be in its window: the document is read again for up to `patience`
+    seconds (a window and a little more) before the answer is no."""
+    deadline = asyncio.get_running_loop().time() + patience
+    while True:
+        job = await stores.jobs.progress_of(job_id)
+        if job is None:
+            return False
+        if waiting_stage(job).stage == "aggregate" and error_count(job) == len(
+            await stores.jobs.error_stamps(job_id)
+        ):
+            return True
+        if asyncio.get_running_loop().time() >= deadline:
+            return False
+        await asyncio.sleep(_EXACT_POLL_SECONDS)
 
 
 async def repair_counters(

@@ -392,8 +392,9 @@ class JobStore:
         return None
 
     async def progress_of(self, job_id: str) -> Document | None:
-        """The job's `progress` (counters and bookkeeping, read by path), for a recount."""
-        return await self._db.jobs.find_one({"_id": job_id}, {"progress": 1})
+        """The job's `progress` (counters and bookkeeping, read by path) and its `totals`, for a
+        recount or a check of the counters."""
+        return await self._db.jobs.find_one({"_id": job_id}, {"progress": 1, "totals": 1})
 
     async def stamp_repaired(self, job_id: str, repaired_us: int) -> None:
         """A recount found the counters exact: only its time is written."""
