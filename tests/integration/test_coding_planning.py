@@ -22,8 +22,9 @@ from aml_evaluation.coding.bundle import CONDITIONS, load_coding_bundle
 from aml_evaluation.coding.synthetic import SHIPPED_BUNDLE_DIR, SYNTHETIC_CODING_ID
 from aml_evaluation.registry import bundle_hash, load_dataset, registered
 from aml_evaluation.scoring import CODING_SCORER
-from aml_pipeline.chains import add_order
+from aml_pipeline.chains import active_window, add_order
 from aml_pipeline.evaluation_spec import build_evaluation_spec
+from aml_pipeline.jobs import version_capacity
 from aml_runtime.db import Document
 from aml_runtime.documents import ensure_indexes
 from aml_runtime.stores import Stores
@@ -106,7 +107,10 @@ async def test_a_synthetic_coding_job_is_planned_as_coding_v1(
     assert job["chunkers"] == {SYNTHETIC_CODING_ID: "coding-v1"}
     assert job["top_k"] == JOB_TOP_K
     assert job["totals"] == {"add": len(expected), "questions": len(scopes)}
-    assert job["users"] == add_order(add.user_id for add in expected)
+    # The version's capacity is not declared: the default's window.
+    window = active_window(version_capacity({"_id": ""}))
+    assert job["users"] == add_order((add.user_id for add in expected),
+                                     (q["user_id"] for q in questions), window)  # fmt: skip
     manifest = registered(SYNTHETIC_CODING_ID, None).manifest
     assert job["dataset_bundles"] == {SYNTHETIC_CODING_ID: bundle_hash(manifest)}
 

@@ -18,8 +18,9 @@ from scripts import load_benchmark
 from aml_evaluation.chunker import chunker_version
 from aml_evaluation.registration import register_dataset
 from aml_evaluation.registry import bundle_hash, load_dataset, registered
-from aml_pipeline.chains import add_order
+from aml_pipeline.chains import active_window, add_order
 from aml_pipeline.evaluation_spec import build_evaluation_spec
+from aml_pipeline.jobs import version_capacity
 from aml_runtime.db import Document
 from aml_runtime.documents import ensure_indexes
 from aml_runtime.stores import Stores
@@ -90,7 +91,10 @@ def _whole_plan(job_id: str, datasets: list[str], root: Path, top_k: int) -> dic
         job["chunkers"][dataset_id] = chunker_version(dataset)
         job["dataset_bundles"][dataset_id] = bundle_hash(registered(dataset_id, root).manifest)
     bodies = [chunk["body"] for chunk in chunks if chunk.get("body") is not None]
-    job["users"] = add_order(chunk["user_id"] for chunk in chunks)
+    # The version's capacity is not declared: the default's window.
+    window = active_window(version_capacity({"_id": ""}))
+    job["users"] = add_order((chunk["user_id"] for chunk in chunks),
+                             (question["user_id"] for question in questions), window)  # fmt: skip
     job["totals"] = {"add": len(chunks), "questions": len(questions)}
     return {
         "add_chunks": _by_id(chunks),

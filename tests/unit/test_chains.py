@@ -14,7 +14,7 @@ from aml_pipeline.chains import (
     add_order,
     bounded_put,
     first_not_done,
-    users_by_adds,
+    start_order,
 )
 
 
@@ -62,12 +62,44 @@ async def test_a_failed_add_is_where_the_chain_stops() -> None:
     assert (seq, chunk) == (11, {"state": "failed"})
 
 
-def test_users_start_with_the_longest_chain_then_by_id() -> None:
+def test_without_questions_users_start_with_the_longest_chain_then_by_id() -> None:
     users = ["b", "a", "c", "a", "c", "c", "d", "b"]
     assert add_order(users) == ["c", "a", "b", "d"]
-    # The same order from each user's count of Adds (what a planner keeps, not every Add).
-    assert users_by_adds(Counter(users)) == add_order(users)
-    assert users_by_adds({"x": 1, "y": 3, "w": 1}) == ["y", "w", "x"]
+    # The same order from each user's count of Adds and questions (what a planner keeps).
+    assert start_order(Counter(users), {}, window=1) == add_order(users)
+    assert add_order(["y", "x", "y"], ["x", "y", "y", "y", "y"]) == ["y", "x"]
+
+
+def test_users_with_the_most_questions_per_add_start_first() -> None:
+    # LoCoMo-10's ten conversations: (Adds, questions).
+    locomo = {"conv-26": (28, 199), "conv-30": (27, 105), "conv-41": (46, 193),
+              "conv-42": (44, 260), "conv-43": (43, 242), "conv-44": (46, 158),
+              "conv-47": (46, 190), "conv-48": (46, 239), "conv-49": (34, 196),
+              "conv-50": (39, 204)}  # fmt: skip
+    adds = {user: counts[0] for user, counts in locomo.items()}
+    asked = {user: counts[1] for user, counts in locomo.items()}
+    assert start_order(adds, asked, window=4) == [
+        "conv-26", "conv-42", "conv-49", "conv-43", "conv-50",
+        "conv-48", "conv-41", "conv-47", "conv-30", "conv-44",
+    ]  # fmt: skip
+    # Equal questions per Add: more Adds first, then by id.
+    assert start_order({"b": 2, "a": 2, "c": 4}, {"a": 4, "b": 4, "c": 8}, window=1) == [
+        "c", "a", "b"
+    ]  # fmt: skip
+
+
+def test_a_chain_as_long_as_the_jobs_adds_shared_by_the_window_starts_first() -> None:
+    # 100 short users and one long history: its 500 Adds take as long as the others' 1,000
+    # shared by a window of 2, so it starts first, whatever its questions (started last, it
+    # would still be written when the others are done).
+    adds = {f"short-{n:03d}": 10 for n in range(100)} | {"long": 500}
+    asked = {f"short-{n:03d}": 50 for n in range(100)} | {"long": 1}
+    assert start_order(adds, asked, window=2)[0] == "long"
+    # With a window of 1 it is no longer than the rest written one at a time: questions first.
+    assert start_order(adds, asked, window=1)[-1] == "long"
+    # Users with no question sort after those with some; a job of one user is that user.
+    assert start_order({"q": 5, "none": 5, "x": 5}, {"q": 1}, window=1) == ["q", "none", "x"]
+    assert start_order({"only": 3}, {}, window=4) == ["only"]
 
 
 @pytest.mark.parametrize(("declared", "window"), [(1, 2), (4, 5), (8, 10), (16, 20), (64, 80)])

@@ -7,8 +7,9 @@ search from a remembered position otherwise — never by a query over the job's 
 would grow with the job (nx-27017 serves such a filter by reading every chunk of the job).
 
 Users do not all start at once: a job writes a window of users a little wider than the
-participant's declared concurrency, longest conversation first, and starts the next user when
-one is written in full. Conversations are then written early and one after another, so their
+participant's declared concurrency, those with the most questions per Add first (a history
+long enough to bound the job first of all, `start_order`), and starts the next user when one is
+written in full. Conversations are then written early and one after another, so their
 questions flow into Search and the LLM while the others are still being written, instead of all
 conversations finishing together at the end of the Add phase.
 
@@ -37,15 +38,34 @@ Chunk = TypeVar("Chunk", bound=Mapping[str, Any])
 USER_LINK_SECONDS = 0.3
 
 
-def add_order(chunk_users: Iterable[str]) -> list[str]:
-    """A job's users in the order their Adds start: most Adds first (the longest chain bounds
-    the job, so it must not start last), then by id. `chunk_users` names each Add's user."""
-    return users_by_adds(Counter(chunk_users))
+def add_order(
+    chunk_users: Iterable[str], question_users: Iterable[str] = (), window: int = 1
+) -> list[str]:
+    """A job's users in the order their Adds start (`start_order`), from each Add's user and
+    each question's user."""
+    return start_order(Counter(chunk_users), Counter(question_users), window)
 
 
-def users_by_adds(adds: Mapping[str, int]) -> list[str]:
-    """`add_order` from each user's number of Adds (a planner counts them as it goes)."""
-    return sorted(adds, key=lambda user: (-adds[user], user))
+def start_order(adds: Mapping[str, int], asked: Mapping[str, int], window: int) -> list[str]:
+    """A job's users in the order their Adds start, from each user's number of Adds and of
+    questions (`window`: users written at once, `active_window`).
+
+    Most questions per Add first: a written conversation's questions keep Search and the LLM
+    busy while the next ones are written, and one with many questions per Add buys the most of
+    that time per Add (LoCoMo-10: conv-26's 28 Adds bring 199 questions, conv-44's 46 bring
+    158). But a user whose chain alone is as long as the other users' Adds shared by the window
+    (`Adds * window >= the others' Adds`) would end after them all if it started last, and so
+    bound the job: such users start first, most Adds first (a job of a few users, or one long
+    history among short ones). Ties: more Adds first, then by id."""
+    total = sum(adds.values())
+
+    def place(user: str) -> tuple[int, float, int, str]:
+        count = adds[user]
+        if count * window >= total - count:
+            return 0, 0.0, -count, user
+        return 1, -asked.get(user, 0) / count, -count, user
+
+    return sorted(adds, key=place)
 
 
 def active_window(capacity: Capacity) -> int:

@@ -32,7 +32,7 @@ from aml_pipeline.chains import (
     bounded_put,
     first_not_done,
     release_add,
-    users_by_adds,
+    start_order,
 )
 from aml_pipeline.jobs import (
     fail_job,
@@ -294,8 +294,9 @@ class ScheduleJobs:
     async def _plan(self, job: Document) -> None:
         job_id = job["_id"]
         totals = {"add": 0, "questions": 0}
-        # Adds per user: what orders the job's users (`aml_pipeline.chains`).
+        # Adds and questions per user: what orders the job's users (`aml_pipeline.chains`).
         adds: Counter[str] = Counter()
+        asked: Counter[str] = Counter()
         written = WrittenOwners()
         excluded: dict[str, list[str]] = {}
         bundles: dict[str, str] = {}
@@ -321,6 +322,7 @@ class ScheduleJobs:
                 if written.pairs >= self.written_pairs_held:
                     await self.stores.plans.store_written(written.take(job_id, _WRITTEN_AT_ONCE))
                 adds.update(chunk.user_id for chunk in chunks)
+                asked.update(question.user_id for question in questions)
                 totals["add"] += len(chunks)
                 totals["questions"] += len(questions)
             if stream.parsed_whole is not None:
@@ -331,6 +333,7 @@ class ScheduleJobs:
         # its hash and summary (`spec_hash`, `spec`).
         spec = self.spec_of(job)
         spec_hash = spec.content_hash
+        window = active_window(await self._capacity(str(job.get("version_id", ""))))
         await self.stores.plans.store_spec(spec_hash, spec.model_dump(mode="json"))
         await self.stores.jobs.start(
             job_id,
@@ -342,7 +345,7 @@ class ScheduleJobs:
             dataset_bundles=bundles,
             dataset_bundle_hash=bundle_fingerprint(bundles),
             # In the order their Adds start (`aml_pipeline.chains`).
-            users=users_by_adds(adds),
+            users=start_order(adds, asked, window),
             excluded_categories=excluded,
             f1_variants=f1_variants,
             chunkers=chunkers,
