@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
+import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -259,6 +260,13 @@ def busiest_window(
     ]
 
 
+def to_monotonic(moment: str | datetime) -> float:
+    """A wall-clock time of this machine (the platform's stamps) on the monotonic clock the
+    simulator and the stand-in record with."""
+    value = datetime.fromisoformat(moment) if isinstance(moment, str) else moment
+    return value.timestamp() - (time.time() - time.monotonic())
+
+
 def llm_stats(bench: Bench) -> dict[str, Any]:
     response = httpx.get(f"{bench.llm_url}/stats", timeout=30)
     response.raise_for_status()
@@ -468,6 +476,46 @@ def busy_figures(
         "busy": round(covered / span, 3),
         "mean_in_flight": round(total / span, 2),
     }
+
+
+def wall_parts(
+    created: float,
+    finished: float,
+    records: Sequence[RequestRecord],
+    intervals: Sequence[tuple[float, float]],
+    capacity: int,
+) -> dict[str, float | None]:
+    """Where one job's wall goes, told against the LLM (LoCoMo-10's bound), all on the monotonic
+    clock: `plan_s` (created to the first Add's arrival); `until_written_s` (from there to the
+    first conversation written in full: the LLM has nothing to answer before); from there to
+    the end of the LLM's last call, the share of its capacity used (`llm_used`: mean calls in
+    flight over `capacity`) and the seconds of capacity left unused (`llm_unused_s`: the window
+    times the unused share, starvation and the platform's own gaps between calls); the LLM's
+    calls after the last Search's arrival (`llm_after_last_search_s`: its backlog); and the
+    completion (`completion_s`: the last call's end to the job's finish)."""
+    adds = [r.arrived_monotonic for r in records if r.endpoint == "add"]
+    searches = [r.arrived_monotonic for r in records if r.endpoint == "search"]
+    written = min(conversations_written(records).values(), default=None)
+    last_call = max((end for _, end in intervals), default=None)
+    first_add = min(adds, default=None)
+    parts: dict[str, float | None] = {
+        "plan_s": _rounded(first_add, created),
+        "until_written_s": _rounded(written, first_add),
+        "llm_used": None,
+        "llm_unused_s": None,
+        "llm_after_last_search_s": _rounded(last_call, max(searches, default=None)),
+        "completion_s": _rounded(finished, last_call),
+    }
+    if written is not None and last_call is not None and last_call > written:
+        busy = busy_figures(intervals, written, last_call)
+        used = busy["mean_in_flight"] / capacity
+        parts["llm_used"] = round(used, 3)
+        parts["llm_unused_s"] = round(busy["window_s"] * (1 - used), 1)
+    return parts
+
+
+def _rounded(end: float | None, start: float | None) -> float | None:
+    return None if end is None or start is None else round(end - start, 1)
 
 
 def quantile_figures(values: Iterable[float]) -> dict[str, Any]:

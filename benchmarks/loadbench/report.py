@@ -181,6 +181,15 @@ def _time_lines(f: dict[str, Any]) -> list[str]:
         f"({bound['limiting']})   ratio {_num(f['bound_ratio'], 2)}",
         f"  bound terms (s): {terms}",
     ]
+    parts = f.get("wall_parts")
+    if parts:
+        lines.append(
+            f"  where the wall goes (s): plan {_num(parts['plan_s'])} | first conversation "
+            f"written after {_num(parts['until_written_s'])} | LLM used "
+            f"{_percent(parts['llm_used'])} of its capacity from there to its last call "
+            f"({_num(parts['llm_unused_s'])} s unused) | its calls after the last Search "
+            f"{_num(parts['llm_after_last_search_s'])} | completion {_num(parts['completion_s'])}"
+        )
     if "vs_first" in f:
         lines.append(f"  vs the first run: {_num(f['vs_first'], 2)}")
     if "vs_alone" in f:

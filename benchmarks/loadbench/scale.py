@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from .figures import (
     queued_gaps_ms,
     ratio,
     simulator_records,
+    to_monotonic,
 )
 from .harness import (
     SATURATED_PROFILE,
@@ -120,13 +120,6 @@ def database_growth(
 
 
 # -- one job -----------------------------------------------------------------------------------
-
-
-def to_monotonic(moment: str | datetime) -> float:
-    """A wall-clock time of this machine (the platform's stamps) on the monotonic clock the
-    simulator and the stand-in record with."""
-    value = datetime.fromisoformat(moment) if isinstance(moment, str) else moment
-    return value.timestamp() - (time.time() - time.monotonic())
 
 
 @dataclass

@@ -14,12 +14,15 @@ import httpx
 
 from .figures import (
     audited_departures,
+    llm_intervals,
     llm_stats,
     lower_bound,
     participant_figures,
     planned_searches,
     ratio,
     simulator_records,
+    to_monotonic,
+    wall_parts,
 )
 from .harness import (
     SLOW_PROFILE,
@@ -110,7 +113,25 @@ def run_scenario(
             ops_before, ops_after, figures["questions"]
         )
     figures["peak_rss_mib"] = peak_rss(bench.stack)
+    if len(awaited) == 1 and len(jobs) == 1:
+        figures["wall_parts"] = one_job_parts(bench, jobs, figures["jobs"][0], llm)
     return figures
+
+
+def one_job_parts(
+    bench: Bench, jobs: dict[str, Team], summary: dict[str, Any], llm: dict[str, Any]
+) -> dict[str, float | None] | None:
+    """`wall_parts` of a scenario's only job (solo, repeat), or None if it did not finish."""
+    if summary["finished_at"] is None:
+        return None
+    ((job_id, team),) = jobs.items()
+    return wall_parts(
+        to_monotonic(summary["created_at"]),
+        to_monotonic(summary["finished_at"]),
+        simulator_records(team, [job_id]),
+        llm_intervals(bench),
+        int(llm["capacity"]),
+    )
 
 
 def scenario_solo(bench: Bench) -> dict[str, Any]:

@@ -189,3 +189,26 @@ def test_the_stack_hands_an_external_mongodb_url_to_its_services(tmp_path: Path)
     assert stack.info().mongo_url == url
     with pytest.raises(ValueError, match="start_mongo"):
         StackConfig(data_dir=tmp_path, start_llm=False, mongo_url=url)
+
+
+def test_where_one_jobs_wall_goes_against_the_llm(bench: ModuleType) -> None:
+    records = [
+        _add(0, "u1", "a1", 12.0, 12.5),
+        _add(1, "u1", "a2", 12.6, 13.0),  # u1 written at 13.0
+        _add(2, "u2", "b1", 12.1, 14.0),
+        _record(3, "search", {"user_id": "u1", "query": "q"}, 13.5, 13.6),
+    ]
+    # Two slots: from 13.0 to 20.0 (7 s, 14 slot-seconds), 10.5 s of calls in flight.
+    intervals = [(13.5, 17.0), (14.0, 18.0), (17.0, 20.0)]
+    parts = bench.wall_parts(10.0, 21.5, records, intervals, capacity=2)
+    assert parts == {
+        "plan_s": 2.0,
+        "until_written_s": 1.0,
+        "llm_used": 0.75,
+        "llm_unused_s": 1.8,
+        "llm_after_last_search_s": 6.5,
+        "completion_s": 1.5,
+    }
+    # Nothing written, no call: what cannot be told is None.
+    empty = bench.wall_parts(10.0, 11.0, [], [], capacity=2)
+    assert empty["plan_s"] is None and empty["llm_used"] is None and empty["completion_s"] is None
