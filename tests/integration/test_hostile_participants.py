@@ -383,7 +383,9 @@ async def test_a_trickling_server_is_bounded_by_the_attempt_deadline(server: _Se
         ("DeadlineExceeded", "retry"),
         ("DeadlineExceeded", "final"),
     ]
-    assert all(900 <= a.latency_ms < 1500 for a in observe.attempts)
+    # Each attempt ended at its deadline, not when the trickle (110 s) would have: a loaded
+    # machine may run the cancellation a little late.
+    assert all(900 <= a.latency_ms < 2500 for a in observe.attempts)
 
 
 # --- through the adder and the searcher: contract errors, audited, never platform errors -------

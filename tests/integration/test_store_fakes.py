@@ -213,7 +213,11 @@ async def test_a_job_is_read_whole_or_as_exactly_the_fields_asked_for(world: Wor
     assert await jobs.running_version(running) == "ver-1"
     # In the order stored (the order their Adds start).
     assert await jobs.users_of(running) == ["u-2", "u-1"]
-    assert await jobs.progress_of(running) == {"_id": running, "progress": progress}
+    assert await jobs.progress_of(running) == {
+        "_id": running,
+        "progress": progress,
+        "totals": {"add": 2, "questions": 3},
+    }
     # A field the job does not have is not returned (`disqualified` here).
     assert await jobs.published_facts(running) == {
         "_id": running,

@@ -422,7 +422,7 @@ class MemoryJobStore(_MemoryStore):
 
     async def progress_of(self, job_id: str) -> Document | None:
         await _round_trip()
-        return _one(self.jobs, job_id, ["progress"])
+        return _one(self.jobs, job_id, ["progress", "totals"])
 
     async def stamp_repaired(self, job_id: str, repaired_us: int) -> None:
         await _round_trip()
