@@ -39,7 +39,7 @@ from aml_runtime.stores import Stores
 
 # Whole jobs on the real model, several waiting out a killed service's redelivery (about five
 # minutes together): run beside the other tests (dev.py).
-pytestmark = [pytest.mark.integration, pytest.mark.model_jobs]
+pytestmark = [pytest.mark.integration, pytest.mark.wallclock]
 
 _MISSING = [
     name
