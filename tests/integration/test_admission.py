@@ -114,6 +114,20 @@ def _worker(settings: CommonSettings, db: Any, durable: str, seen: Seen, hold: f
     )
 
 
+def _participant_worker(
+    settings: CommonSettings, db: Any, stage: subjects.WorkStage, durable: str, handle: Any
+) -> Any:
+    """A participant stage's worker (Adds or Searches) over `handle`, admitted as a service's
+    is, for the tests where the adder and the searcher share a version's slots."""
+    return StageWorker(
+        participant_lanes(stage, durable, Stores.over(db)),
+        FunctionStage(QuestionWork, handle),
+        CapacityLimiter(Stores.over(db), rate_patience_seconds=RATE_PATIENCE_SECONDS),
+        settings,
+        max_in_flight=16,
+    )
+
+
 async def _until(condition: Any, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -468,13 +482,7 @@ async def test_adds_and_searches_short_of_one_versions_slots_share_them(env: Any
         return handle
 
     def worker(stage: subjects.WorkStage) -> Any:
-        return StageWorker(
-            participant_lanes(stage, f"t-share-{stage}", Stores.over(db)),
-            FunctionStage(QuestionWork, handler(stage)),
-            CapacityLimiter(Stores.over(db), rate_patience_seconds=RATE_PATIENCE_SECONDS),
-            settings,
-            max_in_flight=16,
-        )
+        return _participant_worker(settings, db, stage, f"t-share-{stage}", handler(stage))
 
     async def publish(stage: subjects.WorkStage, prefix: str, count: int) -> None:
         for index in range(count):
@@ -542,13 +550,7 @@ async def test_adds_beside_searches_get_their_rate_slot_every_period(env: Any) -
         return handle
 
     def worker(stage: subjects.WorkStage, hold: float) -> Any:
-        return StageWorker(
-            participant_lanes(stage, f"t-period-{stage}", Stores.over(db)),
-            FunctionStage(QuestionWork, handler(stage, hold)),
-            CapacityLimiter(Stores.over(db), rate_patience_seconds=RATE_PATIENCE_SECONDS),
-            settings,
-            max_in_flight=16,
-        )
+        return _participant_worker(settings, db, stage, f"t-period-{stage}", handler(stage, hold))
 
     # Ids of their own: the broker drops an id another test published within its window.
     for index in range(150):
