@@ -412,7 +412,8 @@ def render_scale(scale: dict[str, Any]) -> list[str]:
         "",
         *_table(cpu_header, cpu_rows),
         "  (serv: gateway + 6 workers; data: nx-27017, '-' when not measured; plat: the three."
-        " Add: over the Add phase; q: after the last Add; item: from submission to the end)",
+        " Add: the Adds alone, first Add -> first conversation written; q: the rest from the"
+        " first Add on, per question; item: from submission to the end)",
         "",
         *_table(_FLOW_HEADER, [_flow_row(f) for f in sizes]),
         "",

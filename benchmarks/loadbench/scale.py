@@ -176,20 +176,47 @@ def _per_second(count: int, seconds: float | None) -> float | None:
     return round(count / seconds, 1) if seconds else None
 
 
+# The Adds-alone window (first Add -> first conversation written) is used for the CPU per Add
+# only when it holds at least this share of the job's Adds; otherwise the whole Add phase is.
+_ALONE_MIN_SHARE = 0.1
+
+
 def scale_cpu(
     run: JobRun, moments: dict[str, float | None], adds: int, questions: int
 ) -> dict[str, Any]:
-    """CPU ms per Add over the Add phase (first to last Add arrival), per question from the
-    last Add's arrival to the job's end, and per item (Adds and questions) from submission to
-    the end; each for services, nats, database and their sum. Once questions overlap the Add
-    phase the split is by time, not by kind of work; the per-item figure stays whole."""
+    """CPU ms per Add, per question and per item (Adds and questions, submission to the end);
+    each for services, nats, database and their sum.
+
+    Per Add: over the Adds alone, from the first Add's arrival to the first conversation
+    written (no question exists before it), divided by the Adds that arrived meanwhile; the
+    whole Add phase (first to last Add) when that window holds under a tenth of the Adds. Per
+    question: what is left of the CPU from the first Add to the end once every Add is charged
+    that much, per question. A split by time (the Add phase against what follows it) charges
+    the questions answered while conversations are still being written to the Adds: once a
+    job's first users are written long before its last, the Adds look dearer and the
+    questions cheaper the larger the job, with nothing changed in either."""
     first, last, end = moments["first_add"], moments["last_add"], moments["finished"]
     if first is None or last is None or end is None:
-        return {"per_add": None, "per_question": None, "per_item": None, "by_process": None}
+        return {"per_add": None, "per_question": None, "per_item": None, "by_process": None,
+                "per_add_over": None}  # fmt: skip
+    written = moments["first_written"]
+    alone_end = last if written is None else min(last, written)
+    arrivals = [r.arrived_monotonic for r in run.records if r.endpoint == "add"]
+    alone_adds = sum(first <= at <= alone_end for at in arrivals)
+    over = "adds alone"
+    if alone_adds < _ALONE_MIN_SHARE * adds:
+        alone_end, alone_adds, over = last, len(arrivals), "add phase"
+    alone = cpu_between(run.samples, first, alone_end)
+    from_first = cpu_between(run.samples, first, end)
+    rest = {
+        name: max(0.0, seconds - alone.get(name, 0.0) / max(1, alone_adds) * adds)
+        for name, seconds in from_first.items()
+    }
     whole = cpu_between(run.samples, run.submitted, end)
     return {
-        "per_add": cpu_groups(cpu_between(run.samples, first, last), adds),
-        "per_question": cpu_groups(cpu_between(run.samples, last, end), questions),
+        "per_add": cpu_groups(alone, alone_adds),
+        "per_add_over": over,
+        "per_question": cpu_groups(rest, questions),
         "per_item": cpu_groups(whole, adds + questions),
         "by_process": {
             name: round(1000 * seconds / max(1, adds + questions), 2)

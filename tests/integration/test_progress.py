@@ -165,6 +165,7 @@ async def test_an_outcome_counts_once_however_often_it_is_stored(
     )
     add = AddWork(job_id="jonce", version_id="ver-1", request_id="jonce/u/0")
     await asyncio.gather(*[adder.finish(add, "done", {}) for _ in range(10)])
+    await adder.counter.drain()
     errors = [record_error(over, "jonce", "search", "outage", "jonce/x", "down") for _ in range(10)]
     await asyncio.gather(*errors)
 
@@ -220,6 +221,40 @@ async def test_a_stage_counts_a_jobs_outcomes_in_one_increment_per_window(
         "progress.questions_final": 6,
     }
     assert announced == []
+
+
+async def test_the_adder_counts_a_jobs_adds_in_one_increment_per_window(
+    db: AsyncDatabase[Document], broker: NatsBroker
+) -> None:
+    """The job document holds every user's order, so an update of it per Add cost more the
+    larger the job: the adder's outcomes are summed like a question stage's."""
+    await planned_job(db, "jadds", questions=1)
+    ids = [f"jadds/u/{seq}" for seq in range(12)]
+    await db.add_chunks.insert_many(
+        [{"_id": chunk_id, "job_id": "jadds", "state": "pending"} for chunk_id in ids]
+    )
+    over = Stores.over(db)
+    adder = SendChunk(CommonSettings(), over, JetStreamBus(broker), cast(Any, None),
+                      cast(Any, None), JobStates(over, broker))  # fmt: skip
+    adder.counter.window = 0.3
+
+    def add(chunk_id: str) -> AddWork:
+        return AddWork(job_id="jadds", version_id="ver-1", request_id=chunk_id)
+
+    # The first is counted at once (the counter learns where the job stands), the next ten
+    # together, each written once however often it is finished.
+    await adder.finish(add(ids[0]), "done", {})
+    await asyncio.gather(*[adder.finish(add(chunk_id), "done", {}) for chunk_id in ids[1:11]])
+    await asyncio.gather(*[adder.finish(add(chunk_id), "done", {}) for chunk_id in ids[1:11]])
+    await adder.finish(add(ids[11]), "failed", {"failure": "refused"})
+    deadline = asyncio.get_running_loop().time() + 10
+    while await events(db, "jadds") < 2 and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    assert await events(db, "jadds") == 2
+    assert await counters(db, "jadds") == {"progress.add.done": 11, "progress.add.failed": 1}
+    # A stopping adder has nothing left to count.
+    await adder.close()
+    assert await events(db, "jadds") == 2
 
 
 async def test_the_batch_that_may_complete_the_job_is_not_held(

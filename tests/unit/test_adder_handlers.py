@@ -115,6 +115,12 @@ class Rig:
     announced: list[tuple[str, Document]]
     released: list[tuple[str, Document]]
 
+    async def handle(self, work: AddWork, item: WorkItem) -> None:
+        """The handler's work on one delivery, its outcome counted (the counter batches them:
+        `OutcomeCounter`)."""
+        await self.handler.handle(work, item)
+        await self.handler.counter.drain()
+
 
 @pytest.fixture
 async def rig() -> AsyncIterator[Rig]:
@@ -182,7 +188,7 @@ async def test_a_final_chunk_is_announced_again_never_sent(rig: Rig, state: str)
     store(rig.stores, chunk_state=state)
     chunk = dict(rig.stores.plans.chunks[CHUNK])
     item = delivery(2)
-    await rig.handler.handle(WORK, item)
+    await rig.handle(WORK, item)
     assert rig.participant.sent == []
     assert rig.announced == [done(state)]
     assert rig.stores.plans.chunks[CHUNK] == chunk
@@ -194,7 +200,7 @@ async def test_a_final_chunk_is_announced_again_never_sent(rig: Rig, state: str)
 async def test_a_pending_chunk_of_an_inactive_job_is_not_sent(rig: Rig, job_state: str) -> None:
     store(rig.stores, job_state=job_state)
     item = delivery(1)
-    await rig.handler.handle(WORK, item)
+    await rig.handle(WORK, item)
     assert rig.participant.sent == []
     assert rig.stores.plans.chunks[CHUNK]["state"] == "pending"
     assert rig.announced == []
@@ -205,7 +211,7 @@ async def test_a_pending_chunk_of_an_inactive_job_is_not_sent(rig: Rig, job_stat
 
 async def test_a_confirmed_add_is_marked_done_and_counted_once(rig: Rig) -> None:
     store(rig.stores)
-    await rig.handler.handle(WORK, delivery(1))
+    await rig.handle(WORK, delivery(1))
     ids = (CHUNK, "eval:job-1:synthetic:syn-1", "s1")
     # The stored body, byte for byte, counted against this job's request limit.
     assert rig.participant.sent == [(JOB, BODY, ids)]
@@ -216,7 +222,7 @@ async def test_a_confirmed_add_is_marked_done_and_counted_once(rig: Rig) -> None
     assert rig.announced == [done("done")]
 
     # Redelivered (the ACK was lost): announced again, neither sent nor counted again.
-    await rig.handler.handle(WORK, delivery(2))
+    await rig.handle(WORK, delivery(2))
     assert len(rig.participant.sent) == 1
     assert rig.stores.jobs.jobs[JOB]["progress"]["add"] == {"done": 1}
     assert rig.stores.plans.chunks[CHUNK] == chunk
@@ -229,6 +235,7 @@ async def test_racing_deliveries_count_the_add_once(rig: Rig) -> None:
     # the first to finish it marks and counts it.
     handle = rig.handler.handle
     await asyncio.gather(handle(WORK, delivery(1)), handle(WORK, delivery(2)))
+    await rig.handler.counter.drain()
     assert len(rig.participant.sent) == 2
     assert rig.stores.jobs.jobs[JOB]["progress"]["add"] == {"done": 1}
     assert rig.stores.jobs.jobs[JOB]["progress"]["events"] == 1
@@ -239,7 +246,7 @@ async def test_a_refused_add_fails_the_chunk_once_with_its_reason(rig: Rig) -> N
     store(rig.stores)
     rig.participant.failure = CallFailed("contract_error", "add response: status missing")
     item = delivery(1)
-    await rig.handler.handle(WORK, item)
+    await rig.handle(WORK, item)
     chunk = rig.stores.plans.chunks[CHUNK]
     assert (chunk["state"], chunk["failure_kind"], chunk["failure"]) == (
         "failed",
@@ -259,13 +266,13 @@ async def test_a_transient_error_leaves_the_chunk_pending_until_the_last_deliver
     store(rig.stores)
     rig.participant.failure = ConnectionResetError("connection reset")
     first = delivery(1)
-    await rig.handler.handle(WORK, first)
+    await rig.handle(WORK, first)
     assert settled(first) == ["nak"]
     assert rig.stores.plans.chunks[CHUNK]["state"] == "pending"
     assert rig.announced == [] and "progress" not in rig.stores.jobs.jobs[JOB]
 
     last = delivery(AdderSettings().max_deliver)
-    await rig.handler.handle(WORK, last)
+    await rig.handle(WORK, last)
     assert settled(last) == ["ack"]
     assert rig.stores.plans.chunks[CHUNK]["failure_kind"] == "platform_error"
     assert rig.stores.jobs.jobs[JOB]["progress"]["add"] == {"failed": 1}
@@ -292,7 +299,7 @@ async def test_a_confirmed_add_hands_the_users_next_add_on_when_nothing_gates_it
         rig.stores.plans.chunks[following] = {
             "_id": following, "job_id": JOB, "user_id": USER, "seq": 2, **successor
         }  # fmt: skip
-    await rig.handler.handle(WORK, delivery(1))
+    await rig.handle(WORK, delivery(1))
     assert rig.announced == [done("done", next_released=hands_on)]
     if hands_on:
         # Under the id the scheduler would publish it with: the broker keeps one of the two.
@@ -304,3 +311,57 @@ async def test_a_confirmed_add_hands_the_users_next_add_on_when_nothing_gates_it
         ]
     else:
         assert rig.released == []
+
+
+async def test_a_handed_on_chunk_is_sent_without_being_read_again(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The adder read the user's next chunk, whole, while this one's request was out; the Add
+    it hands that chunk on to sends it from there. A later delivery of it reads it again."""
+    store(rig.stores)
+    following = f"{USER}:chunk-2"
+    rig.stores.plans.chunks[following] = {
+        "_id": following, "job_id": JOB, "user_id": USER, "session_id": "s2", "seq": 2,
+        "state": "pending", "body": b"second session",
+    }  # fmt: skip
+    reads: list[str] = []
+    read = rig.stores.plans.chunk
+
+    async def counted(request_id: str) -> Document | None:
+        reads.append(request_id)
+        return await read(request_id)
+
+    monkeypatch.setattr(rig.stores.plans, "chunk", counted)
+    await rig.handle(WORK, delivery(1))
+    # The first chunk read on its own, the second alongside the first one's request.
+    assert reads == [CHUNK, following]
+    second = AddWork(job_id=JOB, version_id=VERSION, request_id=following)
+    await rig.handle(second, delivery(1))
+    # Its own successor's read (there is none) is the only one.
+    third = f"{USER}:chunk-3"
+    assert reads == [CHUNK, following, third]
+    assert rig.participant.sent[-1] == (JOB, b"second session", (following, USER, "s2"))
+    assert rig.stores.plans.chunks[following]["state"] == "done"
+
+    # Its message delivered again (the ACK was lost): read, found done, not sent again.
+    await rig.handle(second, delivery(2))
+    assert reads == [CHUNK, following, third, following]
+    assert len(rig.participant.sent) == 2
+
+
+async def test_a_handed_on_chunk_delivered_again_first_is_read(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its first delivery went elsewhere (another replica sent it, then died before the ACK):
+    the one that handed it on reads it and does not send it again."""
+    store(rig.stores)
+    following = f"{USER}:chunk-2"
+    rig.stores.plans.chunks[following] = {
+        "_id": following, "job_id": JOB, "user_id": USER, "session_id": "s2", "seq": 2,
+        "state": "pending", "body": b"second session",
+    }  # fmt: skip
+    await rig.handle(WORK, delivery(1))
+    rig.stores.plans.chunks[following]["state"] = "done"
+    second = AddWork(job_id=JOB, version_id=VERSION, request_id=following)
+    await rig.handle(second, delivery(2))
+    assert len(rig.participant.sent) == 1

@@ -10,6 +10,7 @@ import pytest
 
 from aml_pipeline.capacity import Capacity
 from aml_pipeline.chains import (
+    HandedOn,
     active_window,
     add_order,
     bounded_put,
@@ -128,3 +129,36 @@ def test_a_bounded_cache_forgets_everything_at_its_limit() -> None:
     assert memory == {"0": 0, "1": 1, "2": 5}
     bounded_put(memory, "3", 3, limit=3)
     assert memory == {"3": 3}
+
+
+def test_a_handed_on_chunk_is_taken_once_by_its_first_delivery() -> None:
+    now = [0.0]
+    handed = HandedOn(keep_seconds=10.0, limit=3, clock=lambda: now[0])
+    handed.keep({"_id": "a", "body": b"A"})
+    handed.keep({"_id": "b", "body": b"B"})
+    assert handed.take("a", delivered=1) == {"_id": "a", "body": b"A"}
+    assert handed.take("a", delivered=1) is None  # taken
+    # A later delivery reads the chunk (its first may have been sent elsewhere): dropped.
+    assert handed.take("b", delivered=2) is None
+    assert handed.take("b", delivered=1) is None
+    assert handed.take("never", delivered=1) is None
+
+
+def test_handed_on_chunks_are_kept_for_a_while_and_a_few_at_most() -> None:
+    now = [0.0]
+    handed = HandedOn(keep_seconds=10.0, limit=3, clock=lambda: now[0])
+    handed.keep({"_id": "old"})
+    now[0] = 10.5
+    assert handed.take("old", delivered=1) is None  # too old to be trusted
+    for name in ("a", "b", "c", "d"):
+        handed.keep({"_id": name})
+    # The oldest went first, to keep three.
+    assert handed.take("a", delivered=1) is None
+    assert [handed.take(n, delivered=1) for n in ("b", "c", "d")] == [
+        {"_id": "b"}, {"_id": "c"}, {"_id": "d"}
+    ]  # fmt: skip
+    # Expired ones are dropped as new ones are kept, not only when taken.
+    handed.keep({"_id": "e"})
+    now[0] = 30.0
+    handed.keep({"_id": "f"})
+    assert len(handed) == 1

@@ -212,3 +212,33 @@ def test_where_one_jobs_wall_goes_against_the_llm(bench: ModuleType) -> None:
     # Nothing written, no call: what cannot be told is None.
     empty = bench.wall_parts(10.0, 11.0, [], [], capacity=2)
     assert empty["plan_s"] is None and empty["llm_used"] is None and empty["completion_s"] is None
+
+
+def test_cpu_per_add_is_the_adds_alone_and_questions_pay_the_rest(bench: ModuleType) -> None:
+    """A job of 4 Adds (two users) and 10 questions. The first user is written at 11 s, so the
+    Adds run alone from 10 to 11 s: 2 Adds for 1 s of scheduler CPU, 0.5 s each. From 10 s to
+    the end 6 s were spent; the 4 Adds are charged 2 s, the 10 questions the other 4 s. A split
+    by time would have charged the Add phase (10 -> 13 s) to the Adds: 1 s each."""
+    records = [
+        _add(0, "u1", "a1", 10.0, 10.1),
+        _add(1, "u1", "a2", 10.5, 11.0),  # u1 written at 11.0
+        _add(2, "u2", "b1", 12.0, 12.1),
+        _add(3, "u2", "b2", 13.0, 13.1),
+    ]
+    samples = [(9.0, {"scheduler": 0.0}), (10.0, {"scheduler": 1.0}),
+               (11.0, {"scheduler": 2.0}), (16.0, {"scheduler": 7.0})]  # fmt: skip
+    run = bench.JobRun(None, "j", 9.0, {}, samples, records, {}, [])
+    moments = {"first_add": 10.0, "last_add": 13.0, "finished": 16.0, "first_written": 11.0}
+    cpu = bench.scale_cpu(run, moments, adds=4, questions=10)
+    assert cpu["per_add_over"] == "adds alone"
+    assert cpu["per_add"]["services"] == pytest.approx(500.0)
+    assert cpu["per_question"]["services"] == pytest.approx(400.0)
+    assert cpu["per_item"]["services"] == pytest.approx(7000.0 / 14)
+    # When a user is written at once (under a tenth of the Adds alone), the whole Add phase is
+    # the Adds' window.
+    moments["first_written"] = 10.05
+    many = [_add(i, f"u{i}", f"r{i}", 10.0 + i * 0.3, 10.1 + i * 0.3) for i in range(11)]
+    run = bench.JobRun(None, "j", 9.0, {}, samples, many, {}, [])
+    cpu = bench.scale_cpu(run, moments, adds=11, questions=10)
+    assert cpu["per_add_over"] == "add phase"
+    assert cpu["per_add"]["services"] == pytest.approx(3000.0 / 11, abs=0.01)

@@ -22,8 +22,10 @@ broker keeps one, whoever publishes first."""
 from __future__ import annotations
 
 import math
-from collections import Counter
+import time
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from aml_contract.messages import AddWork
@@ -114,6 +116,47 @@ def bounded_put(memory: dict[Any, Any], key: Any, value: Any, limit: int) -> Non
     if key not in memory and len(memory) >= limit:
         memory.clear()
     memory[key] = value
+
+
+@dataclass
+class HandedOn:
+    """The chunks this process handed on (`release_add`), as it read them while their
+    predecessor's request was out, kept for the Add that sends each: so the next Add of a chain
+    leaves without a read of its chunk between the confirmation and the request.
+
+    Safe because nothing but its own Add changes a pending chunk, and that Add's message is the
+    only one for the chunk (every publish of it is de-duplicated by its id within the broker's
+    window, hours) — so a chunk whose message is delivered for the first time is as it was
+    read. A later delivery (its first one's worker may have sent it and died) reads the chunk
+    again, and so does any replica that did not hand it on. Kept for `keep_seconds` at most,
+    and at most `limit` chunks (bodies of whole sessions; the oldest go first)."""
+
+    keep_seconds: float = 60.0
+    limit: int = 256
+    clock: Callable[[], float] = time.monotonic
+    _kept: OrderedDict[str, tuple[float, Mapping[str, Any]]] = field(
+        default_factory=OrderedDict, init=False
+    )
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def keep(self, chunk: Mapping[str, Any]) -> None:
+        moment = self.clock()
+        while self._kept:
+            oldest = next(iter(self._kept.values()))[0]
+            if len(self._kept) < self.limit and moment - oldest <= self.keep_seconds:
+                break
+            self._kept.popitem(last=False)
+        self._kept[str(chunk["_id"])] = (moment, chunk)
+
+    def take(self, chunk_id: str, delivered: int) -> Mapping[str, Any] | None:
+        """The chunk as it was handed on, for the first delivery of its message only (None:
+        read it)."""
+        kept = self._kept.pop(chunk_id, None)
+        if kept is None or delivered != 1 or self.clock() - kept[0] > self.keep_seconds:
+            return None
+        return kept[1]
 
 
 def goes_on_by_itself(successor: Mapping[str, Any] | None) -> bool:

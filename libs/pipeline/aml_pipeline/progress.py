@@ -39,16 +39,17 @@ absent counters are 0 (the plan does not write them).
   every stage at the most its totals allow, which counters never above the truth can only be
   when exact), so the figures stored for the gate and the status are exact.
 
-**Counted in batches** (`OutcomeCounter`, the three question stages). A question stage counts
-about seven outcomes a second on LoCoMo-10, each a find-and-modify on the same job document. A
-stage process sums its outcomes of a job over up to `COUNT_WINDOW_SECONDS` and applies them in
-one `$inc`, guarded by the oldest `at_us` of the batch (a repair that counted any of them makes
-the batch fall back to one guarded increment per outcome, so each is still counted once). This
-widens the crash window above from milliseconds to the window, with the same repair; a counter
-shown by the status lags by at most the window. The batch that may make every question final
-is not held: the first outcome a process counts of a job, and any batch that with the counters
-last seen would reach the job's questions, go at once, so a job completes without waiting out
-the window. The writer of the stage document stays the only one that counts it.
+**Counted in batches** (`OutcomeCounter`, the adder and the three question stages). A question
+stage counts about seven outcomes a second on LoCoMo-10, the adder up to a hundred on a
+generated job, each a find-and-modify on the same job document. A stage process sums its
+outcomes of a job over up to `COUNT_WINDOW_SECONDS` and applies them in one `$inc`, guarded by
+the oldest `at_us` of the batch (a repair that counted any of them makes the batch fall back to
+one guarded increment per outcome, so each is still counted once). This widens the crash window
+above from milliseconds to the window, with the same repair; a counter shown by the status lags
+by at most the window. The batch that may make every question final is not held: the first
+outcome a process counts of a job, and any batch that with the counters last seen would reach
+the job's questions, go at once, so a job completes without waiting out the window. The writer
+of the stage document stays the only one that counts it.
 
 **Why no separate record per outcome.** An earlier design inserted a second, unique "final
 record" per outcome next to the stage document; the stage document's own unique write carries
@@ -249,10 +250,11 @@ class Counted(NamedTuple):
 class OutcomeCounter:
     """Counts a stage process's terminal outcomes on their jobs in batches (see the module's
     docstring). `all_final` is called with the outcome whose batch made every question of its
-    job final (the caller announces it, as with `count_final`)."""
+    job final (the caller announces it, as with `count_final`; the adder's outcomes end no
+    question)."""
 
     stores: Stores
-    all_final: Callable[[Counted], Awaitable[None]]
+    all_final: Callable[[Counted], Awaitable[None]] | None = None
     window: float = COUNT_WINDOW_SECONDS
     _pending: dict[str, list[Counted]] = field(default_factory=dict, init=False)
     _timers: dict[str, asyncio.Task[None]] = field(default_factory=dict, init=False)
@@ -337,7 +339,7 @@ class OutcomeCounter:
             self._seen[job_id] = (max(seen, final), planned)
             if len(self._seen) > _JOBS_SEEN:
                 self._seen.pop(next(iter(self._seen)))
-        if adding > 0 and all_questions_final(before, adding):
+        if adding > 0 and all_questions_final(before, adding) and self.all_final is not None:
             ending = [c for c in batch if ends_question(c.stage, c.outcome)]
             try:
                 await self.all_final(ending[-1])

@@ -7,9 +7,9 @@ reasons otherwise) and `GET /metrics` (Prometheus text format). The gateway answ
 its own port with the same checks (`readiness`).
 
 The metrics are process-global (prometheus_client's default registry) and are updated where the
-platform already records the facts: `progress.count_final` (items per stage and outcome), the audit
-trail's `CallRecorder` (participant calls), `llm.complete` (LLM calls), and the scheduler's
-periodic `observe_backlog` (pending work per stage, jobs by state).
+platform already records the facts: `progress.OutcomeCounter` (items per stage and outcome), the
+audit trail's `CallRecorder` (participant calls), `llm.complete` (LLM calls), and the
+scheduler's periodic `observe_backlog` (pending work per stage, jobs by state).
 """
 
 from __future__ import annotations

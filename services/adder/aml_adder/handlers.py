@@ -1,23 +1,29 @@
 """Add one chunk. A user's chunks are released one at a time and in order (by the scheduler, or
 by this handler right after it confirmed the previous one: `aml_pipeline.chains`), so this
 handler only has to be idempotent: a chunk already confirmed is never sent again, only its
-completion is re-announced (the publish is de-duplicated by the broker)."""
+completion is re-announced (the publish is de-duplicated by the broker).
+
+Outcomes are counted on the job in batches (`aml_pipeline.progress.OutcomeCounter`), as the
+question stages count theirs: the job document holds the order of every user, and an update of
+it per Add made each Add's cost grow with the job (a generated job of 10,000 Adds and 40 users:
+31 ms of platform CPU per Add against 22 ms at 2,000 Adds and 20 users)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from aml_contract import subjects
 from aml_contract.messages import AddDone, AddWork, Outcome, message_id
+from aml_contract.participant import user_chunk_id
 from aml_pipeline.audit import VALID, CallRecorder
 from aml_pipeline.capacity import turn
-from aml_pipeline.chains import goes_on_by_itself, release_add
+from aml_pipeline.chains import HandedOn, goes_on_by_itself, release_add
 from aml_pipeline.jobs import Endpoints, JobStates, record_error
 from aml_pipeline.participants import CallFailed, ParticipantClient
-from aml_pipeline.progress import count_final
+from aml_pipeline.progress import Counted, OutcomeCounter
 from aml_pipeline.stage_worker import WorkItem
 from aml_runtime.broker import Bus, FinalFailure, publish
 from aml_runtime.clock import now_us
@@ -37,13 +43,20 @@ class SendChunk:
     endpoints: Endpoints
     # Whether an Add's job is still active, known without a read per Add (`JobStates`).
     jobs: JobStates
+    counter: OutcomeCounter = field(init=False)
+    # The next chunks of chains this process handed on, for their Adds (`HandedOn`).
+    handed_on: HandedOn = field(default_factory=HandedOn)
+
+    def __post_init__(self) -> None:
+        self.counter = OutcomeCounter(self.stores)
 
     @property
     def work(self) -> type[AddWork]:
         return AddWork
 
     async def close(self) -> None:
-        """Nothing is held: an Add's outcome is counted as it is stored."""
+        """Count what is still pending (a stopping worker)."""
+        await self.counter.drain()
 
     async def handle(self, work: AddWork, item: WorkItem) -> None:
         async def attempt() -> None:
@@ -64,12 +77,18 @@ class SendChunk:
         await item.run(self.settings, "aml.add", ids, attempt, give_up)
 
     async def add(self, work: AddWork, item: WorkItem) -> None:
-        # Both reads at once: the chunk, and whether its job is still active (checked after
-        # admission, right before the call: a failed job's work is dropped here).
-        chunk, active = await asyncio.gather(
-            self.stores.plans.chunk(work.request_id),
-            self.jobs.is_active(work.job_id),
-        )
+        # Both reads at once: the chunk (unless this process handed it on and read it then),
+        # and whether its job is still active (checked after admission, right before the call:
+        # a failed job's work is dropped here).
+        handed_on = self.handed_on.take(work.request_id, item.delivered)
+        chunk: Document | None
+        if handed_on is not None:
+            chunk, active = dict(handed_on), await self.jobs.is_active(work.job_id)
+        else:
+            chunk, active = await asyncio.gather(
+                self.stores.plans.chunk(work.request_id),
+                self.jobs.is_active(work.job_id),
+            )
         if chunk is None:
             raise FinalFailure(
                 FailureKind.PLATFORM_ERROR, f"chunk {work.request_id} is not planned"
@@ -83,10 +102,11 @@ class SendChunk:
             return
         endpoint = await self.endpoints.get(work.version_id, work.job_id)
         ids = (chunk["_id"], chunk["user_id"], chunk["session_id"])
-        # The user's next chunk, read while this one's request is out: nothing but this Add's
-        # confirmation changes it (a pending chunk's gate is planned and fixed).
+        # The user's next chunk, whole, read while this one's request is out: nothing but its
+        # own Add changes it (a pending chunk's gate is planned and fixed), and the Add it is
+        # handed on to here sends it without reading it again (`HandedOn`).
         successor = asyncio.ensure_future(
-            self.stores.plans.chain_chunk(chain.user_id, chain.seq + 1)
+            self.stores.plans.chunk(user_chunk_id(chain.user_id, chain.seq + 1))
         )
         try:
             async with CallRecorder(
@@ -134,6 +154,7 @@ class SendChunk:
         goes_on = outcome == "done" and chain is not None and goes_on_by_itself(successor)
         if goes_on:
             assert chain is not None and successor is not None
+            self.handed_on.keep(successor)
             await release_add(
                 self.bus, work.job_id, work.version_id, chain.user_id, str(successor["_id"])
             )
@@ -144,7 +165,7 @@ class SendChunk:
         # The guarded update did nothing when an earlier delivery finished the chunk first; its
         # outcome stands and was counted by that delivery (or, if it died, by the repair).
         if updated:
-            await count_final(self.stores, work.job_id, "add", outcome, at_us)
+            self.counter.count(Counted(work.job_id, work.request_id, "add", outcome, at_us))
 
     async def announce(
         self,
