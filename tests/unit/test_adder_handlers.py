@@ -313,17 +313,23 @@ async def test_a_confirmed_add_hands_the_users_next_add_on_when_nothing_gates_it
         assert rig.released == []
 
 
+def store_successor(stores: MemoryStores) -> str:
+    """The user's second chunk, pending, after `store`'s first; its id."""
+    following = f"{USER}:chunk-2"
+    stores.plans.chunks[following] = {
+        "_id": following, "job_id": JOB, "user_id": USER, "session_id": "s2", "seq": 2,
+        "state": "pending", "body": b"second session",
+    }  # fmt: skip
+    return following
+
+
 async def test_a_handed_on_chunk_is_sent_without_being_read_again(
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The adder read the user's next chunk, whole, while this one's request was out; the Add
     it hands that chunk on to sends it from there. A later delivery of it reads it again."""
     store(rig.stores)
-    following = f"{USER}:chunk-2"
-    rig.stores.plans.chunks[following] = {
-        "_id": following, "job_id": JOB, "user_id": USER, "session_id": "s2", "seq": 2,
-        "state": "pending", "body": b"second session",
-    }  # fmt: skip
+    following = store_successor(rig.stores)
     reads: list[str] = []
     read = rig.stores.plans.chunk
 
@@ -355,11 +361,7 @@ async def test_a_handed_on_chunk_delivered_again_first_is_read(
     """Its first delivery went elsewhere (another replica sent it, then died before the ACK):
     the one that handed it on reads it and does not send it again."""
     store(rig.stores)
-    following = f"{USER}:chunk-2"
-    rig.stores.plans.chunks[following] = {
-        "_id": following, "job_id": JOB, "user_id": USER, "session_id": "s2", "seq": 2,
-        "state": "pending", "body": b"second session",
-    }  # fmt: skip
+    following = store_successor(rig.stores)
     await rig.handle(WORK, delivery(1))
     rig.stores.plans.chunks[following]["state"] = "done"
     second = AddWork(job_id=JOB, version_id=VERSION, request_id=following)
