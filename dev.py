@@ -108,6 +108,12 @@ def main() -> int:
     os.environ.setdefault("AML_DATASETS_ROOT", str(ROOT.parent / "shared" / "datasets"))
     if task in {"demo", "up"}:
         return run(str(BIN / "aml"), task, *extra)
+    if extra:
+        return lint() or run(str(BIN / "pytest"), "-q", "-rs", *extra)
+    return run_test_tiers()
+
+
+def lint() -> int:
     for step in (
         [str(BIN / "ruff"), "check", "."],
         [str(BIN / "ruff"), "format", "--check", "."],
@@ -116,17 +122,15 @@ def main() -> int:
         code = run(*step)
         if code:
             return code
-    if extra:
-        return run(str(BIN / "pytest"), "-q", "-rs", *extra)
-    return run_test_tiers()
+    return 0
 
 
 # The tests that mostly wait out real time (outages of a minute or two, marked `wallclock`)
 # run in a second pytest beside the rest: they leave the machine's cores to the others. The
 # longest whole jobs on the real model (tests/integration/test_pipeline.py) run there too, so
-# that the two runs take about as long. Their
-# servers take ports outside the kernel's ephemeral range (AML_PORT_RANGE), so neither run can
-# take a port the other is about to serve on again.
+# that the two runs take about as long; that run is the longer one, so it starts first, beside
+# the linters. Their servers take ports outside the kernel's ephemeral range (AML_PORT_RANGE),
+# so neither run can take a port the other is about to serve on again.
 WALLCLOCK_PORTS = "20000-32000"
 
 
@@ -145,12 +149,17 @@ def run_test_tiers() -> int:
                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
             try:
-                main_code = run(*pytest, "-m", "not wallclock")
+                lint_code = lint()
+                if lint_code:
+                    beside.terminate()
+                main_code = lint_code or run(*pytest, "-m", "not wallclock")
             except BaseException:
                 beside.terminate()
                 raise
             finally:
                 beside_code = beside.wait()
+            if lint_code:
+                return lint_code
         print("\n--- tests that wait out real time (pytest -m wallclock, run alongside) ---")
         sys.stdout.write(log_path.read_text(errors="replace"))
         sys.stdout.flush()

@@ -30,8 +30,7 @@ from aml_devtools.processes import find_executable
 from aml_devtools.stack import EmbeddedStack, StackConfig
 from aml_runtime.settings import nats_servers
 
-# Mostly waiting on jobs and on nodes' restarts: run beside the other tests (dev.py).
-pytestmark = [pytest.mark.integration, pytest.mark.wallclock]
+pytestmark = pytest.mark.integration
 
 _MISSING = [name for name in ("nats-server", "nx-27017") if find_executable(name) is None]
 if _MISSING:

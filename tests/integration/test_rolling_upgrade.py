@@ -25,8 +25,7 @@ from aml_participant_simulator import Script, Simulator
 from aml_participant_simulator.script import EndpointScript
 from aml_runtime.codehash import CODE_HASH_OVERRIDE, code_hash
 
-# Mostly waits for processes and deadlines: runs beside the other tests (dev.py).
-pytestmark = [pytest.mark.integration, pytest.mark.wallclock]
+pytestmark = pytest.mark.integration
 
 _MISSING = [name for name in ("nats-server", "nx-27017") if find_executable(name) is None]
 if _MISSING:

@@ -72,7 +72,6 @@ def _wait_exit(proc: ManagedProcess, bound: float) -> tuple[int | None, float]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.wallclock  # waits out the service's idle limit: runs beside the other tests
 def test_a_service_without_its_broker_and_database_idles_and_exits(stack: EmbeddedStack) -> None:
     proc = _scheduler(stack)
     assert proc.pid is not None
