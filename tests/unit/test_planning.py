@@ -25,6 +25,7 @@ from aml_scheduler.planning import (
     WrittenOwners,
     dataset_parts,
     plan_chunks,
+    plan_part,
     plan_questions,
     plan_written_texts,
     question_item_id,
@@ -304,6 +305,29 @@ def test_planning_part_by_part_gives_the_documents_of_the_whole(
         assert sorted(owners.documents("job-1"), key=str) == sorted(
             plan_written_texts("job-1", bodies), key=str
         )
+
+
+@pytest.mark.parametrize("turns_per_part", [1, 10**9])
+def test_a_part_planned_at_once_is_what_each_planner_gives_alone(
+    dataset: Dataset, turns_per_part: int
+) -> None:
+    """`plan_part` (the scheduler's unit of planning, its Adds chunked once, written texts taken
+    from the requests) gives the chunks and questions of `plan_chunks` and `plan_questions`,
+    and the written texts of the stored bodies, for text, streaming and multimodal datasets."""
+    for whole in (dataset, _streaming(), load_dataset("synthetic_multimodal", Path("/x"))):
+        planned, owners, from_bodies = [], WrittenOwners(), WrittenOwners()
+        for part in dataset_parts(whole, turns_per_part):
+            planned.append(plan_part("job-1", part, 10, owners))
+            from_bodies.add(c.body for c in plan_chunks("job-1", part) if c.body is not None)
+            assert [c.stored() for c in planned[-1].chunks] == [
+                c.stored() for c in plan_chunks("job-1", part)
+            ]
+            assert [q.stored() for q in planned[-1].questions] == [
+                q.stored() for q in plan_questions("job-1", part, 10)
+            ]
+        assert sum(len(p.chunks) for p in planned) == len(plan_chunks("job-1", whole)) > 0
+        assert owners.documents("job-1") == from_bodies.documents("job-1")
+        assert owners.pairs == from_bodies.pairs > 0
 
 
 def test_a_text_written_in_two_conversations_names_both_users() -> None:

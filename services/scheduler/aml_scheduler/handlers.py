@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -24,6 +24,7 @@ from aml_contract.messages import (
 )
 from aml_evaluation.aggregate import QuestionOutcome, aggregate, headline_values
 from aml_evaluation.chunker import chunker_version
+from aml_evaluation.datasets import Dataset
 from aml_evaluation.registry import DatasetFileError, bundle_hash, open_dataset_stream
 from aml_evaluation.spec import EvaluationSpec
 from aml_pipeline.capacity import Capacity
@@ -70,11 +71,11 @@ from aml_scheduler.job_efficiency import EfficiencyReading, job_efficiency
 from aml_scheduler.planning import (
     PART_TURNS,
     WRITTEN_PAIRS_HELD,
+    PlannedPart,
     WrittenOwners,
     bundle_fingerprint,
     parts_of,
-    plan_chunks,
-    plan_questions,
+    plan_part,
 )
 from aml_scheduler.settings import SchedulerSettings
 from aml_scheduler.watchdog import diagnose, stall_limit_seconds
@@ -313,18 +314,31 @@ class ScheduleJobs:
             f1_variants[dataset_id] = stream.dataset.f1_variant
             chunkers[dataset_id] = chunker_version(stream.dataset)
             # Part by part: a large job's dataset and Add bodies are never all in memory at once.
-            for part in parts_of(stream.pieces(), self.part_turns):
-                chunks = plan_chunks(job_id, part)
-                questions = plan_questions(job_id, part, top_k)
-                await self.stores.plans.insert_chunks(chunks)
-                await self.stores.plans.insert_questions(questions)
-                written.add(chunk.body for chunk in chunks if chunk.body is not None)
-                if written.pairs >= self.written_pairs_held:
-                    await self.stores.plans.store_written(written.take(job_id, _WRITTEN_AT_ONCE))
-                adds.update(chunk.user_id for chunk in chunks)
-                asked.update(question.user_id for question in questions)
-                totals["add"] += len(chunks)
-                totals["questions"] += len(questions)
+            # Each part is planned in a thread while the one before it is stored, so that the
+            # planner's work and the database's overlap (at 50,000 Adds they were 20 and 39 s
+            # of CPU one after the other), and this loop serves every other job's events
+            # meanwhile. At most two parts are held: one planned, one being stored.
+            parts = parts_of(stream.pieces(), self.part_turns)
+            storing: asyncio.Future[None] | None = None
+            try:
+                while (
+                    planned := await asyncio.to_thread(_plan_next, parts, job_id, top_k, written)
+                ) is not None:
+                    if storing is not None:
+                        await storing
+                    if written.pairs >= self.written_pairs_held:
+                        await self.stores.plans.store_written(
+                            written.take(job_id, _WRITTEN_AT_ONCE)
+                        )
+                    storing = asyncio.ensure_future(self._store_part(planned))
+                    adds.update(chunk.user_id for chunk in planned.chunks)
+                    asked.update(question.user_id for question in planned.questions)
+                    totals["add"] += len(planned.chunks)
+                    totals["questions"] += len(planned.questions)
+                if storing is not None:
+                    await storing
+            finally:
+                await _settled(storing)
             if stream.parsed_whole is not None:
                 log.warning("dataset.parsed_whole", job_id=job_id, dataset_id=dataset_id,
                             reason=stream.parsed_whole)  # fmt: skip
@@ -352,6 +366,12 @@ class ScheduleJobs:
             totals=totals,
         )
         log.info("job.planned", job_id=job_id, chunks=totals["add"], questions=totals["questions"])
+
+    async def _store_part(self, planned: PlannedPart) -> None:
+        await asyncio.gather(
+            self.stores.plans.insert_chunks(planned.chunks),
+            self.stores.plans.insert_questions(planned.questions),
+        )
 
     async def release(
         self, job_id: str, user_id: str | None = None, confirmed_seq: int | None = None
@@ -582,6 +602,25 @@ async def keep_headline_outcomes(
     await stores.leaderboard.keep_headline_outcomes(
         HeadlineOutcomes(job_id=job.id, headline=headline, values=values)
     )
+
+
+def _plan_next(
+    parts: Iterator[Dataset], job_id: str, top_k: int, written: WrittenOwners
+) -> PlannedPart | None:
+    """The next part planned (`plan_part`), or None when there is none; run in a thread."""
+    part = next(parts, None)
+    return None if part is None else plan_part(job_id, part, top_k, written)
+
+
+async def _settled(storing: asyncio.Future[None] | None) -> None:
+    """Wait for a part still being stored when planning stopped early (its failure is not the
+    one to report: the planner's is)."""
+    if storing is None:
+        return
+    if not storing.done():
+        await asyncio.wait({storing})
+    if not storing.cancelled():
+        storing.exception()  # retrieved, so that it is not reported as never retrieved
 
 
 def platform_failed(outcomes: Iterable[QuestionOutcome]) -> int:

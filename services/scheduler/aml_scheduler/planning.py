@@ -98,8 +98,27 @@ def point_item_id(job_id: str, dataset_id: str, question_id: str, asked: AskedPo
     return question_item_id(job_id, dataset_id, question_at_point(question_id, asked.point))
 
 
-def plan_chunks(job_id: str, dataset: Dataset) -> list[AddChunkDocument]:
-    adds = plan_adds(dataset, job_id)
+class PlannedPart(NamedTuple):
+    """One part of a job's plan: its Add chunks and question items, as stored."""
+
+    chunks: list[AddChunkDocument]
+    questions: list[QuestionDocument]
+
+
+def plan_part(job_id: str, part: Dataset, top_k: int, written: WrittenOwners) -> PlannedPart:
+    """Plan one part of a job (`parts_of`): its chunks and questions, its written texts added to
+    `written`. The part's Adds are chunked once for all three (`plan_chunks` and
+    `plan_questions` alone each chunk it themselves)."""
+    adds = plan_adds(part, job_id)
+    written.add_requests(add.request for add in adds)
+    return PlannedPart(plan_chunks(job_id, part, adds), plan_questions(job_id, part, top_k, adds))
+
+
+def plan_chunks(
+    job_id: str, dataset: Dataset, adds: Sequence[AddChunk] | None = None
+) -> list[AddChunkDocument]:
+    """The dataset's Add chunks (`adds`: its `plan_adds` for this job, when already made)."""
+    adds = plan_adds(dataset, job_id) if adds is None else adds
     held = _searches_held(job_id, dataset, asked_points(dataset, adds)) if dataset.streaming else {}
     return [
         AddChunkDocument(
@@ -122,10 +141,14 @@ def plan_chunks(job_id: str, dataset: Dataset) -> list[AddChunkDocument]:
     ]
 
 
-def plan_questions(job_id: str, dataset: Dataset, top_k: int) -> list[QuestionDocument]:
+def plan_questions(
+    job_id: str, dataset: Dataset, top_k: int, adds: Sequence[AddChunk] | None = None
+) -> list[QuestionDocument]:
     """One item per question, or, for a streaming question, one per point it is asked at (the
-    same Search body at each: only the memory differs)."""
-    points = asked_points(dataset, plan_adds(dataset, job_id)) if dataset.streaming else {}
+    same Search body at each: only the memory differs). `adds`: as for `plan_chunks`."""
+    points: dict[str, list[AskedPoint]] = {}
+    if dataset.streaming:
+        points = asked_points(dataset, plan_adds(dataset, job_id) if adds is None else adds)
     # A dataset that declares its own Search top_k (the coding track's 100) asks with it.
     search_top_k = dataset.search_top_k or top_k
     documents = []
@@ -219,8 +242,11 @@ class WrittenOwners:
     pairs: int = 0
 
     def add(self, bodies: Iterable[bytes]) -> None:
-        for body in bodies:
-            request = AddRequest.model_validate_json(body)
+        self.add_requests(AddRequest.model_validate_json(body) for body in bodies)
+
+    def add_requests(self, requests: Iterable[AddRequest]) -> None:
+        """`add` of the requests themselves (the planner has them: no body parsed again)."""
+        for request in requests:
             # One string per user, however many of its Adds name it.
             user = sys.intern(request.user_id)
             for message in request.messages:
