@@ -332,6 +332,14 @@ def _cpu_rows(sizes: Sequence[dict[str, Any]], key: str, digits: int) -> list[li
     return rows
 
 
+def _stage_row(f: dict[str, Any]) -> list[str]:
+    stage = f["cpu_ms"].get("by_stage") or {}
+    ratios = (f.get("vs_smallest") or {}).get("by_stage") or {}
+    parts = ("add", "question", "shared")
+    vs = " / ".join(_num(ratios.get(part), 2) for part in parts)
+    return [_size_label(f), *(_num(stage.get(part), 1) for part in parts), f"{vs} x"]
+
+
 def _time_row(f: dict[str, Any]) -> list[str]:
     return [
         _size_label(f), f["job"]["state"], str(f["adds"]), str(f["questions"]), str(f["users"]),
@@ -404,6 +412,7 @@ def render_scale(scale: dict[str, Any]) -> list[str]:
         *_cpu_rows(sizes, "vs_smallest", 2),
     ]
     database_header = ["database", "end MiB", "grew MiB", "KiB/item", "as"]
+    stage_header = ["CPU ms by stage", "adder/Add", "q stages/q", "shared/item", "vs smallest"]
     return [
         f"== scale (participant {p.add_latency * 1000:.0f} ms x {p.max_concurrency}, LLM "
         f"{SCALE_LLM_LATENCY * 1000:.0f} ms x {SCALE_LLM_CONCURRENCY}; one job per size) ==",
@@ -414,6 +423,10 @@ def render_scale(scale: dict[str, Any]) -> list[str]:
         "  (serv: gateway + 6 workers; data: nx-27017, '-' when not measured; plat: the three."
         " Add: the Adds alone, first Add -> first conversation written; q: the rest from the"
         " first Add on, per question; item: from submission to the end)",
+        "",
+        *_table(stage_header, [_stage_row(f) for f in sizes]),
+        "  (by who does the work, submission to the end: the adder per Add; search, answer and"
+        " score per question; scheduler, gateway, publisher, nats and the database per item)",
         "",
         *_table(_FLOW_HEADER, [_flow_row(f) for f in sizes]),
         "",

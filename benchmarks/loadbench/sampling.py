@@ -227,6 +227,29 @@ def cpu_between(samples: CpuSamples, start: float, end: float) -> dict[str, floa
     return {name: after[name] - before.get(name, 0.0) for name in after}
 
 
+# The workers that serve only Adds, and only questions: their CPU is each kind's own, whenever
+# it is spent (`stage_cpu`).
+ADD_WORKERS = ("adder",)
+QUESTION_WORKERS = ("searcher", "answerer", "scorer")
+
+
+def stage_cpu(seconds: dict[str, float], adds: int, questions: int) -> dict[str, float | None]:
+    """CPU ms by who did the work, a split no time window decides: the adder's per Add, the
+    three question stages' per question, and the rest of the platform (scheduler, gateway,
+    publisher, nats, the database: work of both kinds) per item. None for the database's share
+    when it is not measured."""
+    own_add = sum(seconds.get(name, 0.0) for name in ADD_WORKERS)
+    own_question = sum(seconds.get(name, 0.0) for name in QUESTION_WORKERS)
+    shared_names = [name for name in (*SERVICES, NATS, MONGO)
+                    if name not in ADD_WORKERS + QUESTION_WORKERS]  # fmt: skip
+    shared = sum(seconds.get(name, 0.0) for name in shared_names)
+    return {
+        "add": round(1000 * own_add / max(1, adds), 2),
+        "question": round(1000 * own_question / max(1, questions), 2),
+        "shared": round(1000 * shared / max(1, adds + questions), 2),
+    }
+
+
 def cpu_groups(seconds: dict[str, float], items: int) -> dict[str, float | None]:
     """CPU ms per item of the services (the gateway and the six workers together), nats-server,
     the database (None when it is not a process of this stack: an external MongoDB), and the

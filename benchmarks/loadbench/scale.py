@@ -58,6 +58,7 @@ from .sampling import (
     machine_figures,
     peak_rss,
     reset_peak_rss,
+    stage_cpu,
     wait_quiet,
 )
 
@@ -194,11 +195,14 @@ def scale_cpu(
     that much, per question. A split by time (the Add phase against what follows it) charges
     the questions answered while conversations are still being written to the Adds: once a
     job's first users are written long before its last, the Adds look dearer and the
-    questions cheaper the larger the job, with nothing changed in either."""
+    questions cheaper the larger the job, with nothing changed in either.
+
+    By stage (`stage_cpu`, submission to the end): the adder's CPU per Add, the question
+    stages' per question and the shared processes' per item, which no window decides."""
     first, last, end = moments["first_add"], moments["last_add"], moments["finished"]
     if first is None or last is None or end is None:
         return {"per_add": None, "per_question": None, "per_item": None, "by_process": None,
-                "per_add_over": None}  # fmt: skip
+                "per_add_over": None, "by_stage": None}  # fmt: skip
     written = moments["first_written"]
     alone_end = last if written is None else min(last, written)
     arrivals = [r.arrived_monotonic for r in run.records if r.endpoint == "add"]
@@ -214,6 +218,7 @@ def scale_cpu(
     }
     whole = cpu_between(run.samples, run.submitted, end)
     return {
+        "by_stage": stage_cpu(whole, adds, questions),
         "per_add": cpu_groups(alone, alone_adds),
         "per_add_over": over,
         "per_question": cpu_groups(rest, questions),
@@ -301,7 +306,7 @@ def vs_smallest(sizes: Sequence[dict[str, Any]]) -> None:
                 group: ratio(value, ((first or {}).get(phase) or {}).get(group))
                 for group, value in (cpu.get(phase) or {}).items()
             }
-            for phase in ("per_add", "per_question", "per_item")
+            for phase in ("per_add", "per_question", "per_item", "by_stage")
         }
 
 

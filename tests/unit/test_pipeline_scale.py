@@ -214,6 +214,24 @@ def test_where_one_jobs_wall_goes_against_the_llm(bench: ModuleType) -> None:
     assert empty["plan_s"] is None and empty["llm_used"] is None and empty["completion_s"] is None
 
 
+def test_cpu_by_stage_charges_each_workers_cpu_to_its_own_kind_of_item(
+    bench: ModuleType,
+) -> None:
+    """The split by who does the work, whatever the time windows: the adder's 2 s over 4 Adds,
+    the question stages' 1 + 2 + 3 s over 10 questions, and the scheduler's, nats-server's and
+    the database's 1 + 0.4 + 2.8 s over the 14 items (the simulator and the LLM stand-in are
+    not the platform's)."""
+    start = {"adder": 0.0, "searcher": 0.0, "answerer": 0.0, "scorer": 0.0, "scheduler": 0.0,
+             "nats": 0.0, "mongo": 0.0, "sim-scale": 0.0, "llm-standin": 0.0}  # fmt: skip
+    end = {"adder": 2.0, "searcher": 1.0, "answerer": 2.0, "scorer": 3.0, "scheduler": 1.0,
+           "nats": 0.4, "mongo": 2.8, "sim-scale": 9.0, "llm-standin": 9.0}  # fmt: skip
+    records = [_add(0, "u1", "a1", 10.0, 10.1), _add(1, "u1", "a2", 10.5, 11.0)]
+    run = bench.JobRun(None, "j", 9.0, {}, [(9.0, start), (16.0, end)], records, {}, [])
+    moments = {"first_add": 10.0, "last_add": 10.5, "finished": 16.0, "first_written": 11.0}
+    cpu = bench.scale_cpu(run, moments, adds=4, questions=10)
+    assert cpu["by_stage"] == {"add": 500.0, "question": 600.0, "shared": 300.0}
+
+
 def test_cpu_per_add_is_the_adds_alone_and_questions_pay_the_rest(bench: ModuleType) -> None:
     """A job of 4 Adds (two users) and 10 questions. The first user is written at 11 s, so the
     Adds run alone from 10 to 11 s: 2 Adds for 1 s of scheduler CPU, 0.5 s each. From 10 s to
