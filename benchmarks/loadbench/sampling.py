@@ -233,11 +233,11 @@ ADD_WORKERS = ("adder",)
 QUESTION_WORKERS = ("searcher", "answerer", "scorer")
 
 
-def stage_cpu(seconds: dict[str, float], adds: int, questions: int) -> dict[str, float | None]:
+def stage_cpu(seconds: dict[str, float], adds: int, questions: int) -> dict[str, float]:
     """CPU ms by who did the work, a split no time window decides: the adder's per Add, the
     three question stages' per question, and the rest of the platform (scheduler, gateway,
-    publisher, nats, the database: work of both kinds) per item. None for the database's share
-    when it is not measured."""
+    publisher, nats, the database: work of both kinds) per item; without the database when it
+    is not a process of this stack (an external MongoDB)."""
     own_add = sum(seconds.get(name, 0.0) for name in ADD_WORKERS)
     own_question = sum(seconds.get(name, 0.0) for name in QUESTION_WORKERS)
     shared_names = [name for name in (*SERVICES, NATS, MONGO)
