@@ -151,15 +151,15 @@ def run_test_tiers() -> int:
             try:
                 lint_code = lint()
                 if lint_code:
+                    # Nothing runs on code the linters refuse (the finally waits for it).
                     beside.terminate()
-                main_code = lint_code or run(*pytest, "-m", "not wallclock")
+                    return lint_code
+                main_code = run(*pytest, "-m", "not wallclock")
             except BaseException:
                 beside.terminate()
                 raise
             finally:
                 beside_code = beside.wait()
-            if lint_code:
-                return lint_code
         print("\n--- tests that wait out real time (pytest -m wallclock, run alongside) ---")
         sys.stdout.write(log_path.read_text(errors="replace"))
         sys.stdout.flush()
